@@ -1,0 +1,395 @@
+"""One model, one context, one prefix store: serve a request the fast way.
+
+A request (:meth:`Engine.generate`) goes:
+
+1. build the prompt token ids from the messages (:mod:`engine.chat_template`);
+2. find the longest prefix already computed: what the live context holds, or what the
+   prefix store holds (token-granular), whichever is longer, but never the whole prompt
+   (a snapshot has no logits, so at least the last token is evaluated, DESIGN.md point 4);
+3. restore it: verify the blocks' checksums, join them into a state blob and hand it to
+   ``llama_state_seq_set_data``; any failure clears the sequence and falls back to prefill;
+4. prefill the rest in batches with progress, decode with streaming;
+5. :meth:`Engine.snapshot` stores only the blocks the store does not hold yet.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+from engine import kv_codec
+from engine.chat_template import ChatMessage
+from engine.errors import ContextOverflowError, EngineError
+from engine.fingerprint import cached_file_digest, fingerprint
+from engine.model import LoadedModel
+from engine.settings import EngineSettings, SamplingParams
+from storage.errors import StorageFullError
+from storage.prefix_store import NewBlock, PrefixMatch, PrefixStore, StoreReset
+
+log = logging.getLogger(__name__)
+
+# Below this many tokens a restore is not worth its fixed cost (a SQLite query, a state
+# blob, a llama_state_seq_set_data call: about 2 ms, while prefilling a handful of tokens
+# costs one batched forward pass of similar length). Measured with `branchwise bench`.
+MIN_RESTORE_TOKENS = 16
+
+ProgressFn = Callable[[str, int, int], None]  # (phase, done, total); phase "restore" | "prefill"
+TokenFn = Callable[[str, int], None]  # (text delta, token id)
+
+
+@dataclass
+class GenerationStats:
+    """What one request did. Token counts in tokens, times in milliseconds.
+
+    ``restored_tokens + prefilled_tokens == prompt_tokens``. ``ttft_ms`` runs from the
+    request to the first generated token (model load excluded). ``restore_source`` is
+    "store" (prefix store), "context" (the live KV of the previous request) or "none".
+    """
+
+    prompt_tokens: int = 0
+    restored_tokens: int = 0
+    prefilled_tokens: int = 0
+    generated_tokens: int = 0
+    restore_ms: float = 0.0
+    prefill_ms: float = 0.0
+    ttft_ms: float = 0.0
+    decode_tokens_per_s: float = 0.0
+    snapshot_ms: float = 0.0
+    snapshot_bytes_written: int = 0
+    restore_source: str = "none"
+    cache_blocks_dropped: int = 0
+    finish_reason: str = ""  # "stop" (end of turn), "length" (max tokens), "context", "cancelled"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for k in ("restore_ms", "prefill_ms", "ttft_ms", "decode_tokens_per_s", "snapshot_ms"):
+            d[k] = round(d[k], 2)
+        return d
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    stats: GenerationStats
+    prompt_ids: list[int] = field(default_factory=list)
+
+
+class Engine:
+    """A loaded model with its prefix store.
+
+    Args:
+        model_path: a GGUF file.
+        settings: context and KV settings.
+        store: the prefix store, or None to run without one.
+        progress: ``progress(done_bytes, total_bytes)`` while the model file is hashed.
+
+    Raises:
+        ModelLoadError: the model cannot be loaded (the message says why, in words).
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        settings: EngineSettings | None = None,
+        store: PrefixStore | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ):
+        self.settings = settings or EngineSettings()
+        self.model = LoadedModel(model_path, self.settings)
+        self.llama = self.model.llama
+        self.store = store if self.model.cache_supported else None
+        self.fingerprint = b""
+        self.layout: kv_codec.KvLayout | None = None
+        if self.store is not None:
+            digest = cached_file_digest(self.model.path, self.store, progress)
+            self.fingerprint = fingerprint(
+                digest, llama_cpp.__version__, self.settings.type_k, self.settings.type_v,
+                self.settings.flash_attn, self.store.block_size,
+            )
+            text = self.store.layout(self.fingerprint)
+            self.layout = kv_codec.KvLayout.from_json(json.loads(text)) if text else None
+        self._buffer = np.empty(0, dtype=np.uint8)
+        self._lock = threading.Lock()
+
+    # -- prompts ---------------------------------------------------------------------
+
+    def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """The prompt token ids for ``messages`` (ends with the assistant header)."""
+        return self.model.prompts.build(messages)
+
+    def cached_tokens(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = False) -> tuple[int, int]:
+        """``(stored, total)``: how many leading prompt tokens of ``messages`` the prefix
+        store could restore, out of how many (for the tree panel)."""
+        ids = self.model.prompts.build(messages, add_generation_prompt)
+        if self.store is None or not ids:
+            return 0, len(ids)
+        try:
+            return self.store.coverage(self.fingerprint, ids), len(ids)
+        except StoreReset:
+            return 0, len(ids)
+
+    # -- one request -------------------------------------------------------------------
+
+    def generate(
+        self,
+        messages: Sequence[ChatMessage],
+        sampling: SamplingParams | None = None,
+        *,
+        use_cache: bool = True,
+        on_token: TokenFn | None = None,
+        on_progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+        snapshot: bool = True,
+    ) -> GenerationResult:
+        """Generate the assistant's reply to ``messages``.
+
+        ``use_cache=False`` neither reads nor writes the prefix store nor reuses the live
+        context: every prompt token is prefilled. With ``snapshot`` the new KV blocks are
+        stored before returning (their cost is in ``stats.snapshot_ms``).
+
+        Raises:
+            ContextOverflowError: the prompt does not fit n_ctx.
+            TemplateError: the chat template cannot render these messages.
+        """
+        sampling = sampling or SamplingParams()
+        with self._lock:
+            t0 = time.perf_counter()
+            stats = GenerationStats()
+            prompt = self.prompt_tokens(messages)
+            n_ctx = self.llama.n_ctx()
+            stats.prompt_tokens = len(prompt)
+            if len(prompt) + 1 > n_ctx:
+                raise ContextOverflowError(len(prompt), n_ctx)
+            if not prompt:
+                raise EngineError("There is nothing to answer: the conversation is empty.")
+
+            self._position(prompt, use_cache, stats, on_progress)
+            self._prefill(prompt, stats, on_progress, cancel)
+            text, ids = self._decode(sampling, stats, t0, on_token, cancel)
+            if snapshot and use_cache:
+                self.snapshot(stats)
+            return GenerationResult(text, ids, stats, prompt)
+
+    def _position(self, prompt: list[int], use_cache: bool, stats: GenerationStats, on_progress) -> None:
+        """Bring the context to the longest known prefix of ``prompt`` (all but its last token)."""
+        t = time.perf_counter()
+        limit = len(prompt) - 1
+        live = 0
+        if use_cache:
+            held = self.llama.input_ids[: self.llama.n_tokens]
+            live = min(_common_prefix(held, prompt), limit)
+        match = PrefixMatch()
+        if use_cache and self.store is not None and self.layout is not None:
+            try:
+                match = self.store.lookup(self.fingerprint, prompt[:limit])
+            except StoreReset:
+                match = PrefixMatch()
+        restored = 0
+        if match.n_tokens >= max(live + 1, MIN_RESTORE_TOKENS):
+            if on_progress:
+                on_progress("restore", 0, match.n_tokens)
+            restored, dropped = self._restore(match)
+            stats.cache_blocks_dropped = dropped
+            if not restored and self.llama.n_tokens == 0:
+                live = 0  # a failed restore cleared the live context
+        if restored > live:
+            stats.restore_source = "store"
+            self._set_tokens(prompt[:restored])
+        elif live > 0 and self._truncate(live):
+            restored = live
+            stats.restore_source = "context"
+            self.llama.n_tokens = live
+        else:
+            restored = 0
+            self._clear()
+        stats.restored_tokens = restored
+        stats.restore_ms = (time.perf_counter() - t) * 1000
+        if self.store is not None and use_cache:
+            try:
+                self.store.record_restore(restored, len(prompt) - restored)
+            except (StoreReset, StorageFullError):
+                pass
+
+    def _restore(self, match: PrefixMatch) -> tuple[int, int]:
+        """Restore ``match`` into sequence 0. Returns ``(tokens restored, blocks dropped)``;
+        ``(0, n)`` when anything fails (the sequence is then empty)."""
+        assert self.store is not None and self.layout is not None
+        try:
+            payloads, dropped = self.store.read(match)
+        except StoreReset:
+            return 0, 0
+        n = sum(use for _, _, use in payloads)
+        if n < MIN_RESTORE_TOKENS:
+            return 0, dropped
+        need = 64 + n * (self.layout.bytes_per_token + 12) + self.layout.n_layer * 24
+        if self._buffer.nbytes < need:
+            self._buffer = np.empty(need, dtype=np.uint8)
+        try:
+            blob = kv_codec.join(self.layout, payloads, buffer=self._buffer)
+        except ValueError as exc:
+            log.warning("stored blocks do not fit the layout (%s); prefilling instead", exc)
+            return 0, dropped
+        self._clear()
+        ptr = blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        read = llama_cpp.llama_state_seq_set_data(self.llama.ctx, ptr, blob.nbytes, 0)
+        if read != blob.nbytes:
+            log.warning("llama_state_seq_set_data rejected a %d-byte state; prefilling instead", blob.nbytes)
+            self._clear()
+            return 0, dropped
+        return n, dropped
+
+    def _prefill(self, prompt: list[int], stats: GenerationStats, on_progress, cancel) -> None:
+        t = time.perf_counter()
+        start = self.llama.n_tokens
+        rest = prompt[start:]
+        stats.prefilled_tokens = len(rest)
+        step = self.llama.n_batch
+        for i in range(0, len(rest), step):
+            if on_progress:
+                on_progress("prefill", i, len(rest))
+            self.llama.eval(rest[i : i + step])
+        if on_progress and rest:
+            on_progress("prefill", len(rest), len(rest))
+        stats.prefill_ms = (time.perf_counter() - t) * 1000
+
+    def _decode(self, sp: SamplingParams, stats: GenerationStats, t0: float, on_token, cancel) -> tuple[str, list[int]]:
+        llama = self.llama
+        llama.set_seed(sp.seed)
+        sampler = llama._init_sampler(
+            top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p, temp=sp.temperature,
+            repeat_penalty=sp.repeat_penalty,
+        )
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        ids: list[int] = []
+        parts: list[str] = []
+        n_ctx = llama.n_ctx()
+        t_first = None
+        stats.finish_reason = "length"
+        while len(ids) < sp.max_tokens:
+            if cancel is not None and cancel.is_set():
+                stats.finish_reason = "cancelled"
+                break
+            token = sampler.sample(llama._ctx, -1)
+            if t_first is None:
+                t_first = time.perf_counter()
+                stats.ttft_ms = (t_first - t0) * 1000
+            if self.model.is_end_of_turn(token):
+                stats.finish_reason = "stop"
+                break
+            ids.append(token)
+            delta = decoder.decode(self.model.token_bytes(token))
+            parts.append(delta)
+            if on_token:
+                on_token(delta, token)
+            if len(ids) >= sp.max_tokens:
+                break
+            if llama.n_tokens + 1 >= n_ctx:
+                stats.finish_reason = "context"
+                break
+            llama.eval([token])
+        tail = decoder.decode(b"", final=True)
+        if tail:
+            parts.append(tail)
+            if on_token:
+                on_token(tail, -1)
+        sampler.close()
+        stats.generated_tokens = len(ids)
+        if t_first is not None and len(ids) > 1:
+            stats.decode_tokens_per_s = (len(ids) - 1) / max(time.perf_counter() - t_first, 1e-9)
+        return "".join(parts), ids
+
+    # -- snapshot --------------------------------------------------------------------
+
+    def snapshot(self, stats: GenerationStats | None = None) -> int:
+        """Store the blocks of the live context the prefix store lacks; returns bytes written.
+
+        Never raises for cache problems (a full disk or a damaged store only means the
+        next resume prefills more); they are logged.
+        """
+        if self.store is None:
+            return 0
+        t = time.perf_counter()
+        written = 0
+        tokens = np.asarray(self.llama.input_ids[: self.llama.n_tokens], dtype=np.int32)
+        try:
+            missing, chain = self.store.plan(self.fingerprint, tokens)
+            if missing:
+                state = kv_codec.parse(self._state_blob())
+                if state.n_tokens != len(tokens):
+                    raise kv_codec.UnsupportedStateError(
+                        f"state holds {state.n_tokens} tokens, expected {len(tokens)}"
+                    )
+                if self.layout != state.layout:
+                    self.layout = state.layout
+                    self.store.register_model(
+                        self.fingerprint, json.dumps(state.layout.to_json()), self.model.facts.name
+                    )
+                blocks = [
+                    NewBlock(b.key, b.parent, b.start, b.tokens,
+                             kv_codec.block_payload(state, b.start, b.start + b.n_tokens))
+                    for b in missing
+                ]
+                written = self.store.put(self.fingerprint, blocks, active_path=chain)
+            else:
+                self.store.put(self.fingerprint, [], active_path=chain)
+        except kv_codec.UnsupportedStateError as exc:
+            log.warning("KV state not stored: %s", exc)
+        except (StorageFullError, StoreReset) as exc:
+            log.warning("KV state not stored: %s", exc)
+        if stats is not None:
+            stats.snapshot_ms = (time.perf_counter() - t) * 1000
+            stats.snapshot_bytes_written = written
+        return written
+
+    def _state_blob(self) -> np.ndarray:
+        ctx = self.llama.ctx
+        size = llama_cpp.llama_state_seq_get_size(ctx, 0)
+        buf = np.empty(size, dtype=np.uint8)
+        got = llama_cpp.llama_state_seq_get_data(ctx, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, 0)
+        if got != size:
+            raise kv_codec.UnsupportedStateError(f"llama_state_seq_get_data wrote {got} of {size} bytes")
+        return buf
+
+    # -- context helpers ---------------------------------------------------------------
+
+    def _set_tokens(self, tokens: list[int]) -> None:
+        self.llama.input_ids[: len(tokens)] = tokens
+        self.llama.n_tokens = len(tokens)
+
+    def _truncate(self, n: int) -> bool:
+        mem = llama_cpp.llama_get_memory(self.llama.ctx)
+        return bool(llama_cpp.llama_memory_seq_rm(mem, 0, n, -1))
+
+    def _clear(self) -> None:
+        mem = llama_cpp.llama_get_memory(self.llama.ctx)
+        llama_cpp.llama_memory_clear(mem, True)
+        self.llama.n_tokens = 0
+
+    def reset_context(self) -> None:
+        """Forget the live context (the next request restores from the store or prefills)."""
+        with self._lock:
+            self._clear()
+
+    def close(self) -> None:
+        self.model.close()
+
+
+def _common_prefix(a: Sequence[int] | np.ndarray, b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x = np.asarray(a[:n], dtype=np.int64)
+    y = np.asarray(b[:n], dtype=np.int64)
+    diff = np.flatnonzero(x != y)
+    return int(diff[0]) if len(diff) else n

@@ -1,0 +1,173 @@
+"""Loading a GGUF model into a llama.cpp context, and the facts a user wants to see about it."""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import llama_cpp
+
+from engine.chat_template import PromptBuilder
+from engine.errors import ModelLoadError
+from engine.model_file import check_gguf
+from engine.settings import KV_TYPES, EngineSettings
+
+log = logging.getLogger(__name__)
+
+_QUANT_NAMES = {  # general.file_type (llama.h enum llama_ftype)
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+    11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
+    17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS",
+    23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S",
+    29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4",
+}
+
+# llama.cpp's log lines, so a failed load can say why (llama.cpp reports through a callback).
+_recent_log: collections.deque[str] = collections.deque(maxlen=40)
+
+
+@llama_cpp.llama_log_callback
+def _log_callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    line = text.decode("utf-8", "replace").rstrip()
+    if line:
+        _recent_log.append(line)
+        log.debug("llama.cpp: %s", line)
+
+
+llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the window shows about a model. Sizes in bytes, context in tokens."""
+
+    path: str
+    name: str
+    architecture: str
+    parameters: int
+    size_bytes: int
+    quantization: str
+    context_length: int  # trained context length
+    n_ctx: int  # the context window in use
+    chat_template: bool  # True when the GGUF carries one
+    kv_bytes_per_token: int
+    cache_policy: str  # "full", or why the prefix store is off for this model
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class LoadedModel:
+    """A model plus one llama.cpp context (one sequence, id 0).
+
+    Raises:
+        ModelLoadError: the file is not a loadable GGUF, or llama.cpp refused it.
+    """
+
+    def __init__(self, path: str | Path, settings: EngineSettings):
+        p = check_gguf(path)
+        _recent_log.clear()
+        try:
+            self.llama = llama_cpp.Llama(
+                str(p),
+                n_ctx=settings.n_ctx,
+                n_batch=settings.n_batch,
+                n_ubatch=settings.n_batch,
+                n_threads=settings.threads,
+                n_threads_batch=settings.threads,
+                flash_attn=settings.flash_attn,
+                type_k=KV_TYPES[settings.type_k],
+                type_v=KV_TYPES[settings.type_v],
+                n_gpu_layers=-1,  # Metal on macOS; a no-op on CPU builds
+                verbose=False,
+            )
+        except (ValueError, RuntimeError, OSError) as exc:
+            detail = next(
+                (line for line in reversed(_recent_log) if "error" in line.lower() or "failed" in line.lower()),
+                "",
+            )
+            raise ModelLoadError(_load_error_text(p, detail)) from exc
+        self.path = p
+        self.settings = settings
+        self.vocab = llama_cpp.llama_model_get_vocab(self.llama.model)
+        self._piece_buf = ctypes.create_string_buffer(64)
+        meta = self.llama.metadata
+        model = self.llama._model
+        self.template_text = meta.get("tokenizer.chat_template")
+        bos, eos = model.token_bos(), model.token_eos()
+        self.prompts = PromptBuilder(
+            self.template_text,
+            self.tokenize,
+            bos_token=self.token_text(bos) if bos >= 0 else "",
+            eos_token=self.token_text(eos) if eos >= 0 else "",
+            bos_id=bos if bos >= 0 else None,
+            add_bos=model.add_bos_token(),
+        )
+        n_swa = llama_cpp.llama_model_n_swa(self.llama.model)
+        if llama_cpp.llama_model_is_recurrent(self.llama.model):
+            self.cache_policy = "off: recurrent models cannot be cut back to a shorter prefix"
+        elif llama_cpp.llama_model_is_hybrid(self.llama.model):
+            self.cache_policy = "off: hybrid (attention + recurrent) models cannot be cut back to a shorter prefix"
+        elif n_swa > 0:
+            self.cache_policy = "off: sliding-window attention drops old KV, so a prefix cannot be restored exactly"
+        else:
+            self.cache_policy = "full"
+        ftype = int(meta.get("general.file_type", -1)) if meta.get("general.file_type", "").isdigit() else -1
+        self.facts = ModelFacts(
+            path=str(p),
+            name=meta.get("general.name") or p.stem,
+            architecture=meta.get("general.architecture", "unknown"),
+            parameters=int(llama_cpp.llama_model_n_params(self.llama.model)),
+            size_bytes=p.stat().st_size,
+            quantization=_QUANT_NAMES.get(ftype, meta.get("general.file_type", "unknown")),
+            context_length=int(llama_cpp.llama_model_n_ctx_train(self.llama.model)),
+            n_ctx=self.llama.n_ctx(),
+            chat_template=bool(self.template_text),
+            kv_bytes_per_token=0,
+            cache_policy=self.cache_policy,
+        )
+
+    @property
+    def cache_supported(self) -> bool:
+        return self.cache_policy == "full"
+
+    def tokenize(self, text: str, special: bool) -> list[int]:
+        """Token ids of ``text`` (no BOS); ``special`` parses control-token text."""
+        return self.llama.tokenize(text.encode("utf-8"), add_bos=False, special=special)
+
+    def token_text(self, token: int) -> str:
+        return self.token_bytes(token, special=True).decode("utf-8", "replace")
+
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        """The bytes a token shows as (control tokens show as nothing unless ``special``)."""
+        buf = self._piece_buf
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:  # the piece is longer than the buffer: -n is its length
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return self.llama.detokenize(tokens).decode("utf-8", "replace")
+
+    def is_end_of_turn(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
+    def close(self) -> None:
+        self.llama.close()
+
+
+def _load_error_text(path: Path, detail: str) -> str:
+    size = path.stat().st_size
+    reason = f" llama.cpp said: {detail.strip()}" if detail else ""
+    if "bounds" in detail or "incomplete" in detail or "corrupted" in detail or "truncat" in detail:
+        return (
+            f"{path.name} looks incomplete or damaged ({size / 1e6:,.1f} MB on disk). "
+            f"Download it again.{reason}"
+        )
+    if "unknown model architecture" in detail:
+        return f"{path.name} uses a model architecture this version of llama.cpp does not support.{reason}"
+    return f"{path.name} could not be loaded. It may be damaged or an unsupported model.{reason}"

@@ -1,0 +1,75 @@
+"""Engine and sampling settings (plain dataclasses, JSON-friendly)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field, fields
+
+KV_TYPES = {"f16": 1, "q8_0": 8}  # ggml type ids (ggml/include/ggml.h: GGML_TYPE_F16, GGML_TYPE_Q8_0)
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How a model is loaded.
+
+    n_ctx: context window (tokens). n_threads: CPU threads (0 = all cores).
+    type_k / type_v: KV cache precision, "f16" or "q8_0" (q8_0 V needs flash attention).
+    flash_attn: use flash attention (also stores V untransposed, which makes restores faster).
+    n_batch: prefill batch (tokens per llama_decode call; progress is reported per batch).
+    """
+
+    n_ctx: int = 8192
+    n_threads: int = 0
+    type_k: str = "f16"
+    type_v: str = "f16"
+    flash_attn: bool = True
+    n_batch: int = 512
+
+    def __post_init__(self):
+        for name in ("type_k", "type_v"):
+            if getattr(self, name) not in KV_TYPES:
+                raise ValueError(f"{name} must be one of {', '.join(KV_TYPES)}")
+        if self.type_v != "f16" and not self.flash_attn:
+            raise ValueError("a quantized V cache (type_v=q8_0) needs flash attention")
+        if self.n_ctx < 256:
+            raise ValueError("n_ctx must be at least 256 tokens")
+
+    @property
+    def threads(self) -> int:
+        return self.n_threads or max(1, os.cpu_count() or 1)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> "EngineSettings":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in (data or {}).items() if k in names})
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling for one reply. temperature 0 is greedy (deterministic).
+
+    max_tokens: most tokens generated (the reply also ends at end-of-turn or a full context).
+    seed: the sampler's RNG seed (used when temperature > 0).
+    """
+
+    temperature: float = 0.7
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    repeat_penalty: float = 1.1
+    seed: int = 42
+    max_tokens: int = 1024
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> "SamplingParams":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in (data or {}).items() if k in names and v is not None})
+
+
+DEFAULT_SAMPLING = SamplingParams()

@@ -1,0 +1,146 @@
+"""Schema of ``chats.sqlite3`` and its migrations.
+
+The schema version is ``PRAGMA user_version``: the number of migrations
+applied. ``MIGRATIONS[i]`` takes a database from version ``i`` to ``i + 1``;
+to change the schema, append a function, never edit one that has shipped.
+Each migration runs in the same transaction as the ``user_version`` bump, so
+a crash leaves the database at the old version or the new one, never between.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+
+from storage.errors import StorageError
+
+Migration = Callable[[sqlite3.Connection], None]
+
+_SCHEMA_1 = (
+    """
+    CREATE TABLE conversations (
+        id             INTEGER PRIMARY KEY,
+        title          TEXT    NOT NULL DEFAULT 'New chat',
+        system_prompt  TEXT    NOT NULL DEFAULT '',
+        sampling_json  TEXT    NOT NULL DEFAULT '{}',
+        active_leaf_id INTEGER NULL REFERENCES messages(id) ON DELETE SET NULL,
+        pinned         INTEGER NOT NULL DEFAULT 0 CHECK (pinned IN (0, 1)),
+        created_at     REAL    NOT NULL,
+        updated_at     REAL    NOT NULL
+    )
+    """,
+    """
+    CREATE TABLE messages (
+        id              INTEGER PRIMARY KEY,
+        conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+        parent_id       INTEGER NULL REFERENCES messages(id) ON DELETE CASCADE,
+        role            TEXT    NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
+        content         TEXT    NOT NULL DEFAULT '',
+        token_ids       BLOB    NULL,
+        stats_json      TEXT    NULL,
+        status          TEXT    NOT NULL DEFAULT 'complete'
+                        CHECK (status IN ('complete', 'stopped', 'error', 'streaming')),
+        model           TEXT    NULL,
+        created_at      REAL    NOT NULL
+    )
+    """,
+    # children(parent, conversation) and roots (parent_id IS NULL) of one conversation.
+    "CREATE INDEX messages_by_conversation_parent ON messages(conversation_id, parent_id)",
+    # The ON DELETE CASCADE of parent_id looks children up by parent_id alone.
+    "CREATE INDEX messages_by_parent ON messages(parent_id)",
+    "CREATE INDEX conversations_by_activity ON conversations(pinned, updated_at)",
+    # Full-text search: external-content FTS5 tables kept in sync by triggers
+    # (https://sqlite.org/fts5.html#external_content_tables).
+    """
+    CREATE VIRTUAL TABLE messages_fts USING fts5(
+        content, content='messages', content_rowid='id',
+        tokenize='unicode61 remove_diacritics 2'
+    )
+    """,
+    """
+    CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
+        INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+    END
+    """,
+    """
+    CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
+        INSERT INTO messages_fts(messages_fts, rowid, content)
+        VALUES ('delete', old.id, old.content);
+    END
+    """,
+    """
+    CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN
+        INSERT INTO messages_fts(messages_fts, rowid, content)
+        VALUES ('delete', old.id, old.content);
+        INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
+    END
+    """,
+    """
+    CREATE VIRTUAL TABLE conversations_fts USING fts5(
+        title, content='conversations', content_rowid='id',
+        tokenize='unicode61 remove_diacritics 2'
+    )
+    """,
+    """
+    CREATE TRIGGER conversations_fts_insert AFTER INSERT ON conversations BEGIN
+        INSERT INTO conversations_fts(rowid, title) VALUES (new.id, new.title);
+    END
+    """,
+    """
+    CREATE TRIGGER conversations_fts_delete AFTER DELETE ON conversations BEGIN
+        INSERT INTO conversations_fts(conversations_fts, rowid, title)
+        VALUES ('delete', old.id, old.title);
+    END
+    """,
+    """
+    CREATE TRIGGER conversations_fts_update AFTER UPDATE OF title ON conversations BEGIN
+        INSERT INTO conversations_fts(conversations_fts, rowid, title)
+        VALUES ('delete', old.id, old.title);
+        INSERT INTO conversations_fts(rowid, title) VALUES (new.id, new.title);
+    END
+    """,
+)
+
+
+def _migration_1(conn: sqlite3.Connection) -> None:
+    """Create conversations, messages, their indexes and full-text search."""
+    for statement in _SCHEMA_1:
+        conn.execute(statement)
+
+
+MIGRATIONS: list[Migration] = [_migration_1]
+"""Ordered migrations; ``MIGRATIONS[i]`` moves the schema from version i to i + 1."""
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    """Return ``PRAGMA user_version``: how many migrations have been applied."""
+    return conn.execute("PRAGMA user_version").fetchone()[0]
+
+
+def migrate(conn: sqlite3.Connection, where: str) -> int:
+    """Apply the migrations ``conn`` has not seen yet, one transaction each.
+
+    ``conn`` must be in autocommit mode (``isolation_level=None``); ``where``
+    names the file in error messages. Returns the schema version afterwards.
+
+    Raises:
+        StorageError: the file was written by a newer Branchwise (its version
+            is higher than ``len(MIGRATIONS)``).
+    """
+    version = schema_version(conn)
+    if version > len(MIGRATIONS):
+        raise StorageError(
+            f"{where} was saved by a newer version of Branchwise (schema {version}; "
+            f"this version knows up to {len(MIGRATIONS)}). Update Branchwise to open it."
+        )
+    for target in range(version + 1, len(MIGRATIONS) + 1):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            MIGRATIONS[target - 1](conn)
+            conn.execute(f"PRAGMA user_version = {int(target)}")
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    return schema_version(conn)

@@ -1,0 +1,593 @@
+"""The prefix store: token-aligned KV blocks, content-addressed and indexed in SQLite.
+
+``kvcache.sqlite3`` is disposable (deleting it only costs prefill time) and bounded by a
+byte budget. It knows nothing of llama.cpp: a block is an opaque payload plus the token
+ids it covers. The rules it keeps are DESIGN.md's ten points:
+
+* keys chain from the model fingerprint (:mod:`storage.block_hash`), so blocks are shared
+  by every branch and conversation with the same token prefix and never across models;
+* :meth:`PrefixStore.lookup` finds full blocks by walking the chain, then the longest
+  common prefix among the children of the last match (full blocks and tails), so a match
+  is token-granular;
+* :meth:`PrefixStore.put` writes only blocks the store lacks, in one transaction, drops
+  tails a longer block now covers, then evicts leaves in least-recently-used order down
+  to the budget, the blocks of the active path last;
+* every payload carries an xxh3-64 checksum that :meth:`PrefixStore.read` verifies; a bad
+  block is deleted with its descendants and the match stops before it. A database file
+  SQLite itself reports as malformed is replaced by an empty one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import xxhash
+
+from storage.block_hash import block_key, chain_keys, tokens_from_bytes, tokens_to_bytes
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BLOCK_SIZE = 64  # tokens; see `branchwise bench` for the trade-off
+DEFAULT_BUDGET_BYTES = 4 * 1024**3
+_PAGE_SIZE = 65536  # large pages keep the overflow chains of megabyte blobs short
+_SCHEMA_VERSION = 1
+
+
+def checksum(data: bytes | memoryview) -> int:
+    """xxh3-64 of ``data`` as a signed 64-bit integer (SQLite's INTEGER range)."""
+    value = xxhash.xxh3_64_intdigest(data)
+    return value - (1 << 64) if value >= (1 << 63) else value
+
+
+@dataclass(frozen=True)
+class BlockRef:
+    """One stored block in a match: tokens ``[start, start + n_tokens)``, of which the
+    first ``use`` tokens are part of the match (``use < n_tokens`` only for the last)."""
+
+    key: bytes
+    start: int
+    n_tokens: int
+    use: int
+
+
+@dataclass
+class PrefixMatch:
+    """The longest stored prefix of a query: ``blocks`` in token order, ``n_tokens`` long."""
+
+    blocks: list[BlockRef] = field(default_factory=list)
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(b.use for b in self.blocks)
+
+    def truncated(self, max_tokens: int) -> "PrefixMatch":
+        """The same match cut to at most ``max_tokens`` tokens."""
+        out, left = [], max_tokens
+        for b in self.blocks:
+            if left <= 0:
+                break
+            out.append(BlockRef(b.key, b.start, b.n_tokens, min(b.use, left)))
+            left -= out[-1].use
+        return PrefixMatch(out)
+
+
+@dataclass(frozen=True)
+class NewBlock:
+    """A block to store: tokens ``[start, stop)`` of the sequence, keyed in the chain."""
+
+    key: bytes
+    parent: bytes
+    start: int
+    tokens: np.ndarray
+    payload: bytes | memoryview | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What :meth:`PrefixStore.verify` found: blocks checked, bad, and removed in all."""
+
+    checked: int
+    bad: int
+    removed: int
+
+
+class PrefixStore:
+    """The KV prefix store in one SQLite file.
+
+    Args:
+        path: the ``kvcache.sqlite3`` file; created if missing.
+        budget_bytes: the most payload bytes kept after any :meth:`put`.
+        block_size: tokens per full block; part of every model fingerprint.
+
+    Thread-safe (one connection behind a lock). Errors: ``sqlite3.OperationalError``
+    from a full disk is raised by :meth:`put` as :class:`storage.errors.StorageFullError`;
+    a malformed file is replaced by an empty store and logged.
+    """
+
+    def __init__(
+        self,
+        path: Path | str,
+        budget_bytes: int = DEFAULT_BUDGET_BYTES,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+    ):
+        self.path = Path(path)
+        self.budget_bytes = int(budget_bytes)
+        self.block_size = int(block_size)
+        self._lock = threading.RLock()
+        self.recovered_from: str | None = None  # why the file was replaced, if it was
+        self._db = self._open()
+
+    # -- connection and schema -------------------------------------------------------
+
+    def _open(self) -> sqlite3.Connection:
+        try:
+            db = self._connect()
+            db.execute("SELECT count(*) FROM blocks").fetchone()
+            return db
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+                raise
+            log.warning("prefix store %s is unreadable (%s); starting an empty one", self.path, exc)
+            self.recovered_from = str(exc)
+            self._remove_files()
+            return self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
+        db.execute(f"PRAGMA page_size={_PAGE_SIZE}")
+        db.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute("PRAGMA mmap_size=1073741824")
+        db.execute("PRAGMA foreign_keys=ON")
+        if db.execute("PRAGMA user_version").fetchone()[0] < _SCHEMA_VERSION:
+            db.executescript(f"BEGIN; {_SCHEMA}; PRAGMA user_version={_SCHEMA_VERSION}; COMMIT;")
+        return db
+
+    def _remove_files(self) -> None:
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(f"{self.path}{suffix}")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextlib.contextmanager
+    def _guard(self):
+        """Run under the lock; a malformed database is replaced by an empty one."""
+        with self._lock:
+            try:
+                yield
+            except sqlite3.DatabaseError as exc:
+                if isinstance(exc, sqlite3.OperationalError):
+                    if "full" in str(exc):
+                        from storage.errors import StorageFullError
+
+                        raise StorageFullError(
+                            f"The disk holding {self.path.parent} is full, so the KV cache "
+                            "could not be saved. Free some space or lower the cache budget."
+                        ) from exc
+                    raise
+                log.error("prefix store damaged (%s); replacing it with an empty one", exc)
+                self.recovered_from = str(exc)
+                with contextlib.suppress(Exception):
+                    self._db.close()
+                self._remove_files()
+                self._db = self._connect()
+                raise StoreReset(str(exc)) from exc
+
+    # -- models ----------------------------------------------------------------------
+
+    def register_model(self, fingerprint: bytes, layout: str, description: str) -> None:
+        """Remember the KV layout (an opaque JSON string) of a fingerprint."""
+        with self._guard(), _tx(self._db):
+            self._db.execute(
+                "INSERT INTO models(fingerprint, layout, description, created_at) VALUES (?,?,?,?)"
+                " ON CONFLICT(fingerprint) DO UPDATE SET layout=excluded.layout",
+                (fingerprint, layout, description, time.time()),
+            )
+
+    def layout(self, fingerprint: bytes) -> str | None:
+        """The layout JSON registered for ``fingerprint``, or None."""
+        with self._guard():
+            row = self._db.execute(
+                "SELECT layout FROM models WHERE fingerprint=?", (fingerprint,)
+            ).fetchone()
+        return row[0] if row else None
+
+    def cached_file_digest(self, path: str, size: int, mtime_ns: int) -> str | None:
+        """A model file's content digest computed earlier for this path, size and mtime."""
+        with self._guard():
+            row = self._db.execute(
+                "SELECT digest FROM file_digests WHERE path=? AND size=? AND mtime_ns=?",
+                (path, size, mtime_ns),
+            ).fetchone()
+        return row[0] if row else None
+
+    def remember_file_digest(self, path: str, size: int, mtime_ns: int, digest: str) -> None:
+        with self._guard(), _tx(self._db):
+            self._db.execute("DELETE FROM file_digests WHERE path=?", (path,))
+            self._db.execute(
+                "INSERT INTO file_digests VALUES (?,?,?,?)", (path, size, mtime_ns, digest)
+            )
+
+    # -- lookup and read ---------------------------------------------------------------
+
+    def lookup(
+        self, fingerprint: bytes, tokens: Sequence[int] | np.ndarray, *, count: bool = True
+    ) -> PrefixMatch:
+        """The longest stored prefix of ``tokens`` under ``fingerprint`` (token-granular).
+
+        Walks the hash chain of full blocks, then takes the longest common prefix with
+        the children (full and tail blocks) of the last block found. With ``count`` the
+        lookup is added to the statistics and the matched blocks are marked as used.
+        """
+        arr = np.asarray(tokens, dtype=np.int32)
+        B = self.block_size
+        keys = chain_keys(fingerprint, arr, B)
+        with self._guard():
+            present: set[bytes] = set()
+            for i in range(0, len(keys), 500):
+                chunk = keys[i : i + 500]
+                q = f"SELECT key FROM blocks WHERE key IN ({','.join('?' * len(chunk))})"
+                present.update(r[0] for r in self._db.execute(q, chunk))
+            blocks: list[BlockRef] = []
+            for i, k in enumerate(keys):
+                if k not in present:
+                    break
+                blocks.append(BlockRef(k, i * B, B, B))
+            parent = blocks[-1].key if blocks else fingerprint
+            pos = len(blocks) * B
+            if pos < len(arr):
+                best: BlockRef | None = None
+                for key, n, tok in self._db.execute(
+                    "SELECT key, n_tokens, tokens FROM blocks WHERE parent=?", (parent,)
+                ):
+                    cand = np.frombuffer(tok, dtype="<i4")
+                    lcp = _common_prefix(cand, arr[pos : pos + n])
+                    if lcp and (best is None or lcp > best.use):
+                        best = BlockRef(key, pos, n, lcp)
+                if best:
+                    blocks.append(best)
+            match = PrefixMatch(blocks)
+            if count:
+                with _tx(self._db):
+                    self._bump(lookups=1, hits=int(bool(blocks)), misses=int(not blocks),
+                               tokens_queried=len(arr))
+                    self._touch([b.key for b in blocks])
+        return match
+
+    def coverage(self, fingerprint: bytes, tokens: Sequence[int] | np.ndarray) -> int:
+        """How many leading ``tokens`` the store could restore (no statistics counted)."""
+        return self.lookup(fingerprint, tokens, count=False).n_tokens
+
+    def read(self, match: PrefixMatch) -> tuple[list[tuple[bytes, int, int]], int]:
+        """Fetch and verify the payloads of ``match``.
+
+        Returns ``(payloads, n_bad)``: ``payloads`` is ``[(payload, n_tokens, use)]`` for
+        the verified leading blocks, ready for ``engine.kv_codec.join``; reading stops at
+        the first block that is missing or fails its checksum, and such a block is deleted
+        with its descendants (``n_bad`` counts them).
+        """
+        out: list[tuple[bytes, int, int]] = []
+        bad = 0
+        with self._guard():
+            for ref in match.blocks:
+                row = self._db.execute(
+                    "SELECT b.checksum, d.data FROM blocks b JOIN block_data d ON d.id = b.id"
+                    " WHERE b.key=?",
+                    (ref.key,),
+                ).fetchone()
+                if row is None:
+                    break
+                if checksum(row[1]) != row[0] or len(row[1]) % ref.n_tokens:
+                    log.warning("KV block %s failed its checksum; dropping it", ref.key.hex()[:12])
+                    bad += self._delete_subtree(ref.key)
+                    break
+                out.append((row[1], ref.n_tokens, ref.use))
+        return out, bad
+
+    def record_restore(self, restored_tokens: int, prefilled_tokens: int) -> None:
+        """Add a request's restored / prefilled token counts to the statistics."""
+        with self._guard(), _tx(self._db):
+            self._bump(tokens_restored=restored_tokens, tokens_prefilled=prefilled_tokens)
+
+    # -- write -----------------------------------------------------------------------
+
+    def plan(self, fingerprint: bytes, tokens: Sequence[int] | np.ndarray) -> tuple[list[NewBlock], list[bytes]]:
+        """The blocks of ``tokens`` the store lacks, and the keys of the whole chain.
+
+        Full blocks cover ``[0, n // B * B)``; a remainder becomes a tail block. Payloads
+        are left empty: the caller cuts only these ranges out of the KV state.
+        """
+        arr = np.asarray(tokens, dtype=np.int32)
+        B = self.block_size
+        keys = chain_keys(fingerprint, arr, B)
+        chain = list(keys)
+        wanted: list[NewBlock] = []
+        parent = fingerprint
+        for i, k in enumerate(keys):
+            wanted.append(NewBlock(k, parent, i * B, arr[i * B : (i + 1) * B]))
+            parent = k
+        rest = arr[len(keys) * B :]
+        if len(rest):
+            tail = block_key(parent, rest)
+            wanted.append(NewBlock(tail, parent, len(keys) * B, rest))
+            chain.append(tail)
+        with self._guard():
+            present: set[bytes] = set()
+            for i in range(0, len(chain), 500):
+                chunk = chain[i : i + 500]
+                q = f"SELECT key FROM blocks WHERE key IN ({','.join('?' * len(chunk))})"
+                present.update(r[0] for r in self._db.execute(q, chunk))
+        return [b for b in wanted if b.key not in present], chain
+
+    def put(
+        self,
+        fingerprint: bytes,
+        blocks: Iterable[NewBlock],
+        active_path: Sequence[bytes] = (),
+    ) -> int:
+        """Store ``blocks`` (with payloads) in one transaction, then evict to the budget.
+
+        ``active_path`` are the keys of the conversation being served: they are marked
+        as just used and are evicted only when nothing else is left. Returns the payload
+        bytes written. Raises StorageFullError when the disk is full (nothing is written).
+        """
+        now = time.time()
+        written = 0
+        with self._guard():
+            with _tx(self._db):
+                for b in blocks:
+                    assert b.payload is not None
+                    cur = self._db.execute(
+                        "INSERT OR IGNORE INTO blocks(key, parent, fingerprint, start, n_tokens,"
+                        " tokens, nbytes, checksum, n_children, last_access)"
+                        " VALUES (?,?,?,?,?,?,?,?,0,?)",
+                        (b.key, b.parent, fingerprint, b.start, b.n_tokens,
+                         tokens_to_bytes(b.tokens), len(b.payload), checksum(b.payload), now),
+                    )
+                    if cur.rowcount == 0:
+                        continue
+                    self._db.execute(
+                        "INSERT INTO block_data(id, data) VALUES (?, ?)", (cur.lastrowid, b.payload)
+                    )
+                    self._db.execute(
+                        "UPDATE blocks SET n_children = n_children + 1 WHERE key=?", (b.parent,)
+                    )
+                    written += len(b.payload)
+                    self._drop_covered_tails(b)
+                self._touch(active_path, now)
+            self._evict(set(active_path))
+        return written
+
+    def _drop_covered_tails(self, new: NewBlock) -> None:
+        """Delete tails under ``new.parent`` whose tokens are a prefix of ``new``'s."""
+        rows = self._db.execute(
+            "SELECT key, tokens FROM blocks WHERE parent=? AND n_tokens < ? AND key != ?",
+            (new.parent, new.n_tokens, new.key),
+        ).fetchall()
+        for key, tok in rows:
+            t = np.frombuffer(tok, dtype="<i4")
+            if np.array_equal(t, new.tokens[: len(t)]):
+                self._delete_subtree(key)
+
+    # -- eviction --------------------------------------------------------------------
+
+    def evict(self, protect: Iterable[bytes] = ()) -> int:
+        """Evict down to the budget; returns the payload bytes freed."""
+        with self._guard():
+            return self._evict(set(protect))
+
+    def _evict(self, protect: set[bytes]) -> int:
+        total = self._total_bytes()
+        freed = 0
+        while total > self.budget_bytes:
+            leaves = self._db.execute(
+                "SELECT key, nbytes FROM blocks WHERE n_children = 0 ORDER BY last_access, start DESC"
+            ).fetchall()
+            if not leaves:
+                break
+            # Unprotected leaves first, least recently used first; the active path last.
+            order = [r for r in leaves if r[0] not in protect] or leaves
+            with _tx(self._db):
+                for key, nbytes in order:
+                    if total <= self.budget_bytes:
+                        break
+                    self._delete_subtree(key)
+                    total -= nbytes
+                    freed += nbytes
+                    self._bump(evicted_blocks=1, evicted_bytes=nbytes)
+        if freed:
+            self._db.execute("PRAGMA incremental_vacuum")
+        return freed
+
+    def _delete_subtree(self, key: bytes) -> int:
+        """Delete a block and every block below it; returns how many were deleted."""
+        keys = [
+            r[0]
+            for r in self._db.execute(
+                "WITH RECURSIVE sub(key) AS (SELECT ? UNION"
+                " SELECT b.key FROM blocks b JOIN sub ON b.parent = sub.key) SELECT key FROM sub",
+                (key,),
+            )
+        ]
+        row = self._db.execute("SELECT parent FROM blocks WHERE key=?", (key,)).fetchone()
+        for i in range(0, len(keys), 500):
+            chunk = keys[i : i + 500]
+            marks = ",".join("?" * len(chunk))
+            self._db.execute(
+                f"DELETE FROM block_data WHERE id IN (SELECT id FROM blocks WHERE key IN ({marks}))",
+                chunk,
+            )
+            self._db.execute(f"DELETE FROM blocks WHERE key IN ({marks})", chunk)
+        if row:
+            self._db.execute(
+                "UPDATE blocks SET n_children = n_children - 1 WHERE key=?", (row[0],)
+            )
+        return len(keys) if row else 0
+
+    # -- maintenance -----------------------------------------------------------------
+
+    def verify(self, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+        """Check every block's checksum; remove bad blocks with their descendants."""
+        with self._guard():
+            ids = self._db.execute("SELECT id, key FROM blocks ORDER BY id").fetchall()
+            bad_keys = []
+            for i, (rowid, key) in enumerate(ids):
+                row = self._db.execute(
+                    "SELECT b.checksum, d.data, b.n_tokens FROM blocks b"
+                    " LEFT JOIN block_data d ON d.id = b.id WHERE b.id=?",
+                    (rowid,),
+                ).fetchone()
+                if row is None:
+                    continue
+                if row[1] is None or checksum(row[1]) != row[0]:
+                    bad_keys.append(key)
+                if progress:
+                    progress(i + 1, len(ids))
+            removed = 0
+            with _tx(self._db):
+                for key in bad_keys:
+                    removed += self._delete_subtree(key)
+            if removed:
+                self._db.execute("PRAGMA incremental_vacuum")
+        return VerifyReport(len(ids), len(bad_keys), removed)
+
+    def clear(self) -> None:
+        """Remove every block (models, digests and counters stay)."""
+        with self._guard():
+            with _tx(self._db):
+                self._db.execute("DELETE FROM block_data")
+                self._db.execute("DELETE FROM blocks")
+            self._db.execute("PRAGMA incremental_vacuum")
+
+    def stats(self) -> dict:
+        """Counters and sizes: lookups, hits, misses, tokens_restored, tokens_prefilled,
+        blocks, tail_blocks, tokens, bytes (payload), file_bytes, budget_bytes, models."""
+        with self._guard():
+            out = {name: value for name, value in self._db.execute("SELECT name, value FROM counters")}
+            blocks, tails, tokens, nbytes = self._db.execute(
+                "SELECT count(*), coalesce(sum(n_tokens < ?), 0), coalesce(sum(n_tokens), 0),"
+                " coalesce(sum(nbytes), 0) FROM blocks",
+                (self.block_size,),
+            ).fetchone()
+            models = self._db.execute("SELECT count(*) FROM models").fetchone()[0]
+        file_bytes = sum(
+            os.path.getsize(f"{self.path}{s}") for s in ("", "-wal") if os.path.exists(f"{self.path}{s}")
+        )
+        for name in ("lookups", "hits", "misses", "tokens_queried", "tokens_restored",
+                     "tokens_prefilled", "evicted_blocks", "evicted_bytes"):
+            out.setdefault(name, 0)
+        out.update(blocks=blocks, tail_blocks=tails, tokens=tokens, bytes=nbytes,
+                   file_bytes=file_bytes, budget_bytes=self.budget_bytes,
+                   block_size=self.block_size, models=models)
+        return out
+
+    def all_tokens_bytes(self) -> int:
+        """Payload bytes of every block (what the budget limits)."""
+        with self._guard():
+            return self._total_bytes()
+
+    def keys_of(self, fingerprint: bytes) -> list[bytes]:
+        """Every block key stored under a fingerprint (for tests and tools)."""
+        with self._guard():
+            return [r[0] for r in self._db.execute(
+                "SELECT key FROM blocks WHERE fingerprint=?", (fingerprint,))]
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _total_bytes(self) -> int:
+        return self._db.execute("SELECT coalesce(sum(nbytes), 0) FROM blocks").fetchone()[0]
+
+    def _touch(self, keys: Sequence[bytes], now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        self._db.executemany(
+            "UPDATE blocks SET last_access=? WHERE key=?", [(now, k) for k in keys]
+        )
+
+    def _bump(self, **deltas: int) -> None:
+        self._db.executemany(
+            "INSERT INTO counters(name, value) VALUES (?, ?)"
+            " ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
+            list(deltas.items()),
+        )
+
+
+class StoreReset(RuntimeError):
+    """The store file was damaged beyond its checksums and has been replaced by an empty one."""
+
+
+@contextlib.contextmanager
+def _tx(db: sqlite3.Connection):
+    """A transaction on an autocommit connection (nested calls join the outer one)."""
+    if db.in_transaction:
+        yield
+        return
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS models(
+    fingerprint BLOB PRIMARY KEY,
+    layout TEXT NOT NULL,
+    description TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS blocks(
+    id INTEGER PRIMARY KEY,
+    key BLOB NOT NULL UNIQUE,
+    parent BLOB NOT NULL,
+    fingerprint BLOB NOT NULL,
+    start INTEGER NOT NULL,
+    n_tokens INTEGER NOT NULL,
+    tokens BLOB NOT NULL,
+    nbytes INTEGER NOT NULL,
+    checksum INTEGER NOT NULL,
+    n_children INTEGER NOT NULL DEFAULT 0,
+    last_access REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS blocks_parent ON blocks(parent);
+CREATE INDEX IF NOT EXISTS blocks_leaves ON blocks(n_children, last_access);
+CREATE TABLE IF NOT EXISTS block_data(
+    id INTEGER PRIMARY KEY,
+    data BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS file_digests(
+    path TEXT NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, digest TEXT NOT NULL,
+    PRIMARY KEY(path, size, mtime_ns)
+);
+"""
+
+__all__ = [
+    "BlockRef", "NewBlock", "PrefixMatch", "PrefixStore", "StoreReset", "VerifyReport",
+    "checksum", "tokens_from_bytes", "DEFAULT_BLOCK_SIZE", "DEFAULT_BUDGET_BYTES",
+]
