@@ -130,6 +130,18 @@ class LoadedModel:
             cache_policy=self.cache_policy,
         )
 
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Run one token through the model and forget it, as llama.cpp's own tools do:
+        the first decode pages in the weights and builds the compute graph (about a
+        second here), which belongs to model load, not to the first reply's TTFT."""
+        token = self.llama._model.token_bos()
+        self.llama.eval([token if token >= 0 else 0])
+        mem = llama_cpp.llama_get_memory(self.llama.ctx)
+        llama_cpp.llama_memory_clear(mem, True)
+        self.llama.n_tokens = 0
+
     @property
     def cache_supported(self) -> bool:
         return self.cache_policy == "full"

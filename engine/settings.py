@@ -14,7 +14,11 @@ class EngineSettings:
 
     n_ctx: context window (tokens). n_threads: CPU threads (0 = all cores).
     type_k / type_v: KV cache precision, "f16" or "q8_0" (q8_0 V needs flash attention).
-    flash_attn: use flash attention (also stores V untransposed, which makes restores faster).
+    flash_attn: use flash attention. Off by default: llama.cpp's CPU flash-attention kernel
+        gives slightly different KV for different prefill batch shapes, and then a reply
+        after a restore could differ from one computed from scratch. Without it, KV is the
+        same bit for bit however the tokens were batched (measured: tests/test_engine.py).
+        A q8_0 V cache needs it, so ``for_kv_type("q8_0")`` turns it on.
     n_batch: prefill batch (tokens per llama_decode call; progress is reported per batch).
     """
 
@@ -22,7 +26,7 @@ class EngineSettings:
     n_threads: int = 0
     type_k: str = "f16"
     type_v: str = "f16"
-    flash_attn: bool = True
+    flash_attn: bool = False
     n_batch: int = 512
 
     def __post_init__(self):
@@ -33,6 +37,11 @@ class EngineSettings:
             raise ValueError("a quantized V cache (type_v=q8_0) needs flash attention")
         if self.n_ctx < 256:
             raise ValueError("n_ctx must be at least 256 tokens")
+
+    @classmethod
+    def for_kv_type(cls, kv_type: str, **kw) -> "EngineSettings":
+        """Settings with both K and V in ``kv_type`` (flash attention on for q8_0)."""
+        return cls(type_k=kv_type, type_v=kv_type, flash_attn=kw.pop("flash_attn", False) or kv_type != "f16", **kw)
 
     @property
     def threads(self) -> int:

@@ -1,0 +1,363 @@
+"""The ``branchwise`` command: the window by default, and a headless CLI for everything else.
+
+No Qt is imported on the CLI paths; ``branchwise`` with no subcommand opens the window.
+Every failure a person can cause (a bad model file, an unknown id, a full disk) ends
+with one readable line on stderr and a non-zero exit code; tracebacks go to the log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import threading
+from pathlib import Path
+
+log = logging.getLogger("branchwise")
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+def _size(text: str) -> int:
+    """Parse a byte size like ``500000``, ``200M``, ``1.5G`` (powers of 1024)."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}.get(t[-1:], 1)
+    try:
+        return int(float(t[:-1] if mult > 1 else t) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 500M or 2G)") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--data-dir", help="where chats and the KV cache live (default: the user data folder; env BRANCHWISE_DATA_DIR)")
+    common.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+    engine = argparse.ArgumentParser(add_help=False)
+    engine.add_argument("--model", help="a GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
+    engine.add_argument("--ctx-size", type=int, default=8192, help="context window in tokens (default 8192)")
+    engine.add_argument("--threads", type=int, default=0, help="CPU threads (default: all cores)")
+    engine.add_argument("--kv-type", choices=["f16", "q8_0"], default="f16", help="KV cache precision")
+    engine.add_argument("--flash-attn", action="store_true",
+                        help="use flash attention (faster prefill; replies after a restore may then differ "
+                             "in rare cases from uncached ones; always on with --kv-type q8_0)")
+    engine.add_argument("--cache-budget", type=_size, default=None,
+                        help="most bytes the prefix store keeps, e.g. 2G (env BRANCHWISE_CACHE_BUDGET)")
+    engine.add_argument("--no-cache", action="store_true", help="neither read nor write the prefix store")
+    engine.add_argument("--max-tokens", type=int, help="most tokens in the reply")
+    engine.add_argument("--temperature", type=float, help="0 is deterministic")
+    engine.add_argument("--seed", type=int, help="sampling seed")
+
+    p = argparse.ArgumentParser(
+        prog="branchwise",
+        description="Branchwise: chat with local models; never read the same tokens twice.",
+    )
+    p.add_argument("--data-dir", dest="gui_data_dir", help=argparse.SUPPRESS)
+    p.add_argument("--model", dest="gui_model", help="open the window on this GGUF model")
+    p.add_argument("--self-test", action="store_true", help="run one turn and one resume on the bundled model, then exit")
+    p.add_argument("--screenshot", metavar="PNG", help="open the window offscreen, save a screenshot, exit")
+    sub = p.add_subparsers(dest="command")
+
+    chat = sub.add_parser("chat", parents=[common, engine], help="send a message and stream the reply")
+    chat.add_argument("--conversation", type=int, help="continue this conversation (default: a new one)")
+    chat.add_argument("--parent", type=int, help="reply under this message instead of the active leaf (a branch)")
+    chat.add_argument("--system", help="system prompt (for a new conversation, or to change it)")
+    chat.add_argument("text", help="the message")
+
+    regen = sub.add_parser("regenerate", parents=[common, engine], help="a new sibling reply for an assistant message")
+    regen.add_argument("message_id", type=int)
+
+    conv = sub.add_parser("conversations", help="list, show or export conversations")
+    conv_sub = conv.add_subparsers(dest="action", required=True)
+    conv_sub.add_parser("list", parents=[common])
+    show = conv_sub.add_parser("show", parents=[common])
+    show.add_argument("id", type=int)
+    export = conv_sub.add_parser("export", parents=[common])
+    export.add_argument("id", type=int)
+    export.add_argument("--format", choices=["json", "markdown"], default="markdown")
+
+    cache = sub.add_parser("cache", help="the KV prefix store")
+    cache_sub = cache.add_subparsers(dest="action", required=True)
+    for name, text in (("stats", "sizes and hit counts"), ("verify", "check every block's checksum, remove bad ones"),
+                       ("clear", "remove every block")):
+        c = cache_sub.add_parser(name, parents=[common], help=text)
+        c.add_argument("--cache-budget", type=_size, default=None, help=argparse.SUPPRESS)
+
+    bench = sub.add_parser("bench", help="measure cold prefill vs resume, restore speed and sharing")
+    bench.add_argument("--json", action="store_true")
+    bench.add_argument("--model", help="a GGUF model (default: the embedded one)")
+    bench.add_argument("--quick", action="store_true", help="smaller workload (for a smoke test)")
+    sub.add_parser("gui", parents=[common], help="open the window (the default)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging(args)
+    from engine.errors import EngineError
+    from storage.errors import StorageError
+
+    try:
+        if args.self_test:
+            from app.self_test import run_self_test
+
+            return run_self_test()
+        if args.command in (None, "gui"):
+            from app.gui import run
+
+            data_dir = getattr(args, "data_dir", None) or args.gui_data_dir
+            return run(data_dir, args.gui_model, screenshot=args.screenshot)
+        if args.command == "bench":
+            from app.bench import run_bench
+
+            return run_bench(model=args.model, as_json=args.json, quick=args.quick)
+        handler = {"chat": cmd_chat, "regenerate": cmd_regenerate,
+                   "conversations": cmd_conversations, "cache": cmd_cache}[args.command]
+        return handler(args)
+    except (EngineError, StorageError, ValueError) as exc:
+        log.debug("command failed", exc_info=True)
+        print(f"branchwise: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("\nbranchwise: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return EXIT_ERROR
+
+
+def _setup_logging(args) -> None:
+    level = os.environ.get("BRANCHWISE_LOG", "WARNING").upper()
+    logging.basicConfig(level=getattr(logging, level, logging.WARNING), stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+
+
+# -- shared helpers ----------------------------------------------------------------------
+
+
+def _data_dir(args) -> Path:
+    from storage.paths import resolve_data_dir
+
+    return resolve_data_dir(getattr(args, "data_dir", None) or getattr(args, "gui_data_dir", None))
+
+
+def _open_chats(args):
+    from storage.chats import ChatStore
+    from storage.paths import CHATS_DB
+
+    return ChatStore(_data_dir(args) / CHATS_DB)
+
+
+def _open_store(args):
+    from storage.paths import KVCACHE_DB
+    from storage.prefix_store import DEFAULT_BUDGET_BYTES, PrefixStore
+
+    budget = getattr(args, "cache_budget", None) or _size(os.environ.get("BRANCHWISE_CACHE_BUDGET", "")
+                                                          or str(DEFAULT_BUDGET_BYTES))
+    return PrefixStore(_data_dir(args) / KVCACHE_DB, budget_bytes=budget)
+
+
+def _open_engine(args):
+    from engine.core import Engine
+    from engine.model_file import default_model_path
+    from engine.settings import EngineSettings
+
+    settings = EngineSettings.for_kv_type(args.kv_type, n_ctx=args.ctx_size, n_threads=args.threads,
+                                          flash_attn=args.flash_attn)
+    store = None if args.no_cache else _open_store(args)
+    return Engine(args.model or default_model_path(), settings, store)
+
+
+def _sampling(args, conversation):
+    from engine.settings import SamplingParams
+
+    s = dict(conversation.sampling or {})
+    for name in ("max_tokens", "temperature", "seed"):
+        value = getattr(args, name, None)
+        if value is not None:
+            s[name] = value
+    return SamplingParams.from_dict(s)
+
+
+def chat_messages(system_prompt: str, path) -> list:
+    """The engine's view of a conversation path: the system prompt, then each message
+    (assistant messages with the token ids that were generated)."""
+    from engine.chat_template import ChatMessage
+
+    out = [ChatMessage("system", system_prompt)] if system_prompt else []
+    out += [ChatMessage(m.role, m.content, m.token_ids if m.role == "assistant" else None)
+            for m in path if m.role in ("user", "assistant")]
+    return out
+
+
+def _reply(args, chats, conversation, parent_id, model_label: str) -> int:
+    """Generate the reply to the path ending at ``parent_id``, stream it, save it."""
+    engine = _open_engine(args)
+    path = chats.path_to(parent_id)
+    stream = not args.json
+    parts: list[str] = []
+
+    def on_token(text: str, _tok: int) -> None:
+        parts.append(text)
+        if stream:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+    cancel = threading.Event()
+    try:
+        result = engine.generate(chat_messages(conversation.system_prompt, path), _sampling(args, conversation),
+                                 use_cache=not args.no_cache, on_token=on_token, cancel=cancel)
+    except KeyboardInterrupt:
+        if parts:
+            chats.add_message(conversation.id, parent_id, "assistant", "".join(parts), status="stopped",
+                              model=model_label)
+        raise
+    status = "stopped" if result.stats.finish_reason == "cancelled" else "complete"
+    msg = chats.add_message(conversation.id, parent_id, "assistant", result.text, token_ids=result.token_ids,
+                            stats=result.stats.to_dict(), status=status, model=model_label)
+    engine.close()
+    if args.json:
+        user_id = parent_id if chats.get_message(parent_id).role == "user" else None
+        print(json.dumps({
+            "conversation_id": conversation.id, "user_message_id": user_id,
+            "assistant_message_id": msg.id, "text": result.text, "stats": _public_stats(result.stats),
+        }))
+    else:
+        s = result.stats
+        sys.stdout.write("\n")
+        print(f"[conversation {conversation.id} · message {msg.id} · restored {s.restored_tokens} tokens "
+              f"in {s.restore_ms:.0f} ms · prefilled {s.prefilled_tokens} in {s.prefill_ms / 1000:.2f} s · "
+              f"TTFT {s.ttft_ms:.0f} ms · {s.decode_tokens_per_s:.1f} tok/s]", file=sys.stderr)
+    return 0
+
+
+def _public_stats(stats) -> dict:
+    d = stats.to_dict()
+    keys = ("prompt_tokens", "restored_tokens", "prefilled_tokens", "generated_tokens", "restore_ms",
+            "prefill_ms", "ttft_ms", "decode_tokens_per_s", "snapshot_ms", "snapshot_bytes_written")
+    return {**{k: d[k] for k in keys}, **{k: v for k, v in d.items() if k not in keys}}
+
+
+def _model_label(args) -> str:
+    return Path(args.model).name if args.model else "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+# -- commands ----------------------------------------------------------------------------
+
+
+def cmd_chat(args) -> int:
+    from storage.errors import NotFoundError
+
+    if not args.text.strip():
+        raise ValueError("the message is empty")
+    chats = _open_chats(args)
+    if args.parent is not None:
+        parent = chats.get_message(args.parent)
+        if args.conversation is not None and parent.conversation_id != args.conversation:
+            raise NotFoundError(f"Message {args.parent} is not in conversation {args.conversation}.")
+        conversation = chats.get_conversation(parent.conversation_id)
+        parent_id = parent.id
+    elif args.conversation is not None:
+        conversation = chats.get_conversation(args.conversation)
+        parent_id = conversation.active_leaf_id
+    else:
+        conversation = chats.create_conversation(system_prompt=args.system or "")
+        parent_id = None
+    if args.system is not None and args.system != conversation.system_prompt:
+        chats.set_system_prompt(conversation.id, args.system)
+        conversation = chats.get_conversation(conversation.id)
+    # Check the model before the message is stored, so a bad --model leaves no trace.
+    if args.model:
+        from engine.model_file import check_gguf
+
+        check_gguf(args.model)
+    user = chats.add_message(conversation.id, parent_id, "user", args.text)
+    return _reply(args, chats, conversation, user.id, _model_label(args))
+
+
+def cmd_regenerate(args) -> int:
+    chats = _open_chats(args)
+    msg = chats.get_message(args.message_id)
+    if msg.role != "assistant" or msg.parent_id is None:
+        raise ValueError(f"message {msg.id} is a {msg.role} message; regenerate takes an assistant reply")
+    conversation = chats.get_conversation(msg.conversation_id)
+    if args.model:
+        from engine.model_file import check_gguf
+
+        check_gguf(args.model)
+    return _reply(args, chats, conversation, msg.parent_id, _model_label(args))
+
+
+def cmd_conversations(args) -> int:
+    from app.export import conversation_json, conversation_markdown
+
+    chats = _open_chats(args)
+    if args.action == "list":
+        rows = chats.list_conversations()
+        if args.json:
+            print(json.dumps([{"id": c.id, "title": c.title, "pinned": c.pinned, "updated_at": c.updated_at,
+                               "messages": len(chats.tree(c.id))} for c in rows]))
+        else:
+            for c in rows:
+                pin = "*" if c.pinned else " "
+                print(f"{c.id:>5} {pin} {c.title}")
+        return 0
+    if args.action == "show":
+        data = conversation_json(chats, args.id)
+        if args.json:
+            print(json.dumps(data, ensure_ascii=False))
+        else:
+            print(conversation_markdown(data, active_only=True))
+        return 0
+    data = conversation_json(chats, args.id)
+    if args.format == "json":
+        print(json.dumps(data, ensure_ascii=False, indent=2))
+    else:
+        print(conversation_markdown(data, active_only=True))
+    return 0
+
+
+def cmd_cache(args) -> int:
+    store = _open_store(args)
+    if args.action == "clear":
+        store.clear()
+        result = {"cleared": True, **store.stats()}
+    elif args.action == "verify":
+        report = store.verify()
+        result = {"checked": report.checked, "bad": report.bad, "removed": report.removed, **store.stats()}
+    else:
+        result = store.stats()
+    if store.recovered_from:
+        result["recovered_from"] = store.recovered_from
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    if args.action == "verify":
+        print(f"checked {report.checked} blocks: {report.bad} failed their checksum; "
+              f"{report.removed} blocks removed (with their descendants)")
+    elif args.action == "clear":
+        print("prefix store cleared")
+    if store.recovered_from:
+        print(f"the cache file was damaged ({store.recovered_from}) and has been replaced by an empty one")
+    print(_stats_text(result))
+    return 0
+
+
+def _stats_text(s: dict) -> str:
+    hit_rate = f"{100 * s['hits'] / s['lookups']:.0f}%" if s["lookups"] else "n/a"
+    return "\n".join([
+        f"blocks           {s['blocks']:,} ({s['tail_blocks']:,} tails, {s['block_size']} tokens per full block)",
+        f"tokens stored    {s['tokens']:,}",
+        f"size             {s['bytes'] / 1e6:,.1f} MB of KV (file {s['file_bytes'] / 1e6:,.1f} MB), "
+        f"budget {s['budget_bytes'] / 1e6:,.0f} MB",
+        f"lookups          {s['lookups']:,} ({s['hits']:,} hits, {s['misses']:,} misses, hit rate {hit_rate})",
+        f"tokens restored  {s['tokens_restored']:,}; prefilled {s['tokens_prefilled']:,}",
+        f"evicted          {s['evicted_blocks']:,} blocks, {s['evicted_bytes'] / 1e6:,.1f} MB",
+    ])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

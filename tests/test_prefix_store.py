@@ -1,0 +1,217 @@
+"""The prefix store on synthetic payloads: lookup (miss, exact, extension, divergence inside
+a block, longest of several candidates, tails), sharing, eviction order, budget,
+checksums and statistics. Payload bytes encode their token ids so a read can be checked."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import numpy as np
+import pytest
+
+from storage.prefix_store import NewBlock, PrefixStore
+
+FP = b"F" * 32
+OTHER_FP = b"G" * 32
+B = 8  # block size in tokens for these tests
+BPT = 16  # payload bytes per token
+
+
+def payload_for(tokens) -> bytes:
+    """Each token becomes 16 bytes: its id (int32) repeated four times."""
+    return np.repeat(np.asarray(tokens, dtype="<i4"), 4).tobytes()
+
+
+def store_tokens(store: PrefixStore, tokens, fp: bytes = FP) -> int:
+    """What the engine's snapshot does: plan, cut payloads, put. Returns bytes written."""
+    missing, chain = store.plan(fp, tokens)
+    blocks = [NewBlock(b.key, b.parent, b.start, b.tokens, payload_for(b.tokens)) for b in missing]
+    return store.put(fp, blocks, active_path=chain)
+
+
+def restored_tokens(store: PrefixStore, tokens, fp: bytes = FP) -> list[int]:
+    """The token ids encoded in the payloads the store would restore for ``tokens``."""
+    payloads, bad = store.read(store.lookup(fp, tokens))
+    out: list[int] = []
+    for data, _count, use in payloads:
+        ids = np.frombuffer(data, dtype="<i4")[::4]
+        out += ids[:use].tolist()
+    return out
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = PrefixStore(tmp_path / "kv.sqlite3", budget_bytes=10**9, block_size=B)
+    yield s
+    s.close()
+
+
+def seq(n: int, start: int = 100) -> list[int]:
+    return list(range(start, start + n))
+
+
+def test_empty_store_misses(store):
+    m = store.lookup(FP, seq(20))
+    assert m.n_tokens == 0 and m.blocks == []
+    assert store.stats()["misses"] == 1
+
+
+def test_exact_match_restores_the_same_tokens(store):
+    toks = seq(20)
+    assert store_tokens(store, toks) == 20 * BPT
+    assert restored_tokens(store, toks) == toks
+    m = store.lookup(FP, toks)
+    assert [b.n_tokens for b in m.blocks] == [8, 8, 4]  # two full blocks and a tail
+
+
+def test_extension_matches_the_stored_prefix(store):
+    store_tokens(store, seq(20))
+    longer = seq(20) + [7, 7, 7, 7, 7]
+    assert restored_tokens(store, longer) == seq(20)
+
+
+def test_divergence_in_the_middle_of_a_block(store):
+    store_tokens(store, seq(24))
+    query = seq(19) + [1, 2, 3, 4, 5]  # differs at token 19, inside block [16, 24)
+    m = store.lookup(FP, query)
+    assert m.n_tokens == 19
+    assert m.blocks[-1].use == 3 and m.blocks[-1].n_tokens == 8
+    assert restored_tokens(store, query) == seq(19)
+
+
+def test_longest_of_several_candidates(store):
+    base = seq(8)
+    store_tokens(store, base + [1, 2, 3])  # tail 1,2,3
+    store_tokens(store, base + [1, 2, 9, 9, 9, 9])  # tail 1,2,9,...
+    store_tokens(store, base + [5])
+    query = base + [1, 2, 9, 9, 4]
+    assert restored_tokens(store, query) == base + [1, 2, 9, 9]
+
+
+def test_branches_share_blocks(store):
+    prefix = seq(32)
+    first = store_tokens(store, prefix + [1] * 8)
+    second = store_tokens(store, prefix + [2] * 8)
+    assert first == 40 * BPT
+    assert second == 8 * BPT  # only the new block
+    assert store.stats()["tokens"] == 48
+
+
+def test_a_tail_covered_by_a_longer_block_is_dropped(store):
+    store_tokens(store, seq(10))  # blocks [0,8) + tail [8,10)
+    assert store.stats()["tail_blocks"] == 1
+    store_tokens(store, seq(13))  # tail [8,13) covers the old tail
+    s = store.stats()
+    assert s["tail_blocks"] == 1 and s["tokens"] == 13
+    store_tokens(store, seq(16))  # a full block now covers it
+    s = store.stats()
+    assert s["tail_blocks"] == 0 and s["tokens"] == 16 and s["blocks"] == 2
+
+
+def test_a_tail_on_another_branch_is_kept(store):
+    store_tokens(store, seq(10))
+    store_tokens(store, seq(8) + [1, 2, 3])
+    assert store.stats()["tail_blocks"] == 2
+
+
+def test_fingerprints_never_share(store):
+    store_tokens(store, seq(16))
+    assert store.lookup(OTHER_FP, seq(16)).n_tokens == 0
+    assert store_tokens(store, seq(16), fp=OTHER_FP) == 16 * BPT
+
+
+def test_budget_is_never_exceeded_and_lru_leaves_go_first(tmp_path):
+    store = PrefixStore(tmp_path / "kv.sqlite3", budget_bytes=40 * BPT, block_size=B)
+    a = seq(16, start=1000)
+    b = seq(16, start=2000)
+    c = seq(16, start=3000)
+    store_tokens(store, a)
+    store_tokens(store, b)
+    store.lookup(FP, a)  # a is now more recent than b
+    store_tokens(store, c)  # 48 tokens > 40: one 8-token leaf must go, b's
+    s = store.stats()
+    assert s["bytes"] <= 40 * BPT
+    assert restored_tokens(store, a) == a
+    assert restored_tokens(store, b) == b[:8]  # b's leaf went, its root block stayed
+    assert restored_tokens(store, c) == c
+    store.close()
+
+
+def test_active_path_is_evicted_last(tmp_path):
+    store = PrefixStore(tmp_path / "kv.sqlite3", budget_bytes=24 * BPT, block_size=B)
+    old = seq(16, start=5000)
+    store_tokens(store, old)
+    active = seq(24, start=7000)  # alone it fits the budget exactly; old must go entirely
+    store_tokens(store, active)
+    assert store.stats()["bytes"] <= 24 * BPT
+    assert restored_tokens(store, active) == active
+    assert restored_tokens(store, old) == []
+    store.close()
+
+
+def test_interior_blocks_outlive_their_descendants(tmp_path):
+    store = PrefixStore(tmp_path / "kv.sqlite3", budget_bytes=10**9, block_size=B)
+    store_tokens(store, seq(32))
+    store.budget_bytes = 16 * BPT
+    store.evict()
+    # Only the first two blocks remain: eviction took the chain from its leaf end.
+    assert restored_tokens(store, seq(32)) == seq(16)
+    store.close()
+
+
+def test_statistics_count_lookups_hits_and_tokens(store):
+    store_tokens(store, seq(16))
+    store.lookup(FP, seq(16))
+    store.lookup(FP, seq(16, start=900))
+    store.record_restore(16, 4)
+    s = store.stats()
+    assert (s["lookups"], s["hits"], s["misses"]) == (2, 1, 1)
+    assert (s["tokens_restored"], s["tokens_prefilled"]) == (16, 4)
+    assert s["blocks"] == 2 and s["bytes"] == 16 * BPT
+
+
+def corrupt_block(path, start: int) -> None:
+    """Flip one byte inside the payload of the block at token ``start``."""
+    db = sqlite3.connect(path)
+    (rowid,) = db.execute("SELECT id FROM blocks WHERE start=?", (start,)).fetchone()
+    data = bytearray(db.execute("SELECT data FROM block_data WHERE id=?", (rowid,)).fetchone()[0])
+    data[3] ^= 0xFF
+    db.execute("UPDATE block_data SET data=? WHERE id=?", (bytes(data), rowid))
+    db.commit()
+    db.close()
+
+
+def test_a_bad_checksum_stops_the_restore_and_drops_the_subtree(store, tmp_path):
+    toks = seq(32)
+    store_tokens(store, toks)
+    corrupt_block(tmp_path / "kv.sqlite3", start=8)
+    payloads, bad = store.read(store.lookup(FP, toks))
+    assert len(payloads) == 1 and bad == 3  # block 8 and its two descendants
+    assert restored_tokens(store, toks) == seq(8)
+
+
+def test_verify_reports_and_removes_damage(store, tmp_path):
+    store_tokens(store, seq(32))
+    store_tokens(store, seq(16) + [1] * 16)
+    corrupt_block(tmp_path / "kv.sqlite3", start=16)  # two blocks start at 16: one is hit
+    report = store.verify()
+    assert report.checked == 6 and report.bad == 1 and report.removed == 2
+    assert store.verify().bad == 0
+
+
+def test_a_malformed_file_is_replaced_by_an_empty_store(tmp_path):
+    path = tmp_path / "kv.sqlite3"
+    path.write_bytes(b"this is not a database" * 1000)
+    store = PrefixStore(path, block_size=B)
+    assert store.recovered_from
+    assert store.lookup(FP, seq(8)).n_tokens == 0
+    store_tokens(store, seq(8))
+    assert restored_tokens(store, seq(8)) == seq(8)
+    store.close()
+
+
+def test_clear_removes_every_block(store):
+    store_tokens(store, seq(40))
+    store.clear()
+    assert store.stats()["blocks"] == 0
+    assert store.lookup(FP, seq(40)).n_tokens == 0
