@@ -193,9 +193,8 @@ def chat_messages(system_prompt: str, path) -> list:
     return out
 
 
-def _reply(args, chats, conversation, parent_id, model_label: str) -> int:
+def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> int:
     """Generate the reply to the path ending at ``parent_id``, stream it, save it."""
-    engine = _open_engine(args)
     path = chats.path_to(parent_id)
     stream = not args.json
     parts: list[str] = []
@@ -254,6 +253,8 @@ def cmd_chat(args) -> int:
     if not args.text.strip():
         raise ValueError("the message is empty")
     chats = _open_chats(args)
+    # Load the model first, so a bad model file leaves no trace in the conversations.
+    engine = _open_engine(args)
     if args.parent is not None:
         parent = chats.get_message(args.parent)
         if args.conversation is not None and parent.conversation_id != args.conversation:
@@ -269,13 +270,8 @@ def cmd_chat(args) -> int:
     if args.system is not None and args.system != conversation.system_prompt:
         chats.set_system_prompt(conversation.id, args.system)
         conversation = chats.get_conversation(conversation.id)
-    # Check the model before the message is stored, so a bad --model leaves no trace.
-    if args.model:
-        from engine.model_file import check_gguf
-
-        check_gguf(args.model)
     user = chats.add_message(conversation.id, parent_id, "user", args.text)
-    return _reply(args, chats, conversation, user.id, _model_label(args))
+    return _reply(args, engine, chats, conversation, user.id, _model_label(args))
 
 
 def cmd_regenerate(args) -> int:
@@ -284,11 +280,7 @@ def cmd_regenerate(args) -> int:
     if msg.role != "assistant" or msg.parent_id is None:
         raise ValueError(f"message {msg.id} is a {msg.role} message; regenerate takes an assistant reply")
     conversation = chats.get_conversation(msg.conversation_id)
-    if args.model:
-        from engine.model_file import check_gguf
-
-        check_gguf(args.model)
-    return _reply(args, chats, conversation, msg.parent_id, _model_label(args))
+    return _reply(args, _open_engine(args), chats, conversation, msg.parent_id, _model_label(args))
 
 
 def cmd_conversations(args) -> int:

@@ -1,0 +1,259 @@
+"""``branchwise bench``: the figures the prefix store exists for, on the default model.
+
+1. Resume: a conversation whose first turn is about N tokens (N = 500, 1,000, 2,000) is
+   continued by a *new process*, once with ``--no-cache`` (cold prefill) and once through
+   the prefix store; TTFT of both, tokens restored, and whether the replies are equal.
+2. Restore throughput (MB/s of KV from the store into llama.cpp, warm page cache), split
+   into read+verify, join and ``llama_state_seq_set_data``; the snapshot cost of a turn.
+3. Sharing: ten branches off one 1,500-token prefix; bytes stored against the bytes of
+   their distinct tokens.
+4. The same sharing workload through llama-cpp-python's ``LlamaDiskCache``.
+
+Prints a table, or one JSON object with ``--json``. Nothing here is asserted: the
+numbers are for people (and the closing notes) to read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+_WORDS = ("river harbour lantern orchard meadow granite violin compass winter autumn signal garden "
+          "copper engine ledger canyon harvest beacon marble quiet northern patient careful bright "
+          "village market bridge tower island forest letter window morning evening journey").split()
+
+
+def filler(engine, n_tokens: int, seed: int) -> str:
+    """Plain English-like text of about ``n_tokens`` tokens for this model."""
+    rng = random.Random(seed)
+    sentences = []
+    while True:
+        words = [rng.choice(_WORDS) for _ in range(rng.randint(6, 12))]
+        sentences.append(" ".join(words).capitalize() + ".")
+        if len(sentences) % 10 == 0 and len(engine.model.tokenize(" ".join(sentences), False)) >= n_tokens:
+            break
+    text = " ".join(sentences)
+    ids = engine.model.tokenize(text, False)[:n_tokens]
+    return engine.model.detokenize(ids)
+
+
+def _cli(data_dir: Path, *args) -> dict:
+    env = {**os.environ, "BRANCHWISE_DATA_DIR": str(data_dir)}
+    r = subprocess.run([sys.executable, "-m", "app.cli", *map(str, args)], capture_output=True, text=True,
+                       env=env, timeout=900)
+    if r.returncode != 0:
+        raise RuntimeError(f"branchwise {' '.join(map(str, args[:2]))} failed: {r.stderr.strip()}")
+    return json.loads(r.stdout)
+
+
+def bench_resume(engine, data_dir: Path, sizes: list[int]) -> list[dict]:
+    rows = []
+    for n in sizes:
+        text = filler(engine, n, seed=n) + "\n\nWhich word appears most often above?"
+        first = _cli(data_dir, "chat", "--json", "--temperature", 0, "--max-tokens", 16, text)
+        parent = first["assistant_message_id"]
+        follow = "Answer again in one short sentence."
+        cold = _cli(data_dir, "chat", "--json", "--temperature", 0, "--max-tokens", 16, "--parent", parent,
+                    "--no-cache", follow)
+        warm = _cli(data_dir, "chat", "--json", "--temperature", 0, "--max-tokens", 16, "--parent", parent, follow)
+        rows.append({
+            "first_turn_tokens": first["stats"]["prompt_tokens"] + first["stats"]["generated_tokens"],
+            "prompt_tokens": warm["stats"]["prompt_tokens"],
+            "cold_ttft_ms": cold["stats"]["ttft_ms"],
+            "resume_ttft_ms": warm["stats"]["ttft_ms"],
+            "restored_tokens": warm["stats"]["restored_tokens"],
+            "prefilled_tokens": warm["stats"]["prefilled_tokens"],
+            "restore_ms": warm["stats"]["restore_ms"],
+            "speedup": round(cold["stats"]["ttft_ms"] / max(warm["stats"]["ttft_ms"], 1e-6), 1),
+            "ttft_ratio_pct": round(100 * warm["stats"]["ttft_ms"] / cold["stats"]["ttft_ms"], 2),
+            "same_reply": warm["text"] == cold["text"],
+            "first_turn_snapshot_ms": first["stats"]["snapshot_ms"],
+            "next_turn_snapshot_ms": warm["stats"]["snapshot_ms"],
+            "next_turn_snapshot_bytes": warm["stats"]["snapshot_bytes_written"],
+        })
+    return rows
+
+
+def bench_restore(engine, prompt: list[int], repeats: int = 7) -> dict:
+    """Restore the stored prefix of ``prompt`` repeatedly; medians in ms, MB/s of KV."""
+    import ctypes
+
+    import llama_cpp
+
+    from engine import kv_codec
+
+    store = engine.store
+    match = store.lookup(engine.fingerprint, prompt[:-1], count=False)
+    reads, joins, sets, totals = [], [], [], []
+    nbytes = 0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        payloads, _bad = store.read(match)
+        t1 = time.perf_counter()
+        blob = kv_codec.join(engine.layout, payloads, buffer=engine._buffer if engine._buffer.nbytes else None)
+        t2 = time.perf_counter()
+        ptr = blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        assert llama_cpp.llama_state_seq_set_data(engine.llama.ctx, ptr, blob.nbytes, 0) == blob.nbytes
+        t3 = time.perf_counter()
+        reads.append(t1 - t0)
+        joins.append(t2 - t1)
+        sets.append(t3 - t2)
+        totals.append(t3 - t0)
+        nbytes = sum(len(p) * use // count for p, count, use in payloads)
+    med = statistics.median
+    return {
+        "tokens": match.n_tokens, "kv_mb": round(nbytes / 1e6, 1),
+        "read_verify_ms": round(med(reads) * 1000, 2), "join_ms": round(med(joins) * 1000, 2),
+        "set_data_ms": round(med(sets) * 1000, 2), "total_ms": round(med(totals) * 1000, 2),
+        "mb_per_s": round(nbytes / 1e6 / med(totals), 0),
+    }
+
+
+def _distinct_tokens(sequences: list[list[int]]) -> int:
+    seen: list[list[int]] = []
+    total = 0
+    for s in sequences:
+        lcp = 0
+        for t in seen:
+            n = 0
+            for a, b in zip(s, t):
+                if a != b:
+                    break
+                n += 1
+            lcp = max(lcp, n)
+        total += len(s) - lcp
+        seen.append(s)
+    return total
+
+
+def bench_sharing(model_path, workdir: Path, branches: int = 10, prefix_tokens: int = 1500) -> dict:
+    from engine.chat_template import ChatMessage
+    from engine.core import Engine
+    from engine.settings import EngineSettings, SamplingParams
+    from storage.prefix_store import PrefixStore
+
+    store = PrefixStore(workdir / "sharing.sqlite3")
+    engine = Engine(model_path, EngineSettings(n_ctx=4096), store)
+    sp = SamplingParams(temperature=0, max_tokens=32)
+    base = [ChatMessage("user", filler(engine, prefix_tokens, seed=7) + "\n\nSummarise this.")]
+    first = engine.generate(base, sp)
+    history = base + [ChatMessage("assistant", first.text, first.token_ids)]
+    sequences = [list(engine.llama.input_ids[: engine.llama.n_tokens])]
+    questions = [f"Question {i + 1}: which {w} comes first, and why would a {v} matter here?"
+                 for i, (w, v) in enumerate(zip(_WORDS[::2], _WORDS[1::2]))][:branches]
+    t_branch = []
+    for q in questions:
+        r = engine.generate(history + [ChatMessage("user", q)], sp)
+        t_branch.append(r.stats.ttft_ms)
+        sequences.append(list(engine.llama.input_ids[: engine.llama.n_tokens]))
+    stats = store.stats()
+    per_token = engine.layout.bytes_per_token
+    distinct = _distinct_tokens(sequences)
+    result = {
+        "prefix_tokens": first.stats.prompt_tokens, "branches": branches,
+        "distinct_tokens": distinct, "stored_tokens": stats["tokens"],
+        "stored_bytes": stats["bytes"], "distinct_bytes": distinct * per_token,
+        "ratio": round(stats["bytes"] / (distinct * per_token), 3),
+        "branch_ttft_ms_median": round(statistics.median(t_branch), 1),
+        "file_bytes": stats["file_bytes"],
+    }
+    disk = bench_llama_disk_cache(engine, sequences, workdir / "llama-disk-cache")
+    engine.close()
+    store.close()
+    return {"sharing": result, "llama_disk_cache": disk}
+
+
+def bench_llama_disk_cache(engine, sequences: list[list[int]], path: Path) -> dict:
+    """The same states through llama-cpp-python's LlamaDiskCache (whole states, pickled)."""
+    from llama_cpp.llama_cache import LlamaDiskCache
+
+    llama = engine.llama
+    cache = LlamaDiskCache(str(path), capacity_bytes=1 << 40)
+    saves = []
+    with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+        for seq in sequences:
+            engine.reset_context()
+            llama.eval(seq)
+            t = time.perf_counter()
+            cache[seq] = llama.save_state()
+            saves.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        state = cache[sequences[0] + [1]]  # the longest-prefix lookup: a linear scan
+        llama.load_state(state)
+        load_s = time.perf_counter() - t
+    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    return {"states": len(sequences), "bytes": size, "save_ms_median": round(statistics.median(saves) * 1000, 1),
+            "load_ms": round(load_s * 1000, 1)}
+
+
+def run_bench(model: str | None = None, as_json: bool = False, quick: bool = False) -> int:
+    from engine.core import Engine
+    from engine.model_file import default_model_path
+    from engine.settings import EngineSettings
+    from storage.paths import KVCACHE_DB
+    from storage.prefix_store import PrefixStore
+
+    model_path = Path(model) if model else default_model_path()
+    sizes = [200] if quick else [500, 1000, 2000]
+    out: dict = {"model": model_path.name, "cpu_count": os.cpu_count()}
+    with tempfile.TemporaryDirectory(prefix="branchwise-bench-") as tmp:
+        work = Path(tmp)
+        log = (lambda *a: None) if as_json else (lambda *a: print(*a, file=sys.stderr, flush=True))
+        counter = Engine(model_path, EngineSettings(n_ctx=4096), None)
+        log("resume: cold prefill vs new-process resume ...")
+        out["resume"] = bench_resume(counter, work, sizes)
+        counter.close()
+        store = PrefixStore(work / KVCACHE_DB)
+        engine = Engine(model_path, EngineSettings(n_ctx=4096), store)
+        from storage.chats import ChatStore
+        from storage.paths import CHATS_DB
+
+        chats = ChatStore(work / CHATS_DB)
+        from app.cli import chat_messages
+
+        longest = chats.list_conversations()[0]
+        prompt = engine.prompt_tokens(chat_messages(longest.system_prompt, chats.active_path(longest.id)))
+        log("restore throughput ...")
+        out["restore"] = bench_restore(engine, prompt)
+        engine.close()
+        store.close()
+        chats.close()
+        log("sharing: ten branches off one prefix, and LlamaDiskCache ...")
+        out.update(bench_sharing(model_path, work, branches=3 if quick else 10,
+                                 prefix_tokens=300 if quick else 1500))
+    if as_json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(format_table(out))
+    return 0
+
+
+def format_table(r: dict) -> str:
+    lines = [f"Branchwise bench · {r['model']} · {r['cpu_count']} CPU threads", ""]
+    lines.append("Resume in a new process (TTFT, ms)")
+    lines.append(f"{'turn-1 tokens':>14} {'cold':>9} {'resume':>9} {'ratio':>7} {'restored':>9} "
+                 f"{'prefilled':>9} {'same reply':>10} {'snapshot':>9}")
+    for row in r["resume"]:
+        lines.append(f"{row['first_turn_tokens']:>14,} {row['cold_ttft_ms']:>9,.0f} {row['resume_ttft_ms']:>9,.1f} "
+                     f"{row['ttft_ratio_pct']:>6.1f}% {row['restored_tokens']:>9,} {row['prefilled_tokens']:>9,} "
+                     f"{'yes' if row['same_reply'] else 'NO':>10} {row['next_turn_snapshot_ms']:>7.1f}ms")
+    x = r["restore"]
+    lines += ["", f"Restore from the store: {x['tokens']:,} tokens, {x['kv_mb']} MB of KV in {x['total_ms']} ms "
+              f"= {x['mb_per_s']:,.0f} MB/s (read+verify {x['read_verify_ms']} ms, join {x['join_ms']} ms, "
+              f"set_data {x['set_data_ms']} ms)"]
+    s, d = r["sharing"], r["llama_disk_cache"]
+    lines += ["", f"Sharing: {s['branches']} branches off a {s['prefix_tokens']:,}-token prefix",
+              f"  prefix store     {s['stored_bytes'] / 1e6:8.1f} MB for {s['stored_tokens']:,} tokens; "
+              f"distinct tokens {s['distinct_tokens']:,} = {s['distinct_bytes'] / 1e6:.1f} MB; "
+              f"ratio {s['ratio']:.3f}",
+              f"  LlamaDiskCache   {d['bytes'] / 1e6:8.1f} MB for {d['states']} whole states; "
+              f"save {d['save_ms_median']} ms each, find+load {d['load_ms']} ms"]
+    return "\n".join(lines)

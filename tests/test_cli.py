@@ -1,0 +1,116 @@
+"""The ``branchwise`` CLI in fresh processes, as a user (or the issue's checks) would run it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+STORY = ("The river town kept its bridges in good repair, and every spring the mayor walked "
+         "across each one to count the loose stones. ") * 8
+
+
+def bw(data_dir, *args, check=True):
+    env = {**os.environ, "BRANCHWISE_DATA_DIR": str(data_dir)}
+    r = subprocess.run([sys.executable, "-m", "app.cli", *map(str, args)], capture_output=True,
+                       text=True, env=env, timeout=600)
+    if check:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+def chat_json(data_dir, *args):
+    r = bw(data_dir, "chat", "--json", "--temperature", "0", "--max-tokens", "24", *args)
+    return json.loads(r.stdout)
+
+
+@pytest.fixture(scope="module")
+def convo(tmp_path_factory):
+    """A conversation with one turn, made by one process."""
+    d = tmp_path_factory.mktemp("cli")
+    first = chat_json(d, STORY + "How often did the mayor count stones?")
+    return d, first
+
+
+def test_resume_in_a_new_process_restores_and_matches_no_cache(convo):
+    d, first = convo
+    s1 = first["stats"]
+    assert s1["restored_tokens"] + s1["prefilled_tokens"] == s1["prompt_tokens"]
+    cid, leaf = first["conversation_id"], first["assistant_message_id"]
+    resumed = chat_json(d, "--parent", leaf, "Why did he do it?")
+    cold = chat_json(d, "--parent", leaf, "--no-cache", "Why did he do it?")
+    s = resumed["stats"]
+    assert resumed["conversation_id"] == cid
+    assert s["restored_tokens"] >= s1["prompt_tokens"] + s1["generated_tokens"] - 1
+    assert s["prefilled_tokens"] < 20
+    assert s["restored_tokens"] + s["prefilled_tokens"] == s["prompt_tokens"]
+    assert cold["stats"]["restored_tokens"] == 0
+    assert resumed["text"] == cold["text"]
+    assert set(s) >= {"prompt_tokens", "restored_tokens", "prefilled_tokens", "generated_tokens", "restore_ms",
+                      "prefill_ms", "ttft_ms", "decode_tokens_per_s", "snapshot_ms", "snapshot_bytes_written"}
+
+
+def test_regenerate_makes_a_sibling_with_the_same_greedy_text(convo):
+    d, first = convo
+    r = json.loads(bw(d, "regenerate", "--json", "--temperature", "0", "--max-tokens", "24",
+                      first["assistant_message_id"]).stdout)
+    assert r["assistant_message_id"] != first["assistant_message_id"]
+    assert r["user_message_id"] == first["user_message_id"]
+    assert r["text"] == first["text"]
+    assert r["stats"]["restored_tokens"] == r["stats"]["prompt_tokens"] - 1
+    shown = json.loads(bw(d, "conversations", "show", first["conversation_id"], "--json").stdout)
+    siblings = [m for m in shown["messages"] if m["parent_id"] == first["user_message_id"]]
+    assert len(siblings) == 2
+
+
+def test_conversations_list_and_export(convo):
+    d, first = convo
+    listed = json.loads(bw(d, "conversations", "list", "--json").stdout)
+    assert first["conversation_id"] in [c["id"] for c in listed]
+    md = bw(d, "conversations", "export", first["conversation_id"], "--format", "markdown").stdout
+    assert "How often did the mayor count stones?" in md and first["text"].strip()[:20] in md
+    data = json.loads(bw(d, "conversations", "export", first["conversation_id"], "--format", "json").stdout)
+    assert data["messages"][0]["role"] == "user"
+
+
+def test_unknown_ids_fail_with_one_readable_line(tmp_path):
+    r = bw(tmp_path, "chat", "--conversation", "999", "hello", check=False)
+    assert r.returncode == 1
+    assert r.stderr.strip() == "branchwise: There is no conversation with id 999 (it may have been deleted)."
+    r = bw(tmp_path, "regenerate", "12345", check=False)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "12345" in r.stderr
+
+
+def test_bad_model_file_fails_cleanly_and_stores_nothing(tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + os.urandom(4000))
+    r = bw(tmp_path, "chat", "--model", bad, "hello", check=False)
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr
+    assert "broken.gguf" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert json.loads(bw(tmp_path, "conversations", "list", "--json").stdout) == []
+
+
+def test_budget_is_respected_after_every_turn(tmp_path):
+    budget = 3_000_000  # about 130 tokens of KV for the default model
+    for text in ("Tell me about owls.", "Tell me about foxes and their dens in winter."):
+        chat_json(tmp_path, "--cache-budget", budget, text)
+        stats = json.loads(bw(tmp_path, "cache", "stats", "--json", "--cache-budget", budget).stdout)
+        assert 0 < stats["bytes"] <= budget
+
+
+def test_cache_verify_finds_and_removes_damage(tmp_path):
+    chat_json(tmp_path, STORY + "Summarise.")
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "kvcache.sqlite3")
+    rowid, data = db.execute("SELECT id, data FROM block_data ORDER BY id LIMIT 1").fetchone()
+    db.execute("UPDATE block_data SET data=? WHERE id=?", (bytes([data[0] ^ 1]) + data[1:], rowid))
+    db.commit()
+    db.close()
+    report = json.loads(bw(tmp_path, "cache", "verify", "--json").stdout)
+    assert report["bad"] == 1 and report["removed"] >= 1
+    assert json.loads(bw(tmp_path, "cache", "verify", "--json").stdout)["bad"] == 0
