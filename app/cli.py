@@ -109,6 +109,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in (None, "gui"):
             from app.gui import run
 
+            if args.screenshot:
+                os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+            elif _no_display():
+                print("branchwise: no display to open the window on (DISPLAY and WAYLAND_DISPLAY are unset). "
+                      "Use the command line (branchwise --help) or set QT_QPA_PLATFORM=offscreen.",
+                      file=sys.stderr)
+                return EXIT_ERROR
             data_dir = getattr(args, "data_dir", None) or args.gui_data_dir
             return run(data_dir, args.gui_model, screenshot=args.screenshot)
         if args.command == "bench":
@@ -127,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return EXIT_ERROR
+
+
+def _no_display() -> bool:
+    return (sys.platform.startswith("linux") and not os.environ.get("QT_QPA_PLATFORM")
+            and not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"))
 
 
 def _setup_logging(args) -> None:

@@ -1,0 +1,84 @@
+"""Global (not per-conversation) settings, kept as JSON in ``<data dir>/settings.json``.
+
+Per-conversation settings (system prompt, sampling) live in ``chats.sqlite3`` instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from engine.settings import EngineSettings
+
+log = logging.getLogger(__name__)
+
+SETTINGS_FILE = "settings.json"
+MAX_RECENT_MODELS = 8
+DEFAULT_BUDGET_BYTES = 2 * 1024**3
+"""Prefix-store budget shown in Settings when the user never chose one (2 GiB)."""
+
+
+@dataclass
+class AppSettings:
+    """What the window remembers between runs.
+
+    n_ctx: context window (tokens). n_threads: CPU threads (0 = all cores).
+    type_k / type_v: KV cache precision ("f16" or "q8_0").
+    budget_bytes: the prefix store's byte budget (``kvcache.sqlite3``).
+    theme: "system", "light" or "dark". recent_models: newest first (paths).
+    last_model: the model to load at start (None: the embedded default model).
+    show_tree: whether the tree panel is open.
+    """
+
+    n_ctx: int = 8192
+    n_threads: int = 0
+    type_k: str = "f16"
+    type_v: str = "f16"
+    budget_bytes: int = DEFAULT_BUDGET_BYTES
+    theme: str = "system"
+    recent_models: list[str] = field(default_factory=list)
+    last_model: str | None = None
+    show_tree: bool = False
+
+    def engine_settings(self) -> EngineSettings:
+        """The EngineSettings these settings describe (flash attention always on)."""
+        return EngineSettings(n_ctx=self.n_ctx, n_threads=self.n_threads,
+                              type_k=self.type_k, type_v=self.type_v)
+
+    def remember_model(self, path: str) -> None:
+        """Put ``path`` first in the recent list and make it the model loaded at start."""
+        self.recent_models = [path] + [p for p in self.recent_models if p != path]
+        del self.recent_models[MAX_RECENT_MODELS:]
+        self.last_model = path
+
+    @classmethod
+    def load(cls, data_dir: Path) -> "AppSettings":
+        """Read the settings of ``data_dir``; a missing or unreadable file gives the defaults."""
+        path = Path(data_dir) / SETTINGS_FILE
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return cls()
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring unreadable %s: %s", path, exc)
+            return cls()
+        names = {f.name for f in fields(cls)}
+        settings = cls(**{k: v for k, v in raw.items() if k in names})
+        try:
+            settings.engine_settings()
+        except (ValueError, TypeError) as exc:
+            log.warning("invalid engine settings in %s (%s); using defaults", path, exc)
+            defaults = cls()
+            settings.n_ctx, settings.n_threads = defaults.n_ctx, defaults.n_threads
+            settings.type_k, settings.type_v = defaults.type_k, defaults.type_v
+        return settings
+
+    def save(self, data_dir: Path) -> None:
+        """Write atomically (temp file + rename). Raises OSError if the folder is not writable."""
+        path = Path(data_dir) / SETTINGS_FILE
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2), encoding="utf-8")
+        os.replace(tmp, path)

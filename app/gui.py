@@ -1,0 +1,86 @@
+"""Start the desktop app: ``run(data_dir, model_path)`` is what ``branchwise`` (no subcommand) calls."""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import sys
+import traceback
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def setup_logging(data_dir: Path) -> Path:
+    """Log to ``<data_dir>/logs/app.log`` (rotated at 1 MB, 3 kept); return the file's path."""
+    logs = data_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    path = logs / "app.log"
+    handler = logging.handlers.RotatingFileHandler(path, maxBytes=1_000_000, backupCount=3, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s app[%(process)d] %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    return path
+
+
+def _quit_after_screenshot(app, window, path: Path) -> None:
+    from PySide6.QtCore import QTimer
+
+    def shoot(*_args) -> None:
+        QTimer.singleShot(300, lambda: (window.grab().save(str(path)), app.quit()))
+
+    window.client.loaded.connect(shoot)
+    window.client.load_failed.connect(shoot)
+    QTimer.singleShot(60_000, shoot)
+
+
+def run(data_dir: str | None, model_path: str | None, screenshot: str | None = None) -> int:
+    """Open the window on ``data_dir`` (None: ``BRANCHWISE_DATA_DIR`` or the per-user folder)
+    with ``model_path`` (None: the last model used, else the embedded default). Returns the
+    exit code: 0 after a normal quit, 2 when the data folder cannot be used.
+
+    With ``screenshot`` (a PNG path) the window saves a picture of itself once the model
+    has loaded (or failed to, or after 60 s) and quits: for installer checks."""
+    from PySide6.QtWidgets import QApplication, QMessageBox
+
+    from storage.errors import DataDirError, StorageError
+    from storage.paths import resolve_data_dir
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName("Branchwise")
+    app.setOrganizationName("Branchwise")
+    app.setApplicationDisplayName("Branchwise")
+    try:
+        folder = resolve_data_dir(data_dir)
+    except DataDirError as exc:
+        QMessageBox.critical(None, "Branchwise", str(exc))
+        return 2
+    log_path = setup_logging(folder)
+
+    from app.main_window import MainWindow
+
+    try:
+        window = MainWindow(folder, model_path)
+    except StorageError as exc:
+        log.error("cannot open the chat database:\n%s", traceback.format_exc())
+        QMessageBox.critical(None, "Branchwise", f"Branchwise cannot open its chat database: {exc}")
+        return 2
+
+    def excepthook(kind, value, tb) -> None:
+        log.error("unexpected error:\n%s", "".join(traceback.format_exception(kind, value, tb)))
+        try:
+            window.banner.show_message(
+                f"Something went wrong: {value}. Details are in {log_path}.", "error")
+        except RuntimeError:
+            pass
+
+    sys.excepthook = excepthook
+    window.show()
+    if screenshot:
+        _quit_after_screenshot(app, window, Path(screenshot))
+    try:
+        return app.exec()
+    finally:
+        window.shutdown()
+        sys.excepthook = sys.__excepthook__

@@ -1,0 +1,197 @@
+"""Settings: this conversation's system prompt and sampling, and the app-wide engine
+settings (context size, threads, KV precision, prefix-store budget, data folder)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import QUrl
+from PySide6.QtGui import QDesktopServices
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.app_settings import AppSettings
+from app.engine_client import EngineClient
+from storage.chats import DEFAULT_SAMPLING, Conversation
+
+MB = 1024 * 1024
+
+
+def human_bytes(n: int) -> str:
+    """``n`` bytes as "12.3 MB" (powers of 1024)."""
+    for unit in ("bytes", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+class SettingsDialog(QDialog):
+    """Read ``conversation_values()`` and ``app_values()`` after ``exec()`` returns Accepted.
+
+    ``conversation`` None hides the per-conversation tab.
+    """
+
+    def __init__(self, conversation: Conversation | None, settings: AppSettings, data_dir: Path,
+                 client: EngineClient | None, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setWindowTitle("Settings")
+        self.setMinimumWidth(520)
+        self.client = client
+        self._cache_ids: set[int] = set()
+        tabs = QTabWidget()
+        self.tabs = tabs
+
+        # -- this conversation
+        self.system_prompt = QPlainTextEdit()
+        self.system_prompt.setPlaceholderText("Optional instructions sent before every turn of this chat")
+        s = dict(DEFAULT_SAMPLING)
+        if conversation is not None:
+            self.system_prompt.setPlainText(conversation.system_prompt)
+            s.update(conversation.sampling)
+        self.temperature = self._dspin(0, 2, 0.05, s["temperature"])
+        self.top_p = self._dspin(0, 1, 0.01, s["top_p"])
+        self.top_k = self._spin(0, 1000, s["top_k"])
+        self.min_p = self._dspin(0, 1, 0.01, s["min_p"])
+        self.repeat_penalty = self._dspin(0.5, 2, 0.01, s["repeat_penalty"])
+        self.seed = QLineEdit("" if s["seed"] is None else str(s["seed"]))
+        self.seed.setPlaceholderText("random")
+        self.max_tokens = self._spin(1, 131072, s["max_tokens"])
+        conv_tab = QWidget()
+        form = QFormLayout(conv_tab)
+        form.addRow("System prompt", self.system_prompt)
+        form.addRow("Temperature", self.temperature)
+        form.addRow("Top p", self.top_p)
+        form.addRow("Top k (0: off)", self.top_k)
+        form.addRow("Min p", self.min_p)
+        form.addRow("Repeat penalty", self.repeat_penalty)
+        form.addRow("Seed", self.seed)
+        form.addRow("Max tokens per reply", self.max_tokens)
+        if conversation is not None:
+            tabs.addTab(conv_tab, "This chat")
+
+        # -- the app
+        self.n_ctx = self._spin(256, 262144, settings.n_ctx)
+        self.n_ctx.setSingleStep(1024)
+        self.threads = self._spin(0, 256, settings.n_threads)
+        self.threads.setSpecialValueText("all cores")
+        self.kv = QComboBox()
+        self.kv.addItem("f16 (exact)", ("f16", "f16"))
+        self.kv.addItem("q8_0 (half the memory)", ("q8_0", "q8_0"))
+        self.kv.setCurrentIndex(1 if settings.type_k == "q8_0" else 0)
+        self.budget = self._spin(64, 1024 * 1024, settings.budget_bytes // MB)
+        self.budget.setSuffix(" MB")
+        self.budget.setSingleStep(256)
+        self.cache_use = QLabel("…")
+        self.clear_cache = QPushButton("Clear cache")
+        self.clear_cache.clicked.connect(self._clear_cache)
+        row = QHBoxLayout()
+        row.addWidget(self.cache_use, 1)
+        row.addWidget(self.clear_cache)
+        folder = QLabel(f'<a href="{QUrl.fromLocalFile(str(data_dir)).toString()}">{data_dir}</a>')
+        folder.setOpenExternalLinks(False)
+        folder.linkActivated.connect(lambda url: QDesktopServices.openUrl(QUrl(url)))
+        folder.setWordWrap(True)
+        app_tab = QWidget()
+        form2 = QFormLayout(app_tab)
+        form2.addRow("Context size (tokens)", self.n_ctx)
+        form2.addRow("CPU threads", self.threads)
+        form2.addRow("KV cache precision", self.kv)
+        form2.addRow("Prefix-store budget", self.budget)
+        form2.addRow("Prefix store in use", row)
+        form2.addRow("Data folder", folder)
+        note = QLabel("Changing the context size, threads or precision reloads the model.")
+        note.setWordWrap(True)
+        form2.addRow(note)
+        tabs.addTab(app_tab, "App")
+
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        lay = QVBoxLayout(self)
+        lay.addWidget(tabs)
+        lay.addWidget(buttons)
+        if client is not None:
+            client.event.connect(self._engine_event)
+            self._request("cache_stats")
+
+    @staticmethod
+    def _spin(lo: int, hi: int, value: int) -> QSpinBox:
+        w = QSpinBox()
+        w.setRange(lo, hi)
+        w.setValue(int(value))
+        return w
+
+    @staticmethod
+    def _dspin(lo: float, hi: float, step: float, value: float) -> QDoubleSpinBox:
+        w = QDoubleSpinBox()
+        w.setRange(lo, hi)
+        w.setDecimals(2)
+        w.setSingleStep(step)
+        w.setValue(float(value))
+        return w
+
+    def _request(self, op: str) -> None:
+        if self.client is not None and self.client.is_running():
+            rid = self.client.request(op)
+            if rid is not None:
+                self._cache_ids.add(rid)
+        else:
+            self.cache_use.setText("unknown (the engine is not running)")
+
+    def _clear_cache(self) -> None:
+        self.cache_use.setText("clearing…")
+        self._request("cache_clear")
+
+    def _engine_event(self, event: dict) -> None:
+        if event.get("event") != "cache" or event.get("id") not in self._cache_ids:
+            return
+        st = event.get("stats") or {}
+        self.cache_use.setText(
+            f"{human_bytes(int(st.get('bytes', 0)))} of {human_bytes(int(st.get('budget_bytes', 0)))}"
+            f" · {int(st.get('tokens', 0)):,} tokens in {int(st.get('blocks', 0)):,} blocks")
+
+    def done(self, result: int) -> None:  # noqa: D102 - disconnect before closing
+        if self.client is not None:
+            try:
+                self.client.event.disconnect(self._engine_event)
+            except (RuntimeError, TypeError):
+                pass
+        super().done(result)
+
+    def conversation_values(self) -> tuple[str, dict]:
+        """(system prompt, sampling dict) as entered."""
+        seed_text = self.seed.text().strip()
+        try:
+            seed = int(seed_text) if seed_text else None
+        except ValueError:
+            seed = None
+        return self.system_prompt.toPlainText().strip(), {
+            "temperature": round(self.temperature.value(), 2),
+            "top_p": round(self.top_p.value(), 2),
+            "top_k": self.top_k.value(),
+            "min_p": round(self.min_p.value(), 2),
+            "repeat_penalty": round(self.repeat_penalty.value(), 2),
+            "seed": seed,
+            "max_tokens": self.max_tokens.value(),
+        }
+
+    def app_values(self) -> dict:
+        """n_ctx, n_threads, type_k, type_v, budget_bytes as entered."""
+        type_k, type_v = self.kv.currentData()
+        return {"n_ctx": self.n_ctx.value(), "n_threads": self.threads.value(),
+                "type_k": type_k, "type_v": type_v, "budget_bytes": self.budget.value() * MB}
