@@ -51,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--max-tokens", type=int, help="most tokens in the reply")
     engine.add_argument("--temperature", type=float, help="0 is deterministic")
     engine.add_argument("--seed", type=int, help="sampling seed")
+    engine.add_argument("--top-p", type=float, help="nucleus sampling threshold")
+    engine.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
+    engine.add_argument("--min-p", type=float, help="drop tokens below this fraction of the top probability")
+    engine.add_argument("--repeat-penalty", type=float, help="penalty for recently generated tokens (1 = none)")
 
     p = argparse.ArgumentParser(
         prog="branchwise",
@@ -187,7 +191,7 @@ def _sampling(args, conversation):
     from engine.settings import SamplingParams
 
     s = dict(conversation.sampling or {})
-    for name in ("max_tokens", "temperature", "seed"):
+    for name in ("max_tokens", "temperature", "seed", "top_p", "top_k", "min_p", "repeat_penalty"):
         value = getattr(args, name, None)
         if value is not None:
             s[name] = value
@@ -199,7 +203,7 @@ def chat_messages(system_prompt: str, path) -> list:
     (assistant messages with the token ids that were generated)."""
     from engine.chat_template import ChatMessage
 
-    out = [ChatMessage("system", system_prompt)] if system_prompt else []
+    out = [ChatMessage("system", system_prompt)] if system_prompt.strip() else []
     out += [ChatMessage(m.role, m.content, m.token_ids if m.role == "assistant" else None)
             for m in path if m.role in ("user", "assistant")]
     return out

@@ -106,15 +106,11 @@ class LoadedModel:
             bos_id=bos if bos >= 0 else None,
             add_bos=model.add_bos_token(),
         )
-        n_swa = llama_cpp.llama_model_n_swa(self.llama.model)
-        if llama_cpp.llama_model_is_recurrent(self.llama.model):
-            self.cache_policy = "off: recurrent models cannot be cut back to a shorter prefix"
-        elif llama_cpp.llama_model_is_hybrid(self.llama.model):
-            self.cache_policy = "off: hybrid (attention + recurrent) models cannot be cut back to a shorter prefix"
-        elif n_swa > 0:
-            self.cache_policy = "off: sliding-window attention drops old KV, so a prefix cannot be restored exactly"
-        else:
-            self.cache_policy = "full"
+        self.cache_policy = cache_policy(
+            n_swa=llama_cpp.llama_model_n_swa(self.llama.model),
+            recurrent=llama_cpp.llama_model_is_recurrent(self.llama.model),
+            hybrid=llama_cpp.llama_model_is_hybrid(self.llama.model),
+        )
         ftype = int(meta.get("general.file_type", -1)) if meta.get("general.file_type", "").isdigit() else -1
         self.facts = ModelFacts(
             path=str(p),
@@ -170,6 +166,22 @@ class LoadedModel:
 
     def close(self) -> None:
         self.llama.close()
+
+
+def cache_policy(n_swa: int, recurrent: bool, hybrid: bool) -> str:
+    """"full" when any stored prefix can be restored and the rest prefilled, else why not.
+
+    Sliding-window attention drops KV older than the window, recurrent state cannot be
+    rewound, and hybrids have both problems (DESIGN.md point 9): restoring a prefix of
+    such a model would change the output, so the prefix store is off for them.
+    """
+    if recurrent:
+        return "off: recurrent models cannot be cut back to a shorter prefix"
+    if hybrid:
+        return "off: hybrid (attention + recurrent) models cannot be cut back to a shorter prefix"
+    if n_swa > 0:
+        return "off: sliding-window attention drops old KV, so a prefix cannot be restored exactly"
+    return "full"
 
 
 def _load_error_text(path: Path, detail: str) -> str:

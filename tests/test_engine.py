@@ -234,6 +234,20 @@ def test_context_overflow_is_reported_before_generating(model_path):
     e.close()
 
 
+@pytest.mark.parametrize("n_swa, recurrent, hybrid, word", [
+    (0, False, False, "full"), (4096, False, False, "sliding-window"),
+    (0, True, False, "recurrent"), (0, False, True, "hybrid"),
+])
+def test_models_that_cannot_be_truncated_get_no_store(n_swa, recurrent, hybrid, word):
+    from engine.model import cache_policy
+
+    assert word in cache_policy(n_swa, recurrent, hybrid)
+
+
+def test_the_default_model_uses_the_store(engine):
+    assert engine.model.cache_policy == "full" and engine.store is not None
+
+
 def test_cancel_stops_the_stream(engine):
     cancel = threading.Event()
     seen = []
