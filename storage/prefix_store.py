@@ -246,11 +246,7 @@ class PrefixStore:
         B = self.block_size
         keys = chain_keys(fingerprint, arr, B)
         with self._guard():
-            present: set[bytes] = set()
-            for i in range(0, len(keys), 500):
-                chunk = keys[i : i + 500]
-                q = f"SELECT key FROM blocks WHERE key IN ({','.join('?' * len(chunk))})"
-                present.update(r[0] for r in self._db.execute(q, chunk))
+            present = self._present(keys)
             blocks: list[BlockRef] = []
             for i, k in enumerate(keys):
                 if k not in present:
@@ -339,11 +335,7 @@ class PrefixStore:
             wanted.append(NewBlock(tail, parent, len(keys) * B, rest))
             chain.append(tail)
         with self._guard():
-            present: set[bytes] = set()
-            for i in range(0, len(chain), 500):
-                chunk = chain[i : i + 500]
-                q = f"SELECT key FROM blocks WHERE key IN ({','.join('?' * len(chunk))})"
-                present.update(r[0] for r in self._db.execute(q, chunk))
+            present = self._present(chain)
         return [b for b in wanted if b.key not in present], chain
 
     def put(
@@ -520,6 +512,15 @@ class PrefixStore:
                 "SELECT key FROM blocks WHERE fingerprint=?", (fingerprint,))]
 
     # -- helpers ---------------------------------------------------------------------
+
+    def _present(self, keys: Sequence[bytes]) -> set[bytes]:
+        """Which of ``keys`` the store holds (queried 500 at a time)."""
+        present: set[bytes] = set()
+        for i in range(0, len(keys), 500):
+            chunk = keys[i : i + 500]
+            q = f"SELECT key FROM blocks WHERE key IN ({','.join('?' * len(chunk))})"
+            present.update(r[0] for r in self._db.execute(q, chunk))
+        return present
 
     def _total_bytes(self) -> int:
         return self._db.execute("SELECT coalesce(sum(nbytes), 0) FROM blocks").fetchone()[0]

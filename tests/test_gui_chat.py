@@ -8,14 +8,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QPushButton  # noqa: E402
-from qt_fixtures import (  # noqa: E402, F401 - fixtures
-    REPLY_TIMEOUT_MS,
-    data_dir,
-    new_chat,
-    no_leaks,
-    open_window,
-    send_and_wait,
-)
+from gui_helpers import REPLY_TIMEOUT_MS, new_chat, send_and_wait  # noqa: E402
 
 from storage.chats import ChatStore  # noqa: E402
 from storage.paths import CHATS_DB  # noqa: E402

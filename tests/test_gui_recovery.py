@@ -9,15 +9,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 import signal  # noqa: E402
 
 from PySide6.QtCore import Qt  # noqa: E402
-from qt_fixtures import (  # noqa: E402, F401 - fixtures
-    LOAD_TIMEOUT_MS,
-    REPLY_TIMEOUT_MS,
-    data_dir,
-    new_chat,
-    no_leaks,
-    open_window,
-    send_and_wait,
-)
+from gui_helpers import LOAD_TIMEOUT_MS, REPLY_TIMEOUT_MS, new_chat, send_and_wait  # noqa: E402
 
 
 def test_engine_killed_mid_reply_then_restart(qtbot, open_window, data_dir):

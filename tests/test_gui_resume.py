@@ -7,14 +7,7 @@ import os
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 from PySide6.QtCore import Qt  # noqa: E402
-from qt_fixtures import (  # noqa: E402, F401 - fixtures
-    REPLY_TIMEOUT_MS,
-    data_dir,
-    new_chat,
-    no_leaks,
-    open_window,
-    send_and_wait,
-)
+from gui_helpers import REPLY_TIMEOUT_MS, new_chat, send_and_wait  # noqa: E402
 
 
 def test_reopen_and_continue_restores_with_same_reply(qtbot, open_window, data_dir):
