@@ -27,23 +27,26 @@ def code_blocks(text: str) -> list[str]:
     return [t.content for t in _md.parse(text) if t.type in ("fence", "code_block")]
 
 
-def _lexer(info: str, code: str):
+def _lexer(info: str, code: str, guess: bool = True):
     name = (info or "").strip().split(" ")[0]
     if name:
         try:
             return get_lexer_by_name(name)
         except ClassNotFound:
             pass
+    if not guess:  # guess_lexer tries every lexer: tens of ms, too slow while streaming
+        return TextLexer()
     try:
         return guess_lexer(code) if len(code) > 40 else TextLexer()
     except ClassNotFound:
         return TextLexer()
 
 
-def to_html(text: str, colors: Colors) -> str:
+def to_html(text: str, colors: Colors, streaming: bool = False) -> str:
     """Render ``text`` (Markdown) as Qt rich text, code highlighted in ``colors``' Pygments style.
 
-    Raw HTML in ``text`` is shown as text, never interpreted.
+    Raw HTML in ``text`` is shown as text, never interpreted. While ``streaming``, code
+    without a language tag is not guessed at (it is re-rendered many times a second).
     """
     tokens = _md.parse(text)
     formatter = HtmlFormatter(noclasses=True, nowrap=True, style=colors.pygments_style)
@@ -54,7 +57,7 @@ def to_html(text: str, colors: Colors) -> str:
         n = counter["n"]
         counter["n"] += 1
         lang = (tok.info or "").strip().split(" ")[0]
-        body = highlight(tok.content.rstrip("\n"), _lexer(tok.info, tok.content), formatter)
+        body = highlight(tok.content.rstrip("\n"), _lexer(tok.info, tok.content, guess=not streaming), formatter)
         label = html.escape(lang) if lang else "code"
         return (
             f'<table width="100%" cellspacing="0" cellpadding="6" '

@@ -149,7 +149,7 @@ class MessageWidget(QFrame):
         if not text and self.message is None:
             self.body.setText(f'<span style="color:{self.colors.muted};">…</span>')
         else:
-            self.body.setText(to_html(text, self.colors))
+            self.body.setText(to_html(text, self.colors, streaming=self.message is None))
 
     def set_stats(self, stats: dict | None, status: str = "complete") -> None:
         self.footer.setText(stats_line(stats) if self.role == "assistant" else "")

@@ -1,0 +1,95 @@
+"""How long the UI thread is ever busy while a reply streams: ``python -m app.ui_latency``.
+
+Opens the real window offscreen on a temporary data folder, asks for a long reply
+(default 400 tokens, temperature 0) and, while it streams, runs a 5 ms heartbeat timer
+on the UI thread. A gap between two beats longer than the interval is time the event
+loop could not run: a blocking call. Prints the longest gap, the 99th percentile and
+how many gaps exceeded 50 ms (the target is none), plus ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+from PySide6.QtCore import QTimer  # noqa: E402
+from PySide6.QtWidgets import QApplication  # noqa: E402
+
+from app.screenshots import _reply, _wait  # noqa: E402
+
+BEAT_MS = 5
+
+
+def measure(max_tokens: int) -> dict:
+    app = QApplication.instance() or QApplication([])
+    from app.main_window import MainWindow
+
+    with tempfile.TemporaryDirectory(prefix="branchwise-latency-") as tmp:
+        data = Path(tmp)
+        (data / "settings.json").write_text(json.dumps({"n_ctx": 4096, "show_tree": True}))
+        w = MainWindow(data)
+        w.resize(1280, 800)
+        w.show()
+        gaps: list[float] = []
+        tokens: list[int] = []
+        try:
+            _wait(lambda: w.model_state in ("ready", "failed", "dead"))
+            if w.model_state != "ready":
+                raise SystemExit(f"the model did not load: {w.banner.text}")
+            conv = w.store.create_conversation(sampling={"temperature": 0.0, "max_tokens": max_tokens, "seed": 1})
+            w.show_conversation(conv.id)
+            last = [time.perf_counter()]
+
+            def beat() -> None:
+                now = time.perf_counter()
+                gaps.append((now - last[0]) * 1000)
+                last[0] = now
+
+            timer = QTimer(interval=BEAT_MS)
+            timer.timeout.connect(beat)
+            w.client.token.connect(lambda _rid, _text: tokens.append(1))
+            t0 = time.perf_counter()
+            timer.start()
+            _reply(w, lambda: w.send_message(
+                "Write a long, detailed essay with headings, lists and a Python code example "
+                "about how lighthouses work."))
+            timer.stop()
+            elapsed = time.perf_counter() - t0
+        finally:
+            w.close()
+    app.processEvents()
+    stalls = sorted(g - BEAT_MS for g in gaps)
+    return {
+        "tokens_streamed": len(tokens), "seconds": round(elapsed, 1), "beats": len(gaps),
+        "max_stall_ms": round(stalls[-1], 1) if stalls else 0.0,
+        "p99_stall_ms": round(stalls[int(0.99 * (len(stalls) - 1))], 1) if stalls else 0.0,
+        "median_stall_ms": round(statistics.median(stalls), 2) if stalls else 0.0,
+        "stalls_over_50ms": sum(s > 50 for s in stalls),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m app.ui_latency", description=__doc__.splitlines()[0])
+    p.add_argument("--max-tokens", type=int, default=400)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    r = measure(args.max_tokens)
+    if args.json:
+        print(json.dumps(r))
+    else:
+        print(f"streamed {r['tokens_streamed']} tokens in {r['seconds']} s; UI thread stalls: "
+              f"max {r['max_stall_ms']} ms, p99 {r['p99_stall_ms']} ms, median {r['median_stall_ms']} ms, "
+              f"{r['stalls_over_50ms']} over 50 ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
