@@ -51,6 +51,7 @@ def run(data_dir: str | None, model_path: str | None, screenshot: str | None = N
     app.setApplicationName("Branchwise")
     app.setOrganizationName("Branchwise")
     app.setApplicationDisplayName("Branchwise")
+    app.setDesktopFileName("branchwise")  # so Wayland matches the window to branchwise.desktop
     try:
         folder = resolve_data_dir(data_dir)
     except DataDirError as exc:
