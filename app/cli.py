@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import sys
-import threading
+import time
 from pathlib import Path
 
 log = logging.getLogger("branchwise")
@@ -27,9 +27,22 @@ def _size(text: str) -> int:
     t = text.strip().upper().removesuffix("B").removesuffix("I")
     mult = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}.get(t[-1:], 1)
     try:
-        return int(float(t[:-1] if mult > 1 else t) * mult)
+        value = int(float(t[:-1] if mult > 1 else t) * mult)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 500M or 2G)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"the size must be positive, not {text!r}")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--cache-budget", type=_size, default=None,
                         help="most bytes the prefix store keeps, e.g. 2G (env BRANCHWISE_CACHE_BUDGET)")
     engine.add_argument("--no-cache", action="store_true", help="neither read nor write the prefix store")
-    engine.add_argument("--max-tokens", type=int, help="most tokens in the reply")
+    engine.add_argument("--max-tokens", type=_positive, help="most tokens in the reply")
     engine.add_argument("--temperature", type=float, help="0 is deterministic")
     engine.add_argument("--seed", type=int, help="sampling seed")
     engine.add_argument("--top-p", type=float, help="nucleus sampling threshold")
@@ -102,8 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging(args)
+    import sqlite3
+
     from engine.errors import EngineError
     from storage.errors import StorageError
+    from storage.prefix_store import StoreError
 
     try:
         if args.self_test:
@@ -129,9 +145,15 @@ def main(argv: list[str] | None = None) -> int:
         handler = {"chat": cmd_chat, "regenerate": cmd_regenerate,
                    "conversations": cmd_conversations, "cache": cmd_cache}[args.command]
         return handler(args)
-    except (EngineError, StorageError, ValueError) as exc:
+    except (EngineError, StorageError, StoreError, ValueError) as exc:
         log.debug("command failed", exc_info=True)
         print(f"branchwise: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except sqlite3.DatabaseError as exc:
+        log.debug("database error", exc_info=True)
+        print(f"branchwise: the chat database could not be read ({exc}). It may be damaged: "
+              "move chats.sqlite3 out of the data folder to start afresh; nothing was changed.",
+              file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         print("\nbranchwise: interrupted", file=sys.stderr)
@@ -164,7 +186,9 @@ def _open_chats(args):
     from storage.chats import ChatStore
     from storage.paths import CHATS_DB
 
-    return ChatStore(_data_dir(args) / CHATS_DB)
+    chats = ChatStore(_data_dir(args) / CHATS_DB)
+    chats.mark_interrupted_streams()  # replies cut short by a crash or a kill become "stopped"
+    return chats
 
 
 def _open_store(args):
@@ -183,7 +207,14 @@ def _open_engine(args):
 
     settings = EngineSettings.for_kv_type(args.kv_type, n_ctx=args.ctx_size, n_threads=args.threads,
                                           flash_attn=args.flash_attn)
-    store = None if args.no_cache else _open_store(args)
+    store = None
+    if not args.no_cache:
+        from storage.prefix_store import StoreError
+
+        try:
+            store = _open_store(args)
+        except StoreError as exc:
+            print(f"branchwise: running without the KV cache: {exc}", file=sys.stderr)
     return Engine(args.model or default_model_path(), settings, store)
 
 
@@ -209,41 +240,75 @@ def chat_messages(system_prompt: str, path) -> list:
     return out
 
 
+class _StreamSaver:
+    """Saves a streaming reply as it grows (at most every ``every_s`` seconds), so a crash
+    or a kill loses at most the last half second of text (DESIGN.md, chats.sqlite3)."""
+
+    def __init__(self, chats, conversation_id: int, parent_id: int, model: str, every_s: float = 0.5):
+        self.chats, self.conversation_id, self.parent_id, self.model = chats, conversation_id, parent_id, model
+        self.every_s = every_s
+        self.message_id: int | None = None
+        self._last = 0.0
+
+    def progress(self, text: str) -> None:
+        now = time.monotonic()
+        if self.message_id is None:
+            self.message_id = self.chats.add_message(self.conversation_id, self.parent_id, "assistant", text,
+                                                     status="streaming", model=self.model).id
+            self._last = now
+        elif now - self._last >= self.every_s:
+            self.chats.update_message(self.message_id, content=text)
+            self._last = now
+
+    def finish(self, text: str, status: str, token_ids=None, stats=None) -> int:
+        if self.message_id is None:
+            self.message_id = self.chats.add_message(self.conversation_id, self.parent_id, "assistant", text,
+                                                     token_ids=token_ids, stats=stats, status=status,
+                                                     model=self.model).id
+        else:
+            self.chats.update_message(self.message_id, content=text, token_ids=token_ids, stats=stats,
+                                      status=status)
+        return self.message_id
+
+
 def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> int:
     """Generate the reply to the path ending at ``parent_id``, stream it, save it."""
     path = chats.path_to(parent_id)
     stream = not args.json
     parts: list[str] = []
+    saver = _StreamSaver(chats, conversation.id, parent_id, model_label)
 
     def on_token(text: str, _tok: int) -> None:
         parts.append(text)
+        saver.progress("".join(parts))
         if stream:
             sys.stdout.write(text)
             sys.stdout.flush()
 
-    cancel = threading.Event()
+    use_cache = not args.no_cache
     try:
         result = engine.generate(chat_messages(conversation.system_prompt, path), _sampling(args, conversation),
-                                 use_cache=not args.no_cache, on_token=on_token, cancel=cancel)
+                                 use_cache=use_cache, on_token=on_token, snapshot=False)
     except KeyboardInterrupt:
         if parts:
-            chats.add_message(conversation.id, parent_id, "assistant", "".join(parts), status="stopped",
-                              model=model_label)
+            saver.finish("".join(parts), "stopped")
         raise
     status = "stopped" if result.stats.finish_reason == "cancelled" else "complete"
-    msg = chats.add_message(conversation.id, parent_id, "assistant", result.text, token_ids=result.token_ids,
-                            stats=result.stats.to_dict(), status=status, model=model_label)
+    msg_id = saver.finish(result.text, status, token_ids=result.token_ids, stats=result.stats.to_dict())
+    if use_cache:  # after the reply is safe: storing the KV is an optimisation
+        engine.snapshot(result.stats)
+        chats.update_message(msg_id, stats=result.stats.to_dict())
     engine.close()
     if args.json:
         user_id = parent_id if chats.get_message(parent_id).role == "user" else None
         print(json.dumps({
             "conversation_id": conversation.id, "user_message_id": user_id,
-            "assistant_message_id": msg.id, "text": result.text, "stats": _public_stats(result.stats),
+            "assistant_message_id": msg_id, "text": result.text, "stats": _public_stats(result.stats),
         }))
     else:
         s = result.stats
         sys.stdout.write("\n")
-        print(f"[conversation {conversation.id} · message {msg.id} · restored {s.restored_tokens} tokens "
+        print(f"[conversation {conversation.id} · message {msg_id} · restored {s.restored_tokens} tokens "
               f"in {s.restore_ms:.0f} ms · prefilled {s.prefilled_tokens} in {s.prefill_ms / 1000:.2f} s · "
               f"TTFT {s.ttft_ms:.0f} ms · {s.decode_tokens_per_s:.1f} tok/s]", file=sys.stderr)
     return 0

@@ -9,7 +9,15 @@ A request (:meth:`Engine.generate`) goes:
 3. restore it: verify the blocks' checksums, join them into a state blob and hand it to
    ``llama_state_seq_set_data``; any failure clears the sequence and falls back to prefill;
 4. prefill the rest in batches with progress, decode with streaming;
-5. :meth:`Engine.snapshot` stores only the blocks the store does not hold yet.
+5. :meth:`Engine.snapshot` recomputes the reply's KV in one batch, then stores only
+   the blocks the store does not hold yet.
+
+Exactness. On the CPU, llama.cpp computes a token's KV bit for bit the same in any batch
+of two or more tokens, but not in a batch of one (tests/test_engine.py measures it; flash
+attention breaks even the former, so it is off by default). Decoding is one token at a
+time, so the KV of a reply is recomputed in a batch before anyone reuses it, and no
+prefill batch is ever a single token. Then a restored prefix holds exactly the bytes a
+from-scratch prefill would compute, and the reply after it is the same.
 """
 
 from __future__ import annotations
@@ -34,9 +42,11 @@ from engine.fingerprint import cached_file_digest, fingerprint
 from engine.model import LoadedModel
 from engine.settings import EngineSettings, SamplingParams
 from storage.errors import StorageFullError
-from storage.prefix_store import NewBlock, PrefixMatch, PrefixStore, StoreReset
+from storage.prefix_store import NewBlock, PrefixMatch, PrefixStore, StoreError
 
 log = logging.getLogger(__name__)
+
+MIN_BATCH = 2  # never evaluate a prompt batch of one token (see the module docstring)
 
 # Below this many tokens a restore is not worth its fixed cost (a SQLite query, a state
 # blob, a llama_state_seq_set_data call: about 2 ms, while prefilling a handful of tokens
@@ -66,13 +76,14 @@ class GenerationStats:
     decode_tokens_per_s: float = 0.0
     snapshot_ms: float = 0.0
     snapshot_bytes_written: int = 0
+    recompute_ms: float = 0.0  # re-prefilling the reply in one batch before it is reused
     restore_source: str = "none"
     cache_blocks_dropped: int = 0
     finish_reason: str = ""  # "stop" (end of turn), "length" (max tokens), "context", "cancelled"
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        for k in ("restore_ms", "prefill_ms", "ttft_ms", "decode_tokens_per_s", "snapshot_ms"):
+        for k in ("restore_ms", "prefill_ms", "ttft_ms", "decode_tokens_per_s", "snapshot_ms", "recompute_ms"):
             d[k] = round(d[k], 2)
         return d
 
@@ -112,15 +123,25 @@ class Engine:
         self.fingerprint = b""
         self.layout: kv_codec.KvLayout | None = None
         if self.store is not None:
-            digest = cached_file_digest(self.model.path, self.store, progress)
-            self.fingerprint = fingerprint(
-                digest, llama_cpp.__version__, self.settings.type_k, self.settings.type_v,
-                self.settings.flash_attn, self.store.block_size,
-            )
-            text = self.store.layout(self.fingerprint)
-            self.layout = kv_codec.KvLayout.from_json(json.loads(text)) if text else None
+            try:
+                digest = cached_file_digest(self.model.path, self.store, progress)
+                self.fingerprint = fingerprint(
+                    digest, llama_cpp.__version__, self.settings.type_k, self.settings.type_v,
+                    self.settings.flash_attn, self.store.block_size,
+                )
+                text = self.store.layout(self.fingerprint)
+                self.layout = kv_codec.KvLayout.from_json(json.loads(text)) if text else None
+            except (StoreError, StorageFullError) as exc:
+                log.warning("running without the prefix store: %s", exc)
+                self.store = None
+            except (ValueError, TypeError) as exc:  # a damaged layout row: relearn it
+                log.warning("ignoring a damaged KV layout in the store: %s", exc)
+                self.layout = None
         self._buffer = np.empty(0, dtype=np.uint8)
         self._lock = threading.Lock()
+        # Leading live-context tokens whose KV was computed in batches of >= 2 tokens
+        # (and so may be reused or stored); decoded tokens are not, until recomputed.
+        self._exact_upto = 0
 
     # -- prompts ---------------------------------------------------------------------
 
@@ -136,7 +157,7 @@ class Engine:
             return 0, len(ids)
         try:
             return self.store.coverage(self.fingerprint, ids), len(ids)
-        except StoreReset:
+        except StoreError:
             return 0, len(ids)
 
     # -- one request -------------------------------------------------------------------
@@ -184,16 +205,18 @@ class Engine:
     def _position(self, prompt: list[int], use_cache: bool, stats: GenerationStats, on_progress) -> None:
         """Bring the context to the longest known prefix of ``prompt`` (all but its last token)."""
         t = time.perf_counter()
-        limit = len(prompt) - 1
+        # A snapshot has no logits, and no batch may be a single token: leave at least
+        # MIN_BATCH prompt tokens to prefill.
+        limit = max(len(prompt) - MIN_BATCH, 0)
         live = 0
         if use_cache:
             held = self.llama.input_ids[: self.llama.n_tokens]
-            live = min(_common_prefix(held, prompt), limit)
+            live = min(_common_prefix(held, prompt), limit, self._exact_upto)
         match = PrefixMatch()
         if use_cache and self.store is not None and self.layout is not None:
             try:
                 match = self.store.lookup(self.fingerprint, prompt[:limit])
-            except StoreReset:
+            except StoreError:
                 match = PrefixMatch()
         restored = 0
         if match.n_tokens >= max(live + 1, MIN_RESTORE_TOKENS):
@@ -206,10 +229,12 @@ class Engine:
         if restored > live:
             stats.restore_source = "store"
             self._set_tokens(prompt[:restored])
+            self._exact_upto = restored
         elif live > 0 and self._truncate(live):
             restored = live
             stats.restore_source = "context"
             self.llama.n_tokens = live
+            self._exact_upto = live
         else:
             restored = 0
             self._clear()
@@ -218,7 +243,7 @@ class Engine:
         if self.store is not None and use_cache:
             try:
                 self.store.record_restore(restored, len(prompt) - restored)
-            except (StoreReset, StorageFullError):
+            except (StoreError, StorageFullError):
                 pass
 
     def _restore(self, match: PrefixMatch) -> tuple[int, int]:
@@ -227,7 +252,7 @@ class Engine:
         assert self.store is not None and self.layout is not None
         try:
             payloads, dropped = self.store.read(match)
-        except StoreReset:
+        except StoreError:
             return 0, 0
         n = sum(use for _, _, use in payloads)
         if n < MIN_RESTORE_TOKENS:
@@ -251,16 +276,17 @@ class Engine:
 
     def _prefill(self, prompt: list[int], stats: GenerationStats, on_progress, cancel) -> None:
         t = time.perf_counter()
-        start = self.llama.n_tokens
-        rest = prompt[start:]
+        rest = prompt[self.llama.n_tokens :]
         stats.prefilled_tokens = len(rest)
-        step = self.llama.n_batch
-        for i in range(0, len(rest), step):
+        done = 0
+        for chunk in _batches(rest, self.llama.n_batch):
             if on_progress:
-                on_progress("prefill", i, len(rest))
-            self.llama.eval(rest[i : i + step])
+                on_progress("prefill", done, len(rest))
+            self.llama.eval(chunk)
+            done += len(chunk)
         if on_progress and rest:
             on_progress("prefill", len(rest), len(rest))
+        self._exact_upto = self.llama.n_tokens if len(prompt) >= MIN_BATCH else 0
         stats.prefill_ms = (time.perf_counter() - t) * 1000
 
     def _decode(self, sp: SamplingParams, stats: GenerationStats, t0: float, on_token, cancel) -> tuple[str, list[int]]:
@@ -298,11 +324,8 @@ class Engine:
                 stats.finish_reason = "context"
                 break
             llama.eval([token])
-        tail = decoder.decode(b"", final=True)
-        if tail:
-            parts.append(tail)
-            if on_token:
-                on_token(tail, -1)
+        # An incomplete UTF-8 sequence at the end (a reply cut by max_tokens) is dropped,
+        # not shown as U+FFFD; the token ids keep it.
         sampler.close()
         stats.generated_tokens = len(ids)
         if t_first is not None and len(ids) > 1:
@@ -320,13 +343,17 @@ class Engine:
         if self.store is None:
             return 0
         t = time.perf_counter()
+        self._recompute_decoded()
+        if stats is not None:
+            stats.recompute_ms = (time.perf_counter() - t) * 1000
+        t = time.perf_counter()
         written = 0
-        tokens = np.asarray(self.llama.input_ids[: self.llama.n_tokens], dtype=np.int32)
+        tokens = np.asarray(self.llama.input_ids[: self._exact_upto], dtype=np.int32)
         try:
             missing, chain = self.store.plan(self.fingerprint, tokens)
-            if missing:
+            if missing or (self.layout is None and len(tokens)):
                 state = kv_codec.parse(self._state_blob())
-                if state.n_tokens != len(tokens):
+                if state.n_tokens != self.llama.n_tokens or len(tokens) > state.n_tokens:
                     raise kv_codec.UnsupportedStateError(
                         f"state holds {state.n_tokens} tokens, expected {len(tokens)}"
                     )
@@ -345,12 +372,28 @@ class Engine:
                 self.store.put(self.fingerprint, [], active_path=chain)
         except kv_codec.UnsupportedStateError as exc:
             log.warning("KV state not stored: %s", exc)
-        except (StorageFullError, StoreReset) as exc:
+        except (StorageFullError, StoreError) as exc:
             log.warning("KV state not stored: %s", exc)
         if stats is not None:
             stats.snapshot_ms = (time.perf_counter() - t) * 1000
             stats.snapshot_bytes_written = written
         return written
+
+    def _recompute_decoded(self) -> None:
+        """Re-prefill the tokens decoded one at a time, in batches of >= 2 tokens, so the
+        live KV is what a from-scratch prefill computes (see the module docstring)."""
+        n = self.llama.n_tokens
+        if self._exact_upto >= n:
+            return
+        keep = max(min(self._exact_upto, n - MIN_BATCH), 0)
+        tokens = list(self.llama.input_ids[keep:n])
+        if not self._truncate(keep):
+            self._clear()
+            keep, tokens = 0, list(self.llama.input_ids[:n])
+        self.llama.n_tokens = keep
+        for chunk in _batches(tokens, self.llama.n_batch):
+            self.llama.eval(chunk)
+        self._exact_upto = self.llama.n_tokens if self.llama.n_tokens >= MIN_BATCH else 0
 
     def _state_blob(self) -> np.ndarray:
         ctx = self.llama.ctx
@@ -375,6 +418,7 @@ class Engine:
         mem = llama_cpp.llama_get_memory(self.llama.ctx)
         llama_cpp.llama_memory_clear(mem, True)
         self.llama.n_tokens = 0
+        self._exact_upto = 0
 
     def reset_context(self) -> None:
         """Forget the live context (the next request restores from the store or prefills)."""
@@ -383,6 +427,15 @@ class Engine:
 
     def close(self) -> None:
         self.model.close()
+
+
+def _batches(tokens: list[int], size: int) -> list[list[int]]:
+    """``tokens`` in chunks of at most ``size``, none of exactly one token (unless the
+    whole list is one token): a one-token batch takes a different path in llama.cpp."""
+    chunks = [tokens[i : i + size] for i in range(0, len(tokens), size)]
+    if len(chunks) >= 2 and len(chunks[-1]) == 1:
+        chunks[-2], chunks[-1] = chunks[-2][:-1], [chunks[-2][-1], *chunks[-1]]
+    return chunks
 
 
 def _common_prefix(a: Sequence[int] | np.ndarray, b: Sequence[int]) -> int:

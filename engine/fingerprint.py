@@ -34,9 +34,10 @@ def file_digest(path: Path, progress: Callable[[int, int], None] | None = None) 
 
 
 def cached_file_digest(path: Path, cache, progress=None) -> str:
-    """:func:`file_digest`, remembered in ``cache`` (a PrefixStore) by path, size and mtime."""
+    """:func:`file_digest`, remembered in ``cache`` (a PrefixStore) by path, size, mtime,
+    ctime and inode: copying a file over it, even keeping its mtime, changes the ctime."""
     st = os.stat(path)
-    key = (str(path), st.st_size, st.st_mtime_ns)
+    key = (str(path), f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}")
     if cache is not None:
         hit = cache.cached_file_digest(*key)
         if hit:

@@ -186,7 +186,7 @@ class _Server:
         from engine.errors import EngineError
         from engine.settings import EngineSettings
         from storage.paths import KVCACHE_DB
-        from storage.prefix_store import DEFAULT_BUDGET_BYTES, PrefixStore
+        from storage.prefix_store import DEFAULT_BUDGET_BYTES, PrefixStore, StoreError
 
         if self.engine is not None:
             self.engine.close()
@@ -194,8 +194,11 @@ class _Server:
         try:
             settings = EngineSettings.from_dict(msg.get("settings"))
             if self.store is None:
-                self.store = PrefixStore(self.data_dir / KVCACHE_DB,
-                                         msg.get("budget_bytes") or DEFAULT_BUDGET_BYTES)
+                try:
+                    self.store = PrefixStore(self.data_dir / KVCACHE_DB,
+                                             msg.get("budget_bytes") or DEFAULT_BUDGET_BYTES)
+                except StoreError as exc:
+                    log.warning("running without the prefix store: %s", exc)
             elif msg.get("budget_bytes"):
                 self.store.budget_bytes = int(msg["budget_bytes"])
             self.engine = Engine(

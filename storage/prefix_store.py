@@ -20,6 +20,7 @@ ids it covers. The rules it keeps are DESIGN.md's ten points:
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import sqlite3
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 DEFAULT_BLOCK_SIZE = 64  # tokens; see `branchwise bench` for the trade-off
 DEFAULT_BUDGET_BYTES = 4 * 1024**3
 _PAGE_SIZE = 65536  # large pages keep the overflow chains of megabyte blobs short
-_SCHEMA_VERSION = 1
+_SCHEMA_VERSION = 2  # a file with another version is replaced: the store is disposable
 
 
 def checksum(data: bytes | memoryview) -> int:
@@ -137,9 +138,9 @@ class PrefixStore:
             db = self._connect()
             db.execute("SELECT count(*) FROM blocks").fetchone()
             return db
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, ValueError) as exc:
             if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
-                raise
+                raise StoreUnavailable(f"the KV cache {self.path} is locked by another process") from exc
             log.warning("prefix store %s is unreadable (%s); starting an empty one", self.path, exc)
             self.recovered_from = str(exc)
             self._remove_files()
@@ -147,7 +148,15 @@ class PrefixStore:
 
     def _connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10)
+        db.text_factory = lambda b: b.decode("utf-8", "replace")  # damaged text is damage, not a crash
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version not in (0, _SCHEMA_VERSION):
+            db.close()
+            log.info("prefix store %s has schema %s; starting a new one", self.path, version)
+            self._remove_files()
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10)
+            db.text_factory = lambda b: b.decode("utf-8", "replace")
         db.execute(f"PRAGMA page_size={_PAGE_SIZE}")
         db.execute("PRAGMA auto_vacuum=INCREMENTAL")
         # The store is disposable, so durability is traded for speed: a rollback journal
@@ -159,7 +168,7 @@ class PrefixStore:
         db.execute("PRAGMA synchronous=OFF")
         db.execute("PRAGMA mmap_size=1073741824")
         db.execute("PRAGMA foreign_keys=ON")
-        if db.execute("PRAGMA user_version").fetchone()[0] < _SCHEMA_VERSION:
+        if db.execute("PRAGMA user_version").fetchone()[0] != _SCHEMA_VERSION:
             db.executescript(f"BEGIN; {_SCHEMA}; PRAGMA user_version={_SCHEMA_VERSION}; COMMIT;")
         return db
 
@@ -174,7 +183,9 @@ class PrefixStore:
 
     @contextlib.contextmanager
     def _guard(self):
-        """Run under the lock; a malformed database is replaced by an empty one."""
+        """Run under the lock and turn SQLite's failures into the store's own errors: a
+        full disk is StorageFullError, a busy or unwritable file StoreUnavailable, and a
+        malformed file is replaced by an empty one (StoreReset)."""
         with self._lock:
             try:
                 yield
@@ -187,14 +198,17 @@ class PrefixStore:
                             f"The disk holding {self.path.parent} is full, so the KV cache "
                             "could not be saved. Free some space or lower the cache budget."
                         ) from exc
-                    raise
+                    raise StoreUnavailable(f"the KV cache could not be used: {exc}") from exc
                 log.error("prefix store damaged (%s); replacing it with an empty one", exc)
                 self.recovered_from = str(exc)
-                with contextlib.suppress(Exception):
-                    self._db.close()
-                self._remove_files()
-                self._db = self._connect()
+                self._reset_file()
                 raise StoreReset(str(exc)) from exc
+
+    def _reset_file(self) -> None:
+        with contextlib.suppress(Exception):
+            self._db.close()
+        self._remove_files()
+        self._db = self._connect()
 
     # -- models ----------------------------------------------------------------------
 
@@ -215,21 +229,19 @@ class PrefixStore:
             ).fetchone()
         return row[0] if row else None
 
-    def cached_file_digest(self, path: str, size: int, mtime_ns: int) -> str | None:
-        """A model file's content digest computed earlier for this path, size and mtime."""
+    def cached_file_digest(self, path: str, stamp: str) -> str | None:
+        """A model file's content digest computed earlier for this path and ``stamp`` (its
+        size, mtime, ctime and inode: any write, copy or replacement changes one of them)."""
         with self._guard():
             row = self._db.execute(
-                "SELECT digest FROM file_digests WHERE path=? AND size=? AND mtime_ns=?",
-                (path, size, mtime_ns),
+                "SELECT digest FROM file_digests WHERE path=? AND stamp=?", (path, stamp)
             ).fetchone()
         return row[0] if row else None
 
-    def remember_file_digest(self, path: str, size: int, mtime_ns: int, digest: str) -> None:
+    def remember_file_digest(self, path: str, stamp: str, digest: str) -> None:
         with self._guard(), _tx(self._db):
             self._db.execute("DELETE FROM file_digests WHERE path=?", (path,))
-            self._db.execute(
-                "INSERT INTO file_digests VALUES (?,?,?,?)", (path, size, mtime_ns, digest)
-            )
+            self._db.execute("INSERT INTO file_digests VALUES (?,?,?)", (path, stamp, digest))
 
     # -- lookup and read ---------------------------------------------------------------
 
@@ -466,17 +478,20 @@ class PrefixStore:
             with _tx(self._db):
                 for key in bad_keys:
                     removed += self._delete_subtree(key)
+                for fp, layout in self._db.execute("SELECT fingerprint, layout FROM models").fetchall():
+                    try:
+                        json.loads(layout)
+                    except ValueError:  # a damaged layout: its blocks cannot be joined
+                        log.warning("dropping the KV layout of %s: it is damaged", fp.hex()[:12])
+                        self._db.execute("DELETE FROM models WHERE fingerprint=?", (fp,))
             if removed:
                 self._db.execute("PRAGMA incremental_vacuum")
         return VerifyReport(len(ids), len(bad_keys), removed)
 
     def clear(self) -> None:
-        """Remove every block (models, digests and counters stay)."""
-        with self._guard():
-            with _tx(self._db):
-                self._db.execute("DELETE FROM block_data")
-                self._db.execute("DELETE FROM blocks")
-            self._db.execute("PRAGMA incremental_vacuum")
+        """Start over with an empty file (blocks, layouts, digests and counters go)."""
+        with self._lock:
+            self._reset_file()
 
     def stats(self) -> dict:
         """Counters and sizes: lookups, hits, misses, tokens_restored, tokens_prefilled,
@@ -539,8 +554,16 @@ class PrefixStore:
         )
 
 
-class StoreReset(RuntimeError):
+class StoreError(RuntimeError):
+    """The store could not serve a request; the caller goes on without it (prefill)."""
+
+
+class StoreReset(StoreError):
     """The store file was damaged beyond its checksums and has been replaced by an empty one."""
+
+
+class StoreUnavailable(StoreError):
+    """The store file is locked by another process, unwritable, or otherwise unusable now."""
 
 
 @contextlib.contextmanager
@@ -553,7 +576,8 @@ def _tx(db: sqlite3.Connection):
     try:
         yield
     except BaseException:
-        db.execute("ROLLBACK")
+        if db.in_transaction:  # SQLite may have rolled back already (a full disk does)
+            db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
 
@@ -592,12 +616,12 @@ CREATE TABLE IF NOT EXISTS block_data(
 );
 CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS file_digests(
-    path TEXT NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, digest TEXT NOT NULL,
-    PRIMARY KEY(path, size, mtime_ns)
+    path TEXT PRIMARY KEY, stamp TEXT NOT NULL, digest TEXT NOT NULL
 );
 """
 
 __all__ = [
-    "BlockRef", "NewBlock", "PrefixMatch", "PrefixStore", "StoreReset", "VerifyReport",
+    "BlockRef", "NewBlock", "PrefixMatch", "PrefixStore", "StoreError", "StoreReset",
+    "StoreUnavailable", "VerifyReport",
     "checksum", "tokens_from_bytes", "DEFAULT_BLOCK_SIZE", "DEFAULT_BUDGET_BYTES",
 ]

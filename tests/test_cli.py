@@ -60,7 +60,7 @@ def test_regenerate_makes_a_sibling_with_the_same_greedy_text(convo):
     assert r["assistant_message_id"] != first["assistant_message_id"]
     assert r["user_message_id"] == first["user_message_id"]
     assert r["text"] == first["text"]
-    assert r["stats"]["restored_tokens"] == r["stats"]["prompt_tokens"] - 1
+    assert r["stats"]["restored_tokens"] == r["stats"]["prompt_tokens"] - 2
     shown = json.loads(bw(d, "conversations", "show", first["conversation_id"], "--json").stdout)
     siblings = [m for m in shown["messages"] if m["parent_id"] == first["user_message_id"]]
     assert len(siblings) == 2
@@ -114,3 +114,32 @@ def test_cache_verify_finds_and_removes_damage(tmp_path):
     report = json.loads(bw(tmp_path, "cache", "verify", "--json").stdout)
     assert report["bad"] == 1 and report["removed"] >= 1
     assert json.loads(bw(tmp_path, "cache", "verify", "--json").stdout)["bad"] == 0
+
+
+def test_a_killed_chat_keeps_the_streamed_text(tmp_path):
+    import signal
+    import time
+
+    env = {**os.environ, "BRANCHWISE_DATA_DIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "chat", "--temperature", "0", "--max-tokens", "400",
+                             "Write a long story about a dragon who collects teapots."],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    shown = b""
+    deadline = time.monotonic() + 300
+    while len(shown) < 200 and time.monotonic() < deadline:
+        shown += os.read(proc.stdout.fileno(), 4096)
+    time.sleep(1.0)  # past the half-second save interval
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    data = json.loads(bw(tmp_path, "conversations", "export", "1", "--format", "json").stdout)
+    reply = [m for m in data["messages"] if m["role"] == "assistant"]
+    assert len(reply) == 1
+    assert reply[0]["status"] == "stopped"  # marked when the store was next opened
+    assert len(reply[0]["content"]) >= 100 and shown.decode(errors="ignore").startswith(reply[0]["content"][:50])
+
+
+def test_nonsense_limits_are_refused(tmp_path):
+    r = bw(tmp_path, "chat", "--max-tokens", "0", "hi", check=False)
+    assert r.returncode == 2 and "at least 1" in r.stderr
+    r = bw(tmp_path, "chat", "--cache-budget", "-5", "hi", check=False)
+    assert r.returncode == 2 and "positive" in r.stderr
