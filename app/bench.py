@@ -226,7 +226,7 @@ def run_bench(model: str | None = None, as_json: bool = False, quick: bool = Fal
         engine.close()
         store.close()
         chats.close()
-        log("sharing: ten branches off one prefix, and LlamaDiskCache ...")
+        log(f"sharing: {3 if quick else 10} branches off one prefix, and LlamaDiskCache ...")
         out.update(bench_sharing(model_path, work, branches=3 if quick else 10,
                                  prefix_tokens=300 if quick else 1500))
     if as_json:

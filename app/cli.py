@@ -45,14 +45,28 @@ def _positive(text: str) -> int:
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (exit code 2), not a usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"branchwise: {message} (see '{self.prog} --help')\n")
+
+
+def _ctx_size(text: str) -> int:
+    value = _positive(text)
+    if value < 256:
+        raise argparse.ArgumentTypeError("the context size must be at least 256 tokens")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--data-dir", help="where chats and the KV cache live (default: the user data folder; env BRANCHWISE_DATA_DIR)")
     common.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
-    engine = argparse.ArgumentParser(add_help=False)
+    engine = _Parser(add_help=False)
     engine.add_argument("--model", help="a GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
-    engine.add_argument("--ctx-size", type=int, default=8192, help="context window in tokens (default 8192)")
+    engine.add_argument("--ctx-size", type=_ctx_size, default=8192, help="context window in tokens (default 8192)")
     engine.add_argument("--threads", type=int, default=0, help="CPU threads (default: all cores)")
     engine.add_argument("--kv-type", choices=["f16", "q8_0"], default="f16", help="KV cache precision")
     engine.add_argument("--flash-attn", action="store_true",
@@ -69,15 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--min-p", type=float, help="drop tokens below this fraction of the top probability")
     engine.add_argument("--repeat-penalty", type=float, help="penalty for recently generated tokens (1 = none)")
 
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="branchwise",
         description="Branchwise: chat with local models; never read the same tokens twice.",
     )
     p.add_argument("--data-dir", dest="gui_data_dir", help=argparse.SUPPRESS)
-    p.add_argument("--model", dest="gui_model", help="open the window on this GGUF model")
+    p.add_argument("--model", dest="gui_model", metavar="PATH", help="open the window on this GGUF model")
     p.add_argument("--self-test", action="store_true", help="run one turn and one resume on the bundled model, then exit")
     p.add_argument("--screenshot", metavar="PNG", help="open the window offscreen, save a screenshot, exit")
-    sub = p.add_subparsers(dest="command")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
     chat = sub.add_parser("chat", parents=[common, engine], help="send a message and stream the reply")
     chat.add_argument("--conversation", type=int, help="continue this conversation (default: a new one)")
@@ -89,16 +103,17 @@ def build_parser() -> argparse.ArgumentParser:
     regen.add_argument("message_id", type=int)
 
     conv = sub.add_parser("conversations", help="list, show or export conversations")
-    conv_sub = conv.add_subparsers(dest="action", required=True)
+    conv_sub = conv.add_subparsers(dest="action", required=True, parser_class=_Parser)
     conv_sub.add_parser("list", parents=[common])
     show = conv_sub.add_parser("show", parents=[common])
     show.add_argument("id", type=int)
-    export = conv_sub.add_parser("export", parents=[common])
+    export = conv_sub.add_parser("export", parents=[common],
+                                 help="json: the whole tree, every branch; markdown: the active branch")
     export.add_argument("id", type=int)
     export.add_argument("--format", choices=["json", "markdown"], default="markdown")
 
     cache = sub.add_parser("cache", help="the KV prefix store")
-    cache_sub = cache.add_subparsers(dest="action", required=True)
+    cache_sub = cache.add_subparsers(dest="action", required=True, parser_class=_Parser)
     for name, text in (("stats", "sizes and hit counts"), ("verify", "check every block's checksum, remove bad ones"),
                        ("clear", "remove every block")):
         c = cache_sub.add_parser(name, parents=[common], help=text)
@@ -286,6 +301,8 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
             sys.stdout.flush()
 
     use_cache = not args.no_cache
+    from engine.errors import ContextOverflowError
+
     try:
         result = engine.generate(chat_messages(conversation.system_prompt, path), _sampling(args, conversation),
                                  use_cache=use_cache, on_token=on_token, snapshot=False)
@@ -293,6 +310,10 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
         if parts:
             saver.finish("".join(parts), "stopped")
         raise
+    except ContextOverflowError as exc:
+        raise ValueError(
+            f"This conversation is {exc.prompt_tokens:,} tokens long but the context window is {exc.n_ctx:,}; "
+            "pass a larger --ctx-size, or start a new conversation.") from exc
     status = "stopped" if result.stats.finish_reason == "cancelled" else "complete"
     msg_id = saver.finish(result.text, status, token_ids=result.token_ids, stats=result.stats.to_dict())
     if use_cache:  # after the reply is safe: storing the KV is an optimisation
@@ -332,12 +353,16 @@ def cmd_chat(args) -> int:
     from storage.errors import NotFoundError
 
     if not args.text.strip():
-        raise ValueError("the message is empty")
+        raise ValueError("The message is empty; type something to send.")
     chats = _open_chats(args)
     # Load the model first, so a bad model file leaves no trace in the conversations.
     engine = _open_engine(args)
     if args.parent is not None:
         parent = chats.get_message(args.parent)
+        if parent.role != "assistant":
+            raise ValueError(
+                f"Message {parent.id} is your own message; --parent takes an assistant reply to answer "
+                "under (to rephrase a message, pass --parent with the reply before it).")
         if args.conversation is not None and parent.conversation_id != args.conversation:
             raise NotFoundError(f"Message {args.parent} is not in conversation {args.conversation}.")
         conversation = chats.get_conversation(parent.conversation_id)
@@ -359,7 +384,7 @@ def cmd_regenerate(args) -> int:
     chats = _open_chats(args)
     msg = chats.get_message(args.message_id)
     if msg.role != "assistant" or msg.parent_id is None:
-        raise ValueError(f"message {msg.id} is a {msg.role} message; regenerate takes an assistant reply")
+        raise ValueError(f"Message {msg.id} is a {msg.role} message; regenerate takes an assistant reply.")
     conversation = chats.get_conversation(msg.conversation_id)
     return _reply(args, _open_engine(args), chats, conversation, msg.parent_id, _model_label(args))
 
@@ -425,7 +450,7 @@ def _stats_text(s: dict) -> str:
         f"blocks           {s['blocks']:,} ({s['tail_blocks']:,} tails, {s['block_size']} tokens per full block)",
         f"tokens stored    {s['tokens']:,}",
         f"size             {s['bytes'] / 1e6:,.1f} MB of KV (file {s['file_bytes'] / 1e6:,.1f} MB), "
-        f"budget {s['budget_bytes'] / 1e6:,.0f} MB",
+        f"budget {s['budget_bytes'] / 2**30:,.2f} GiB",
         f"lookups          {s['lookups']:,} ({s['hits']:,} hits, {s['misses']:,} misses, hit rate {hit_rate})",
         f"tokens restored  {s['tokens_restored']:,}; prefilled {s['tokens_prefilled']:,}",
         f"evicted          {s['evicted_blocks']:,} blocks, {s['evicted_bytes'] / 1e6:,.1f} MB",

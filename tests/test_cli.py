@@ -143,3 +143,15 @@ def test_nonsense_limits_are_refused(tmp_path):
     assert r.returncode == 2 and "at least 1" in r.stderr
     r = bw(tmp_path, "chat", "--cache-budget", "-5", "hi", check=False)
     assert r.returncode == 2 and "positive" in r.stderr
+
+
+def test_parent_must_be_an_assistant_reply(convo):
+    d, first = convo
+    r = bw(d, "chat", "--parent", first["user_message_id"], "hi", check=False)
+    assert r.returncode == 1
+    assert f"Message {first['user_message_id']} is your own message" in r.stderr
+
+
+def test_usage_errors_are_one_line(tmp_path):
+    r = bw(tmp_path, "chat", "--kv-type", "q4_0", "hi", check=False)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "q4_0" in r.stderr
