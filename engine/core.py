@@ -61,7 +61,8 @@ TokenFn = Callable[[str, int], None]  # (text delta, token id)
 class GenerationStats:
     """What one request did. Token counts in tokens, times in milliseconds.
 
-    ``restored_tokens + prefilled_tokens == prompt_tokens``. ``ttft_ms`` runs from the
+    ``restored_tokens + prefilled_tokens == prompt_tokens`` unless the request was
+    cancelled while reading the prompt. ``ttft_ms`` runs from the
     request to the first generated token (model load excluded). ``restore_source`` is
     "store" (prefix store), "context" (the live KV of the previous request) or "none".
     """
@@ -196,14 +197,17 @@ class Engine:
                 raise EngineError("There is nothing to answer: the conversation is empty.")
 
             self._position(prompt, use_cache, stats, on_progress)
-            self._prefill(prompt, stats, on_progress, cancel)
+            if not self._prefill(prompt, stats, on_progress, cancel):
+                stats.finish_reason = "cancelled"  # stopped while reading the prompt
+                return GenerationResult("", [], stats, prompt)
             text, ids = self._decode(sampling, stats, t0, on_token, cancel)
             if snapshot and use_cache:
                 self.snapshot(stats)
             return GenerationResult(text, ids, stats, prompt)
 
     def _position(self, prompt: list[int], use_cache: bool, stats: GenerationStats, on_progress) -> None:
-        """Bring the context to the longest known prefix of ``prompt`` (all but its last token)."""
+        """Bring the context to the longest known prefix of ``prompt`` (all but its last
+        ``MIN_BATCH`` tokens): the live context or the prefix store, whichever is longer."""
         t = time.perf_counter()
         # A snapshot has no logits, and no batch may be a single token: leave at least
         # MIN_BATCH prompt tokens to prefill.
@@ -274,12 +278,19 @@ class Engine:
             return 0, dropped
         return n, dropped
 
-    def _prefill(self, prompt: list[int], stats: GenerationStats, on_progress, cancel) -> None:
+    def _prefill(self, prompt: list[int], stats: GenerationStats, on_progress, cancel) -> bool:
+        """Evaluate the prompt tokens after the restored prefix, a batch at a time.
+        Returns False when ``cancel`` was set between batches (the prompt is unfinished)."""
         t = time.perf_counter()
         rest = prompt[self.llama.n_tokens :]
         stats.prefilled_tokens = len(rest)
         done = 0
         for chunk in _batches(rest, self.llama.n_batch):
+            if cancel is not None and cancel.is_set():
+                self._exact_upto = self.llama.n_tokens
+                stats.prefilled_tokens = done
+                stats.prefill_ms = (time.perf_counter() - t) * 1000
+                return False
             if on_progress:
                 on_progress("prefill", done, len(rest))
             self.llama.eval(chunk)
@@ -288,6 +299,7 @@ class Engine:
             on_progress("prefill", len(rest), len(rest))
         self._exact_upto = self.llama.n_tokens if len(prompt) >= MIN_BATCH else 0
         stats.prefill_ms = (time.perf_counter() - t) * 1000
+        return True
 
     def _decode(self, sp: SamplingParams, stats: GenerationStats, t0: float, on_token, cancel) -> tuple[str, list[int]]:
         llama = self.llama

@@ -358,3 +358,13 @@ def test_a_model_file_replaced_in_place_gets_a_new_fingerprint(tmp_path, store):
     f.write_bytes(b"B" * 1000)  # same size; then put the old mtime back, as cp -p would
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert cached_file_digest(f, store) != first
+
+
+def test_cancel_while_reading_the_prompt_generates_nothing(engine):
+    cancel = threading.Event()
+    cancel.set()
+    r = engine.generate([ChatMessage("user", STORY)], GREEDY, cancel=cancel)
+    assert r.stats.finish_reason == "cancelled" and r.token_ids == [] and r.text == ""
+    assert r.stats.prefilled_tokens == 0
+    # The engine is fine afterwards.
+    assert engine.generate([ChatMessage("user", "Hi")], GREEDY).token_ids
