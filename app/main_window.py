@@ -80,8 +80,12 @@ def build_messages(system_prompt: str, path: list[Message]) -> list[dict]:
     return out
 
 
-def reply_status_line(stats: dict) -> str:
-    """"restored N tokens in X ms · prefilled M in Y s · Z tok/s" for a GenerationStats dict."""
+def reply_status_line(stats: dict, saved: bool = False) -> str:
+    """"restored N tokens in X ms · prefilled M in Y s · Z tok/s" for a GenerationStats dict.
+
+    ``saved`` True labels the line as the saved figures of the reply shown ("Last reply on this
+    branch: …"), so that opening a chat or switching branches does not look like a new run.
+    """
     parts = []
     if stats.get("restored_tokens"):
         parts.append(f"restored {stats['restored_tokens']:,} tokens in {stats.get('restore_ms', 0):.0f} ms")
@@ -89,7 +93,18 @@ def reply_status_line(stats: dict) -> str:
         parts.append("nothing restored")
     parts.append(f"prefilled {stats.get('prefilled_tokens', 0):,} in {stats.get('prefill_ms', 0) / 1000:.2f} s")
     parts.append(f"{stats.get('decode_tokens_per_s', 0):.0f} tok/s")
-    return " · ".join(parts)
+    line = " · ".join(parts)
+    return f"Last reply on this branch: {line}" if saved else line
+
+
+def model_display_name(path: str | None, facts: dict | None = None) -> str:
+    """The name the status bar shows for a model: the GGUF file name without ``.gguf``
+    (for example "SmolLM2-135M-Instruct.Q4_1"); ``facts["name"]`` (GGUF ``general.name``)
+    only when there is no path. The Model info dialog shows ``general.name`` as it is."""
+    if path:
+        name = Path(path).name
+        return name[:-5] if name.lower().endswith(".gguf") else name
+    return (facts or {}).get("name") or "model"
 
 
 class MainWindow(QMainWindow):
@@ -132,6 +147,9 @@ class MainWindow(QMainWindow):
         self._after_load = None
         self._coverage_rid: int | None = None
         self._coverage_ids: list[int] = []
+        self._count_rid: int | None = None  # the newest ``count`` request (context figure)
+        self._count_cid: int | None = None  # the conversation it was asked for
+        self.context_used = 0  # tokens of the shown path, as last shown in the status bar
         self._closed = False
         self._explicit_model = model_path
 
@@ -313,12 +331,13 @@ class MainWindow(QMainWindow):
         self.progress.hide()
         params = facts.get("parameters") or 0
         size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.0f}M"
-        self.model_label.setText(f"{facts.get('name') or Path(self.good_model_path).stem} · {size} · "
-                                 f"{facts.get('quantization', '')}")
+        self.model_label.setText(f"{model_display_name(self.good_model_path, facts)} · {size}")
         self.model_label.setToolTip(self._facts_text(facts))
         if facts.get("cache_policy", "full") != "full":
             self.banner.show_message(f"The prefix store is off for this model: {facts['cache_policy']}", "info")
-        self._update_context_label()
+        if self.conversation_id is None:
+            self._update_context_label()
+        self.request_context_count()
         if self.banner.isVisible() and self.banner.kind == "error":
             self.banner.hide()
         self.model_ready.emit(facts)
@@ -432,9 +451,15 @@ class MainWindow(QMainWindow):
                 w.set_text(self.stream.text)
         self._draw_tree(path)
         self._refresh_title()
-        last = next((m for m in reversed(path) if m.role == "assistant" and m.stats), None)
-        self.stats_label.setText(reply_status_line(last.stats) if last else "")
-        self._update_context_label(last.stats if last else None)
+        if busy:
+            return  # the stream owns the status line until it ends
+        last = next((m for m in reversed(path) if m.role == "assistant"), None)
+        self.stats_label.setText(reply_status_line(last.stats, saved=True) if last and last.stats else "")
+        if self.model_state == "ready":
+            self.request_context_count()  # the exact figure, asynchronously
+        else:  # no engine to ask: the saved figures of the leaf reply, if it has them
+            leaf_stats = path[-1].stats if path and path[-1].role == "assistant" else None
+            self._update_context_label(leaf_stats)
 
     def _draw_tree(self, path: list[Message] | None = None) -> None:
         if self.conversation_id is None:
@@ -453,9 +478,38 @@ class MainWindow(QMainWindow):
         self.setWindowTitle(title)
 
     def _update_context_label(self, stats: dict | None = None) -> None:
+        """Show "context N / n_ctx" from a reply's stats (prompt + generated tokens; 0 without)."""
         n_ctx = (self.facts or {}).get("n_ctx") or self.settings.n_ctx
         used = (stats.get("prompt_tokens", 0) + stats.get("generated_tokens", 0)) if stats else 0
+        self.set_context_figure(used, n_ctx)
+
+    def set_context_figure(self, used: int, n_ctx: int) -> None:
+        """Show ``used`` of ``n_ctx`` tokens in the status bar (both in tokens)."""
         self.context_label.setText(f"context {used:,} / {n_ctx:,}")
+        self.context_used = used
+
+    def request_context_count(self) -> None:
+        """Ask the engine (``count`` request) how many tokens the shown path takes, so the
+        context figure is right as soon as a chat is opened or a branch is switched. The
+        answer arrives as a ``count`` event (``_engine_event``); older answers are ignored.
+        Does nothing while a reply streams or no model is ready."""
+        cid = self.conversation_id
+        if cid is None or self.stream is not None or self.model_state != "ready":
+            self._count_rid = None
+            if cid is None:
+                self.set_context_figure(0, (self.facts or {}).get("n_ctx") or self.settings.n_ctx)
+            return
+        try:
+            conv = self.store.get_conversation(cid)
+            path = self.store.active_path(cid)
+        except (NotFoundError, StorageError):
+            return
+        if not path:
+            self._count_rid = None
+            self.set_context_figure(0, (self.facts or {}).get("n_ctx") or self.settings.n_ctx)
+            return
+        self._count_cid = cid
+        self._count_rid = self.client.request("count", messages=build_messages(conv.system_prompt, path))
 
     def _conversation_deleted(self, cid: int) -> None:
         if cid == self.conversation_id:
@@ -503,7 +557,7 @@ class MainWindow(QMainWindow):
         rid = self.client.generate(messages, dict(conv.sampling), use_cache=self.use_cache)
         if rid is None:
             return
-        model = (self.facts or {}).get("name") or Path(self.model_path or "").stem
+        model = model_display_name(self.model_path, self.facts)
         self.stream = _Stream(rid, conv.id, user.id, model)
         if self.conversation_id != conv.id:
             self.conversation_id = conv.id
@@ -634,6 +688,10 @@ class MainWindow(QMainWindow):
         elif event.get("id") == self._coverage_rid:
             self._coverage_rid = None
             return
+        elif self._count_rid is not None and event.get("id") == self._count_rid:
+            self._count_rid = None  # the figure stays an estimate; nothing for a person to act on
+            log.info("count failed: %s", event.get("message"))
+            return
         self.banner.show_message(event.get("message") or "The engine could not do that.", "error")
 
     def _engine_event(self, event: dict) -> None:
@@ -645,6 +703,11 @@ class MainWindow(QMainWindow):
             self.coverage_ready.emit()
         elif kind == "snapshot":
             self.refresh_coverage()
+        elif kind == "count" and event.get("id") == self._count_rid:
+            self._count_rid = None
+            if self._count_cid == self.conversation_id and self.stream is None:
+                self.set_context_figure(int(event.get("prompt_tokens") or 0),
+                                        int(event.get("n_ctx") or (self.facts or {}).get("n_ctx") or 0))
 
     def _storage_failed(self, exc: Exception) -> None:
         log.error("storage error: %s", exc)
