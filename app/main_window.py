@@ -149,6 +149,7 @@ class MainWindow(QMainWindow):
         self._coverage_ids: list[int] = []
         self._count_rid: int | None = None  # the newest ``count`` request (context figure)
         self._count_cid: int | None = None  # the conversation it was asked for
+        self._undo_text = ""  # the banner text that offers to undo a delete
         self.context_used = 0  # tokens of the shown path, as last shown in the status bar
         self._closed = False
         self._explicit_model = model_path
@@ -174,6 +175,8 @@ class MainWindow(QMainWindow):
         self.sidebar.selected.connect(self.show_conversation)
         self.sidebar.new_chat.connect(self.new_chat)
         self.sidebar.deleted.connect(self._conversation_deleted)
+        self.sidebar.restored.connect(self._conversation_restored)
+        self.sidebar.delete_committed.connect(self._delete_committed)
         self.sidebar.changed.connect(self._refresh_title)
         self.banner = Banner()
         self.transcript = TranscriptView()
@@ -512,9 +515,23 @@ class MainWindow(QMainWindow):
         self._count_rid = self.client.request("count", messages=build_messages(conv.system_prompt, path))
 
     def _conversation_deleted(self, cid: int) -> None:
+        """The sidebar hid ``cid`` (its delete is pending): move away from it, offer Undo."""
+        try:
+            title = self.store.get_conversation(cid).title
+        except StorageError:
+            title = "the chat"
         if cid == self.conversation_id:
             ids = self.sidebar.ids()
             self.show_conversation(ids[0] if ids else None)
+        self._undo_text = f"Deleted “{title}”."
+        self.banner.show_message(self._undo_text, "info", [("Undo", self.sidebar.undo_delete)])
+
+    def _conversation_restored(self, cid: int) -> None:
+        self.show_conversation(cid)
+
+    def _delete_committed(self, _cid: int) -> None:
+        if self.banner.isVisible() and self.banner.text == self._undo_text:
+            self.banner.hide()
 
     # -- sending and streaming -----------------------------------------------------------
 
@@ -934,6 +951,7 @@ class MainWindow(QMainWindow):
             self._abandon_stream("stopped")
         self.client.stop(cancel_id=rid)
         self._save_settings()
+        self.sidebar.commit_delete()
         self.store.close()
 
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt override

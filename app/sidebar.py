@@ -1,33 +1,143 @@
 """The sidebar: New chat, a search box, and the conversations (pinned first, newest first)
-with rename, pin, duplicate and delete in a context menu."""
+with rename, pin, duplicate and delete in a context menu.
+
+Each row is one line: the title, elided, and a small relative date on the right ("2 h ago",
+"Yesterday"); search results add a second line with the matching text. Deleting is
+deferred so it can be undone: the chat disappears from the list at once, and
+``ChatStore.delete_conversation`` runs when ``UNDO_MS`` pass, another chat is deleted, or
+the window closes (``commit_delete``).
+"""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, QTimer, Signal
+import logging
+import time
+
+from PySide6.QtCore import QRect, QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QFont, QFontMetrics, QPalette
 from PySide6.QtWidgets import (
+    QApplication,
     QInputDialog,
     QLineEdit,
     QListWidget,
     QListWidgetItem,
     QMenu,
-    QMessageBox,
     QPushButton,
+    QStyle,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
     QVBoxLayout,
     QWidget,
 )
 
 from storage.chats import ChatStore
+from storage.errors import NotFoundError, StorageError
+
+log = logging.getLogger(__name__)
 
 ID_ROLE = Qt.ItemDataRole.UserRole
+DATE_ROLE = Qt.ItemDataRole.UserRole + 1
+SNIPPET_ROLE = Qt.ItemDataRole.UserRole + 2
+UNDO_MS = 10_000
+"""How long a deleted chat can be brought back (milliseconds)."""
+
+
+def relative_date(when: float, now: float | None = None) -> str:
+    """A short age for the unix time ``when`` (seconds): "now", "5 min ago", "2 h ago",
+    "Yesterday", a weekday within the last week ("Mon"), else "12 Mar" (or "12 Mar 2023"
+    for another year). Calendar days are local time."""
+    now = time.time() if now is None else now
+    age = max(0.0, now - when)
+    if age < 60:
+        return "now"
+    if age < 3600:
+        return f"{int(age // 60)} min ago"
+    then, today = time.localtime(when), time.localtime(now)
+    days = (time.mktime(today[:3] + (0, 0, 0, 0, 0, -1)) - time.mktime(then[:3] + (0, 0, 0, 0, 0, -1)))
+    days = round(days / 86400)
+    if days <= 0:
+        return f"{int(age // 3600)} h ago"
+    if days == 1:
+        return "Yesterday"
+    if days < 7:
+        return time.strftime("%a", then)
+    if then.tm_year == today.tm_year:
+        return f"{then.tm_mday} {time.strftime('%b', then)}"
+    return f"{then.tm_mday} {time.strftime('%b %Y', then)}"
+
+
+class ConversationDelegate(QStyledItemDelegate):
+    """Paints a row as one elided title line with the date right-aligned in a smaller, muted
+    font, plus an elided muted snippet line for search results."""
+
+    PAD_X, PAD_Y, GAP = 8, 6, 8
+
+    def _date_font(self, option: QStyleOptionViewItem) -> QFont:
+        f = QFont(option.font)
+        f.setPointSizeF(max(6.5, f.pointSizeF() * 0.85))
+        return f
+
+    def sizeHint(self, option, index) -> QSize:  # noqa: N802 - Qt override
+        lines = 2 if index.data(SNIPPET_ROLE) else 1
+        h = QFontMetrics(option.font).height()
+        return QSize(100, lines * h + (lines - 1) * 2 + 2 * self.PAD_Y)
+
+    def paint(self, painter, option, index) -> None:  # noqa: D102 - Qt override
+        opt = QStyleOptionViewItem(option)
+        self.initStyleOption(opt, index)
+        title = opt.text
+        opt.text = ""
+        style = opt.widget.style() if opt.widget else QApplication.style()
+        style.drawControl(QStyle.ControlElement.CE_ItemViewItem, opt, painter, opt.widget)
+        selected = bool(opt.state & QStyle.StateFlag.State_Selected)
+        group = QPalette.ColorGroup.Normal if opt.state & QStyle.StateFlag.State_Enabled else \
+            QPalette.ColorGroup.Disabled
+        text_color = opt.palette.color(group, QPalette.ColorRole.HighlightedText if selected
+                                       else QPalette.ColorRole.Text)
+        muted = opt.palette.color(group, QPalette.ColorRole.HighlightedText if selected
+                                  else QPalette.ColorRole.PlaceholderText)
+        r = opt.rect.adjusted(self.PAD_X, self.PAD_Y, -self.PAD_X, -self.PAD_Y)
+        fm = QFontMetrics(opt.font)
+        line = QRect(r.left(), r.top(), r.width(), fm.height())
+        painter.save()
+        date = index.data(DATE_ROLE) or ""
+        date_w = 0
+        if date:
+            df = self._date_font(opt)
+            dfm = QFontMetrics(df)
+            date_w = dfm.horizontalAdvance(date)
+            if date_w + self.GAP + fm.averageCharWidth() * 8 <= r.width():  # only when it fits nicely
+                painter.setFont(df)
+                painter.setPen(muted)
+                painter.drawText(line, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter, date)
+            else:
+                date_w = 0
+        painter.setFont(opt.font)
+        painter.setPen(text_color)
+        title_w = line.width() - (date_w + self.GAP if date_w else 0)
+        painter.drawText(QRect(line.left(), line.top(), title_w, line.height()),
+                         Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
+                         fm.elidedText(title, Qt.TextElideMode.ElideRight, title_w))
+        snippet = index.data(SNIPPET_ROLE)
+        if snippet:
+            painter.setPen(muted)
+            second = line.translated(0, fm.height() + 2)
+            painter.drawText(second, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
+                             fm.elidedText(snippet, Qt.TextElideMode.ElideRight, second.width()))
+        painter.restore()
 
 
 class Sidebar(QWidget):
-    """Signals: ``selected(conversation_id)``, ``new_chat()``, ``deleted(conversation_id)``,
-    ``changed()`` (a rename, pin or duplicate happened)."""
+    """Signals: ``selected(conversation_id)``, ``new_chat()``, ``deleted(conversation_id)``
+    (hidden, the delete can still be undone), ``restored(conversation_id)`` (undone),
+    ``delete_committed(conversation_id)`` (gone from the database), ``changed()`` (a rename,
+    pin or duplicate happened)."""
 
     selected = Signal(int)
     new_chat = Signal()
     deleted = Signal(int)
+    restored = Signal(int)
+    delete_committed = Signal(int)
     changed = Signal()
 
     def __init__(self, store: ChatStore, parent: QWidget | None = None):
@@ -35,6 +145,9 @@ class Sidebar(QWidget):
         self.store = store
         self.current_id: int | None = None
         self.busy_id: int | None = None
+        self.pending_delete: int | None = None  # hidden, deleted when the undo time is up
+        self._delete_timer = QTimer(self, singleShot=True, interval=UNDO_MS)
+        self._delete_timer.timeout.connect(self.commit_delete)
         self.new_button = QPushButton("+  New chat")
         self.new_button.setMinimumHeight(34)
         self.new_button.clicked.connect(self.new_chat)
@@ -46,7 +159,10 @@ class Sidebar(QWidget):
         self.search.textChanged.connect(lambda _t: self._search_timer.start())
         self.list = QListWidget()
         self.list.setObjectName("conversation_list")
-        self.list.setWordWrap(True)
+        self.list.setWordWrap(False)
+        self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.list.setItemDelegate(ConversationDelegate(self.list))
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._menu)
         self.list.itemClicked.connect(self._clicked)
@@ -68,13 +184,15 @@ class Sidebar(QWidget):
             rows = [(c, snippet) for c, snippet in self.store.search(query)]
         else:
             rows = [(c, "") for c in self.store.list_conversations()]
+        rows = [(c, snippet) for c, snippet in rows if c.id != self.pending_delete]
+        now = time.time()
         for conv, snippet in rows:
-            label = ("📌 " if conv.pinned else "") + conv.title
-            if snippet and snippet != conv.title:
-                label += "\n" + snippet.replace("\n", " ")[:90]
-            item = QListWidgetItem(label)
+            item = QListWidgetItem(("📌 " if conv.pinned else "") + conv.title)
             item.setData(ID_ROLE, conv.id)
-            item.setToolTip(conv.title)
+            item.setData(DATE_ROLE, relative_date(conv.updated_at, now))
+            if snippet and snippet != conv.title:
+                item.setData(SNIPPET_ROLE, " ".join(snippet.split()))
+            item.setToolTip(f"{conv.title}\nLast message {time.strftime('%d %b %Y, %H:%M', time.localtime(conv.updated_at))}")
             self.list.addItem(item)
             if conv.id == self.current_id:
                 item.setSelected(True)
@@ -86,10 +204,12 @@ class Sidebar(QWidget):
         self.list.blockSignals(False)
 
     def set_current(self, conversation_id: int | None) -> None:
+        """Highlight ``conversation_id`` (None: nothing) and reload the list."""
         self.current_id = conversation_id
         self.refresh()
 
     def ids(self) -> list[int]:
+        """The conversation ids listed, top to bottom."""
         return [self.list.item(i).data(ID_ROLE) for i in range(self.list.count())
                 if self.list.item(i).data(ID_ROLE) is not None]
 
@@ -113,39 +233,71 @@ class Sidebar(QWidget):
         menu.addAction("Unpin" if conv.pinned else "Pin to top", lambda: self.toggle_pin(cid))
         menu.addAction("Duplicate", lambda: self.duplicate(cid))
         menu.addSeparator()
-        delete = menu.addAction("Delete…", lambda: self.delete(cid))
+        delete = menu.addAction("Delete", lambda: self.delete(cid))
         delete.setEnabled(cid != self.busy_id)
         menu.exec(self.list.viewport().mapToGlobal(pos))
 
-    def rename(self, cid: int) -> None:
-        conv = self.store.get_conversation(cid)
-        title, ok = QInputDialog.getText(self, "Rename chat", "Title:", QLineEdit.EchoMode.Normal, conv.title)
-        if ok and title.strip():
+    def rename(self, cid: int, title: str | None = None) -> None:
+        """Rename ``cid`` to ``title`` (None: ask with a dialog; blank titles are ignored)."""
+        if title is None:
+            conv = self.store.get_conversation(cid)
+            title, ok = QInputDialog.getText(self, "Rename chat", "Title:", QLineEdit.EchoMode.Normal,
+                                             conv.title)
+            if not ok:
+                return
+        if title.strip():
             self.store.rename(cid, title.strip())
             self.refresh()
             self.changed.emit()
 
     def toggle_pin(self, cid: int) -> None:
+        """Pin ``cid`` to the top of the list, or unpin it."""
         conv = self.store.get_conversation(cid)
         self.store.set_pinned(cid, not conv.pinned)
         self.refresh()
         self.changed.emit()
 
-    def duplicate(self, cid: int) -> None:
-        self.store.duplicate_conversation(cid)
+    def duplicate(self, cid: int) -> int:
+        """Copy ``cid`` with its whole tree; returns the copy's id."""
+        copy = self.store.duplicate_conversation(cid)
         self.refresh()
         self.changed.emit()
+        return copy.id
 
-    def delete(self, cid: int, confirm: bool = True) -> None:
-        conv = self.store.get_conversation(cid)
-        if confirm:
-            answer = QMessageBox.question(
-                self, "Delete chat",
-                f"Delete “{conv.title}” and all its branches? This cannot be undone.",
-                QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel,
-                QMessageBox.StandardButton.Cancel)
-            if answer != QMessageBox.StandardButton.Yes:
-                return
-        self.store.delete_conversation(cid)
-        self.deleted.emit(cid)
+    def delete(self, cid: int) -> None:
+        """Hide ``cid`` at once and delete it from the database after ``UNDO_MS`` unless
+        ``undo_delete`` is called first. A delete already pending is carried out now."""
+        if cid == self.busy_id:
+            return
+        self.commit_delete()
+        self.pending_delete = cid
+        self._delete_timer.start()
         self.refresh()
+        self.deleted.emit(cid)
+
+    def undo_delete(self) -> int | None:
+        """Bring back the chat whose delete is pending; returns its id (None if there is none)."""
+        cid, self.pending_delete = self.pending_delete, None
+        self._delete_timer.stop()
+        if cid is not None:
+            self.refresh()
+            self.restored.emit(cid)
+        return cid
+
+    def commit_delete(self) -> None:
+        """Delete the pending chat from the database now (on time-out, the next delete, or close).
+
+        A storage error is logged and the chat stays; it is never raised to the caller."""
+        cid, self.pending_delete = self.pending_delete, None
+        self._delete_timer.stop()
+        if cid is None:
+            return
+        try:
+            self.store.delete_conversation(cid)
+        except NotFoundError:
+            pass
+        except StorageError as exc:
+            log.error("could not delete chat %s: %s", cid, exc)
+            self.refresh()
+            return
+        self.delete_committed.emit(cid)
