@@ -47,6 +47,7 @@ from storage.prefix_store import NewBlock, PrefixMatch, PrefixStore, StoreError
 
 log = logging.getLogger(__name__)
 
+PREFAULT_BYTES = 64 * 1024 * 1024  # restore buffer paged in at load (model load is not TTFT)
 MIN_BATCH = 2  # never evaluate a prompt batch of one token (see the module docstring)
 
 # Below this many tokens a restore is not worth its fixed cost (a SQLite query, a state
@@ -157,6 +158,14 @@ class Engine:
                 log.warning("ignoring a damaged KV layout in the store: %s", exc)
                 self.layout = None
         self._buffer = np.empty(0, dtype=np.uint8)
+        if self.layout is not None:  # page the restore buffer in now, not during the first TTFT
+            size = min(self.llama.n_ctx() * self.layout.bytes_per_token, PREFAULT_BYTES)
+            self._buffer = np.zeros(size, dtype=np.uint8)
+            self._buffer[::4096] = 1
+            # ... and as much heap for the payloads read from SQLite: freed, it stays mapped
+            # (_keep_large_allocations_mapped), so the first restore does not fault either.
+            warm = [bytearray(1 << 20) for _ in range(size >> 20)]
+            del warm
         self._lock = threading.RLock()  # generate() holds it while calling snapshot()
         # Leading live-context tokens whose KV was computed in batches of >= 2 tokens
         # (and so may be reused or stored); decoded tokens are not, until recomputed.
