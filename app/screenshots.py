@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="branchwise-shots-") as tmp:
         data = Path(tmp)
-        (data / "settings.json").write_text(json.dumps({"n_ctx": 4096, "theme": "light", "show_tree": True}))
+        (data / "settings.json").write_text(json.dumps({"theme": "light", "show_tree": True}))
         w = MainWindow(data)
         w.resize(1280, 800)
         w.show()
