@@ -26,6 +26,7 @@ import codecs
 import ctypes
 import json
 import logging
+import random
 import sys
 import threading
 import time
@@ -330,7 +331,7 @@ class Engine:
 
     def _decode(self, sp: SamplingParams, stats: GenerationStats, t0: float, on_token, cancel) -> tuple[str, list[int]]:
         llama = self.llama
-        llama.set_seed(sp.seed)
+        llama.set_seed(sp.seed if sp.seed is not None else random.getrandbits(31))
         sampler = llama._init_sampler(
             top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p, temp=sp.temperature,
             repeat_penalty=sp.repeat_penalty,

@@ -61,7 +61,8 @@ class SamplingParams:
     """Sampling for one reply. temperature 0 is greedy (deterministic).
 
     max_tokens: most tokens generated (the reply also ends at end-of-turn or a full context).
-    seed: the sampler's RNG seed (used when temperature > 0).
+    seed: the sampler's RNG seed (used when temperature > 0); None draws a new one for
+        every reply, so regenerating gives a different reply.
     """
 
     temperature: float = 0.7
@@ -69,7 +70,7 @@ class SamplingParams:
     top_k: int = 40
     min_p: float = 0.05
     repeat_penalty: float = 1.1
-    seed: int = 42
+    seed: int | None = None
     max_tokens: int = 1024
 
     def to_dict(self) -> dict:
@@ -78,7 +79,7 @@ class SamplingParams:
     @classmethod
     def from_dict(cls, data: dict | None) -> "SamplingParams":
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in (data or {}).items() if k in names and v is not None})
+        return cls(**{k: v for k, v in (data or {}).items() if k in names and (v is not None or k == "seed")})
 
 
 DEFAULT_SAMPLING = SamplingParams()
