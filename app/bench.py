@@ -217,10 +217,10 @@ def run_bench(model: str | None = None, as_json: bool = False, quick: bool = Fal
         from storage.paths import CHATS_DB
 
         chats = ChatStore(work / CHATS_DB)
-        from app.cli import chat_messages
+        from engine.chat_template import conversation_messages
 
         longest = chats.list_conversations()[0]
-        prompt = engine.prompt_tokens(chat_messages(longest.system_prompt, chats.active_path(longest.id)))
+        prompt = engine.prompt_tokens(conversation_messages(longest.system_prompt, chats.active_path(longest.id)))
         log("restore throughput ...")
         out["restore"] = bench_restore(engine, prompt)
         engine.close()

@@ -244,17 +244,6 @@ def _sampling(args, conversation):
     return SamplingParams.from_dict(s)
 
 
-def chat_messages(system_prompt: str, path) -> list:
-    """The engine's view of a conversation path: the system prompt, then each message
-    (assistant messages with the token ids that were generated)."""
-    from engine.chat_template import ChatMessage
-
-    out = [ChatMessage("system", system_prompt)] if system_prompt.strip() else []
-    out += [ChatMessage(m.role, m.content, m.token_ids if m.role == "assistant" else None)
-            for m in path if m.role in ("user", "assistant")]
-    return out
-
-
 class _StreamSaver:
     """Saves a streaming reply as it grows (at most every ``every_s`` seconds), so a crash
     or a kill loses at most the last half second of text (DESIGN.md, chats.sqlite3)."""
@@ -301,10 +290,12 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
             sys.stdout.flush()
 
     use_cache = not args.no_cache
+    from engine.chat_template import conversation_messages
     from engine.errors import ContextOverflowError
 
     try:
-        result = engine.generate(chat_messages(conversation.system_prompt, path), _sampling(args, conversation),
+        result = engine.generate(conversation_messages(conversation.system_prompt, path),
+                                 _sampling(args, conversation),
                                  use_cache=use_cache, on_token=on_token, snapshot=False)
     except KeyboardInterrupt:
         if parts:

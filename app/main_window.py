@@ -33,6 +33,7 @@ from app.app_settings import AppSettings
 from app.banner import Banner
 from app.composer import Composer
 from app.engine_client import EngineClient
+from engine.chat_template import conversation_messages
 from app.settings_dialog import SettingsDialog, human_bytes
 from app.sidebar import Sidebar
 from app.transcript import TranscriptView
@@ -71,13 +72,7 @@ class _Stream:
 def build_messages(system_prompt: str, path: list[Message]) -> list[dict]:
     """The ``generate`` request's messages for ``path``: the system prompt first (when set),
     assistant messages with the token ids saved from their ``done`` event."""
-    out: list[dict] = [{"role": "system", "content": system_prompt}] if system_prompt.strip() else []
-    for m in path:
-        if m.role == "system":
-            continue
-        ids = [int(t) for t in m.token_ids] if (m.role == "assistant" and m.token_ids is not None) else None
-        out.append({"role": m.role, "content": m.content, "token_ids": ids})
-    return out
+    return [m.to_dict() for m in conversation_messages(system_prompt, path)]
 
 
 def reply_status_line(stats: dict, saved: bool = False) -> str:

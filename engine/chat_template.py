@@ -46,6 +46,22 @@ class ChatMessage:
     token_ids: Sequence[int] | None = None
 
 
+    def to_dict(self) -> dict:
+        """The form the engine process receives (``engine.worker``)."""
+        ids = [int(t) for t in self.token_ids] if self.token_ids is not None else None
+        return {"role": self.role, "content": self.content, "token_ids": ids}
+
+
+def conversation_messages(system_prompt: str, path) -> list[ChatMessage]:
+    """The engine's view of a conversation path (records with role, content, token_ids,
+    such as ``storage.chats.Message``): the system prompt first when it is not blank, then
+    the user and assistant messages, assistant ones with the ids that were generated."""
+    out = [ChatMessage("system", system_prompt)] if system_prompt.strip() else []
+    out += [ChatMessage(m.role, m.content, m.token_ids if m.role == "assistant" else None)
+            for m in path if m.role in ("user", "assistant")]
+    return out
+
+
 Tokenize = Callable[[str, bool], list[int]]  # (text, parse_special) -> ids, no BOS
 
 
