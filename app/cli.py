@@ -302,9 +302,7 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
             saver.finish("".join(parts), "stopped")
         raise
     except ContextOverflowError as exc:
-        raise ValueError(
-            f"This conversation is {exc.prompt_tokens:,} tokens long but the context window is {exc.n_ctx:,}; "
-            "pass a larger --ctx-size, or start a new conversation.") from exc
+        raise _overflow_error(exc.prompt_tokens, exc.n_ctx) from exc
     status = "stopped" if result.stats.finish_reason == "cancelled" else "complete"
     msg_id = saver.finish(result.text, status, token_ids=result.token_ids, stats=result.stats.to_dict())
     if use_cache:  # after the reply is safe: storing the KV is an optimisation
@@ -324,6 +322,23 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
               f"in {s.restore_ms:.0f} ms · prefilled {s.prefilled_tokens} in {s.prefill_ms / 1000:.2f} s · "
               f"TTFT {s.ttft_ms:.0f} ms · {s.decode_tokens_per_s:.1f} tok/s]", file=sys.stderr)
     return 0
+
+
+def _overflow_error(prompt_tokens: int, n_ctx: int) -> ValueError:
+    return ValueError(
+        f"This conversation is {prompt_tokens:,} tokens long but the context window is {n_ctx:,}; "
+        "pass a larger --ctx-size, or start a new conversation.")
+
+
+def _check_fits(engine, conversation, path, text: str) -> None:
+    """Refuse a message that would not fit the context window before it is stored, so a
+    failed turn leaves no unanswered message on the branch."""
+    from engine.chat_template import ChatMessage, conversation_messages
+
+    messages = conversation_messages(conversation.system_prompt, path) + [ChatMessage("user", text)]
+    n = len(engine.prompt_tokens(messages))
+    if n + 1 > engine.llama.n_ctx():
+        raise _overflow_error(n, engine.llama.n_ctx())
 
 
 def _public_stats(stats) -> dict:
@@ -367,6 +382,7 @@ def cmd_chat(args) -> int:
     if args.system is not None and args.system != conversation.system_prompt:
         chats.set_system_prompt(conversation.id, args.system)
         conversation = chats.get_conversation(conversation.id)
+    _check_fits(engine, conversation, chats.path_to(parent_id) if parent_id else [], args.text)
     user = chats.add_message(conversation.id, parent_id, "user", args.text)
     return _reply(args, engine, chats, conversation, user.id, _model_label(args))
 

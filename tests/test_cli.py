@@ -155,3 +155,12 @@ def test_parent_must_be_an_assistant_reply(convo):
 def test_usage_errors_are_one_line(tmp_path):
     r = bw(tmp_path, "chat", "--kv-type", "q4_0", "hi", check=False)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "q4_0" in r.stderr
+
+
+def test_a_message_that_does_not_fit_is_not_stored(tmp_path):
+    first = chat_json(tmp_path, "hi")
+    r = bw(tmp_path, "chat", "--conversation", first["conversation_id"], "--ctx-size", "256",
+           "word " * 400, check=False)
+    assert r.returncode == 1 and "--ctx-size" in r.stderr
+    shown = json.loads(bw(tmp_path, "conversations", "show", first["conversation_id"], "--json").stdout)
+    assert len(shown["messages"]) == 2  # the oversized message left no trace
