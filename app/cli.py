@@ -183,9 +183,10 @@ def _no_display() -> bool:
 
 
 def _setup_logging(args) -> None:
-    level = os.environ.get("BRANCHWISE_LOG", "WARNING").upper()
-    logging.basicConfig(level=getattr(logging, level, logging.WARNING), stream=sys.stderr,
-                        format="%(levelname)s %(name)s: %(message)s")
+    level = getattr(logging, os.environ.get("BRANCHWISE_LOG", "WARNING").upper(), logging.WARNING)
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:  # the window logs INFO to its file, not here
+        handler.setLevel(level)
 
 
 # -- shared helpers ----------------------------------------------------------------------
