@@ -515,17 +515,6 @@ class PrefixStore:
                    block_size=self.block_size, models=models)
         return out
 
-    def all_tokens_bytes(self) -> int:
-        """Payload bytes of every block (what the budget limits)."""
-        with self._guard():
-            return self._total_bytes()
-
-    def keys_of(self, fingerprint: bytes) -> list[bytes]:
-        """Every block key stored under a fingerprint (for tests and tools)."""
-        with self._guard():
-            return [r[0] for r in self._db.execute(
-                "SELECT key FROM blocks WHERE fingerprint=?", (fingerprint,))]
-
     # -- helpers ---------------------------------------------------------------------
 
     def _present(self, keys: Sequence[bytes]) -> set[bytes]:
