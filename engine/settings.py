@@ -6,6 +6,7 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 
 KV_TYPES = {"f16": 1, "q8_0": 8}  # ggml type ids (ggml/include/ggml.h: GGML_TYPE_F16, GGML_TYPE_Q8_0)
+REPACK_CHOICES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,9 @@ class EngineSettings:
         same bit for bit however the tokens were batched (measured: tests/test_engine.py).
         A q8_0 V cache needs it, so ``for_kv_type("q8_0")`` turns it on.
     n_batch: prefill batch (tokens per llama_decode call; progress is reported per batch).
+    repack: llama.cpp's CPU weight repacking ("extra buffer types", llama_model_params.
+        use_extra_bufts): "on", "off", or "auto" (decided per machine by engine/cpu.py;
+        the environment variable BRANCHWISE_REPACK overrides it, for bug reports).
     """
 
     n_ctx: int = 8192
@@ -28,6 +32,7 @@ class EngineSettings:
     type_v: str = "f16"
     flash_attn: bool = False
     n_batch: int = 512
+    repack: str = "auto"
 
     def __post_init__(self):
         for name in ("type_k", "type_v"):
@@ -35,6 +40,8 @@ class EngineSettings:
                 raise ValueError(f"{name} must be one of {', '.join(KV_TYPES)}")
         if self.type_v != "f16" and not self.flash_attn:
             raise ValueError("a quantized V cache (type_v=q8_0) needs flash attention")
+        if self.repack not in REPACK_CHOICES:
+            raise ValueError(f"repack must be one of {', '.join(REPACK_CHOICES)}")
         if self.n_ctx < 256:
             raise ValueError("n_ctx must be at least 256 tokens")
 
