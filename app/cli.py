@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--cache-budget", type=_size, default=None,
                         help="most bytes the prefix store keeps, e.g. 2G (env BRANCHWISE_CACHE_BUDGET)")
     engine.add_argument("--no-cache", action="store_true", help="neither read nor write the prefix store")
+    engine.add_argument("--repack", choices=["auto", "on", "off"], default="auto",
+                        help="llama.cpp's CPU weight repacking: auto (off when llama.cpp has AMX kernels, "
+                             "which crash on some CPUs), on or off (env BRANCHWISE_REPACK overrides)")
     engine.add_argument("--max-tokens", type=_positive, help="most tokens in the reply")
     engine.add_argument("--temperature", type=float, help="0 is deterministic")
     engine.add_argument("--seed", type=int, help="sampling seed")
@@ -90,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", dest="gui_data_dir", help=argparse.SUPPRESS)
     p.add_argument("--model", dest="gui_model", metavar="PATH", help="open the window on this GGUF model")
     p.add_argument("--self-test", action="store_true", help="run one turn and one resume on the bundled model, then exit")
+    p.add_argument("--version", action="store_true",
+                   help="print the versions, llama.cpp's CPU features and the weight-repacking decision")
     p.add_argument("--screenshot", metavar="PNG", help="open the window offscreen, save a screenshot, exit")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
@@ -99,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--system", help="system prompt (for a new conversation, or to change it)")
     chat.add_argument("text", help="the message")
 
-    regen = sub.add_parser("regenerate", parents=[common, engine], help="a new sibling reply for an assistant message")
+    regen = sub.add_parser("regenerate", parents=[common, engine],
+                           help="a new sibling reply for an assistant message, or a reply to an unanswered "
+                                "message of yours")
     regen.add_argument("message_id", type=int)
 
     conv = sub.add_parser("conversations", help="list, show or export conversations")
@@ -123,20 +130,44 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true")
     bench.add_argument("--model", help="a GGUF model (default: the embedded one)")
     bench.add_argument("--quick", action="store_true", help="smaller workload (for a smoke test)")
+    bench.add_argument("--cpu", action="store_true",
+                       help="only measure prefill speed with llama.cpp's weight repacking on and off")
     sub.add_parser("gui", parents=[common], help="open the window (the default)")
     return p
 
 
+ENGINE_COMMANDS = ("chat", "regenerate", "bench")
+"""Commands that load llama.cpp: they run in a supervised child (app/supervisor.py)."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     _setup_logging(args)
+    from app import supervisor
+    from storage.errors import StorageError
+
+    crash_log = None
+    if args.self_test or args.command in ENGINE_COMMANDS:
+        # Decided before anything heavy is imported: the parent only waits (app/supervisor.py).
+        try:
+            data_dir = _data_dir(args)
+        except StorageError as exc:
+            print(f"branchwise: {exc}", file=sys.stderr)
+            return EXIT_ERROR
+        if not supervisor.in_child():
+            return supervisor.run_supervised(argv, data_dir, getattr(args, "repack", "auto"))
+        crash_log = supervisor.enable_crash_log(data_dir)
+        supervisor.exit_with_parent()
+
     import sqlite3
 
     from engine.errors import EngineError
-    from storage.errors import StorageError
     from storage.prefix_store import StoreError
 
     try:
+        if args.version:
+            return _print_version(args)
         if args.self_test:
             from app.self_test import run_self_test
 
@@ -153,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
                 return EXIT_ERROR
             data_dir = getattr(args, "data_dir", None) or args.gui_data_dir
             return run(data_dir, args.gui_model, screenshot=args.screenshot)
+        if args.command == "bench" and args.cpu:
+            from app.bench_cpu import run_cpu_bench
+
+            return run_cpu_bench(as_json=args.json)
         if args.command == "bench":
             from app.bench import run_bench
 
@@ -175,6 +210,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return EXIT_ERROR
+    finally:
+        if crash_log is not None:
+            import faulthandler
+
+            faulthandler.disable()
+            crash_log.close()
 
 
 def _no_display() -> bool:
@@ -187,6 +228,26 @@ def _setup_logging(args) -> None:
     logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:  # the window logs INFO to its file, not here
         handler.setLevel(level)
+
+
+def _print_version(args) -> int:
+    """What a bug report needs: versions, llama.cpp's system info, the repacking decision."""
+    from engine import cpu
+
+    versions = cpu.build_versions()
+    info = cpu.system_info()
+    data_dir = _data_dir(args)
+    try:
+        decision = cpu.decide_repack("auto", os.environ.get(cpu.ENV_VAR), info, cpu.CrashVerdict.applies(data_dir))
+    except ValueError as exc:
+        print(f"branchwise: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    for name, value in versions.items():
+        print(f"{name:<18}{value}")
+    print(f"{'llama.cpp system':<18}{info}")
+    print(f"{'weight repacking':<18}{'on' if decision.repack else 'off'} ({decision.source}: {decision.reason})")
+    print(f"{'data folder':<18}{data_dir}")
+    return 0
 
 
 # -- shared helpers ----------------------------------------------------------------------
@@ -218,11 +279,12 @@ def _open_store(args):
 
 def _open_engine(args):
     from engine.core import Engine
+    from engine.cpu import CrashVerdict
     from engine.model_file import default_model_path
     from engine.settings import EngineSettings
 
     settings = EngineSettings.for_kv_type(args.kv_type, n_ctx=args.ctx_size, n_threads=args.threads,
-                                          flash_attn=args.flash_attn)
+                                          flash_attn=args.flash_attn, repack=args.repack)
     store = None
     if not args.no_cache:
         from storage.prefix_store import StoreError
@@ -231,7 +293,8 @@ def _open_engine(args):
             store = _open_store(args)
         except StoreError as exc:
             print(f"branchwise: running without the KV cache: {exc}", file=sys.stderr)
-    return Engine(args.model or default_model_path(), settings, store)
+    return Engine(args.model or default_model_path(), settings, store,
+                  crash_verdict=CrashVerdict.applies(_data_dir(args)))
 
 
 def _sampling(args, conversation):
@@ -391,10 +454,15 @@ def cmd_chat(args) -> int:
 def cmd_regenerate(args) -> int:
     chats = _open_chats(args)
     msg = chats.get_message(args.message_id)
-    if msg.role != "assistant" or msg.parent_id is None:
-        raise ValueError(f"Message {msg.id} is a {msg.role} message; regenerate takes an assistant reply.")
+    if msg.role == "user" and not chats.children(msg.id, msg.conversation_id):
+        parent_id = msg.id  # an unanswered message of the user's (a crash, Ctrl+C): answer it in place
+    elif msg.role != "assistant" or msg.parent_id is None:
+        raise ValueError(f"Message {msg.id} is a {msg.role} message that already has a reply; regenerate takes "
+                         "an assistant reply, or a message of yours that has none.")
+    else:
+        parent_id = msg.parent_id
     conversation = chats.get_conversation(msg.conversation_id)
-    return _reply(args, _open_engine(args), chats, conversation, msg.parent_id, _model_label(args))
+    return _reply(args, _open_engine(args), chats, conversation, parent_id, _model_label(args))
 
 
 def cmd_conversations(args) -> int:

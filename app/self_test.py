@@ -19,6 +19,11 @@ def run_self_test() -> int:
     from engine.settings import EngineSettings, SamplingParams
     from storage.prefix_store import PrefixStore
 
+    from engine import cpu
+
+    for name, value in cpu.build_versions().items():
+        print(f"{name:<17}{value}")
+    print(f"{'llama.cpp system':<17}{cpu.system_info()}")
     sp = SamplingParams(temperature=0, max_tokens=16)
     question = "Name three colours of the rainbow. " * 8
     with tempfile.TemporaryDirectory(prefix="branchwise-selftest-") as tmp:
@@ -39,6 +44,7 @@ def run_self_test() -> int:
         store.close()
     ok = resumed.stats.restored_tokens > 0 and resumed.token_ids == cold.token_ids and first.token_ids
     print(f"model            {model.name} (loaded in {load_s:.2f} s)")
+    print(f"weight repacking {engine.model.facts.repack}")
     print(f"first turn       {first.stats.prompt_tokens} prompt tokens, TTFT {first.stats.ttft_ms:.0f} ms, "
           f"reply {first.text.strip()[:60]!r}")
     print(f"resume           restored {resumed.stats.restored_tokens} of {resumed.stats.prompt_tokens} tokens "

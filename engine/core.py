@@ -37,7 +37,7 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from engine import kv_codec
+from engine import cpu, kv_codec
 from engine.chat_template import ChatMessage
 from engine.errors import ContextOverflowError, EngineError
 from engine.fingerprint import cached_file_digest, fingerprint
@@ -124,6 +124,7 @@ class Engine:
         settings: context and KV settings.
         store: the prefix store, or None to run without one.
         progress: ``progress(done_bytes, total_bytes)`` while the model file is hashed.
+        crash_verdict: keep weight repacking off (see engine/model.py ``LoadedModel``).
 
     Raises:
         ModelLoadError: the model cannot be loaded (the message says why, in words).
@@ -135,10 +136,11 @@ class Engine:
         settings: EngineSettings | None = None,
         store: PrefixStore | None = None,
         progress: Callable[[int, int], None] | None = None,
+        crash_verdict: bool = False,
     ):
         self.settings = settings or EngineSettings()
         _keep_large_allocations_mapped()
-        self.model = LoadedModel(model_path, self.settings)
+        self.model = LoadedModel(model_path, self.settings, crash_verdict=crash_verdict)
         self.llama = self.model.llama
         self.store = store if self.model.cache_supported else None
         self.fingerprint = b""
@@ -331,6 +333,7 @@ class Engine:
 
     def _decode(self, sp: SamplingParams, stats: GenerationStats, t0: float, on_token, cancel) -> tuple[str, list[int]]:
         llama = self.llama
+        cpu.debug_crash("before-first-token")
         llama.set_seed(sp.seed if sp.seed is not None else random.getrandbits(31))
         sampler = llama._init_sampler(
             top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p, temp=sp.temperature,

@@ -5,11 +5,13 @@ from __future__ import annotations
 import collections
 import ctypes
 import logging
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import llama_cpp
 
+from engine import cpu
 from engine.chat_template import PromptBuilder
 from engine.errors import ModelLoadError
 from engine.model_file import check_gguf
@@ -55,6 +57,7 @@ class ModelFacts:
     chat_template: bool  # True when the GGUF carries one
     kv_bytes_per_token: int
     cache_policy: str  # "full", or why the prefix store is off for this model
+    repack: str = ""  # whether weights were repacked for this CPU, and why (engine/cpu.py)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -63,27 +66,37 @@ class ModelFacts:
 class LoadedModel:
     """A model plus one llama.cpp context (one sequence, id 0).
 
+    Args:
+        crash_verdict: an engine crashed on this machine while repacking weights
+            (engine/cpu.py ``CrashVerdict``); with ``settings.repack == "auto"`` it keeps
+            repacking off.
+
     Raises:
         ModelLoadError: the file is not a loadable GGUF, or llama.cpp refused it.
+        ValueError: ``BRANCHWISE_REPACK`` holds something other than on/off/auto.
     """
 
-    def __init__(self, path: str | Path, settings: EngineSettings):
+    def __init__(self, path: str | Path, settings: EngineSettings, crash_verdict: bool = False):
         p = check_gguf(path)
         _recent_log.clear()
+        self.repack = cpu.decide_repack(settings.repack, os.environ.get(cpu.ENV_VAR), cpu.system_info(),
+                                        crash_verdict)
+        log.info("weight repacking %s: %s", "on" if self.repack.repack else "off", self.repack.reason)
         try:
-            self.llama = llama_cpp.Llama(
-                str(p),
-                n_ctx=settings.n_ctx,
-                n_batch=settings.n_batch,
-                n_ubatch=settings.n_batch,
-                n_threads=settings.threads,
-                n_threads_batch=settings.threads,
-                flash_attn=settings.flash_attn,
-                type_k=KV_TYPES[settings.type_k],
-                type_v=KV_TYPES[settings.type_v],
-                n_gpu_layers=-1,  # Metal on macOS; a no-op on CPU builds
-                verbose=False,
-            )
+            with cpu.model_params_with_repack(self.repack.repack):
+                self.llama = llama_cpp.Llama(
+                    str(p),
+                    n_ctx=settings.n_ctx,
+                    n_batch=settings.n_batch,
+                    n_ubatch=settings.n_batch,
+                    n_threads=settings.threads,
+                    n_threads_batch=settings.threads,
+                    flash_attn=settings.flash_attn,
+                    type_k=KV_TYPES[settings.type_k],
+                    type_v=KV_TYPES[settings.type_v],
+                    n_gpu_layers=-1,  # Metal on macOS; a no-op on CPU builds
+                    verbose=False,
+                )
         except (ValueError, RuntimeError, OSError) as exc:
             detail = next(
                 (line for line in reversed(_recent_log) if "error" in line.lower() or "failed" in line.lower()),
@@ -124,6 +137,7 @@ class LoadedModel:
             chat_template=bool(self.template_text),
             kv_bytes_per_token=0,
             cache_policy=self.cache_policy,
+            repack=("on" if self.repack.repack else "off") + f" ({self.repack.reason})",
         )
 
         self._warm_up()

@@ -29,6 +29,7 @@ Events (``event``)::
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import multiprocessing as mp
 import queue
@@ -130,6 +131,9 @@ def _child_main(conn, data_dir: str, log_file: str) -> None:
             filename=log_file, level=logging.INFO,
             format="%(asctime)s engine[%(process)d] %(levelname)s %(name)s: %(message)s",
         )
+        # A crash in llama.cpp (a signal) leaves every thread's stack in the same log.
+        crash_log = open(log_file, "a", encoding="utf-8")  # noqa: SIM115  (open for the process's life)
+        faulthandler.enable(file=crash_log, all_threads=True)
     _Server(conn, Path(data_dir)).run()
 
 
@@ -183,6 +187,7 @@ class _Server:
 
     def op_load(self, msg: dict) -> None:
         from engine.core import Engine
+        from engine.cpu import CrashVerdict
         from engine.errors import EngineError
         from engine.settings import EngineSettings
         from storage.paths import KVCACHE_DB
@@ -204,6 +209,7 @@ class _Server:
             self.engine = Engine(
                 msg["path"], settings, self.store,
                 progress=lambda d, t: self.send({"event": "load_progress", "done": d, "total": t}),
+                crash_verdict=CrashVerdict.applies(self.data_dir),
             )
         except (EngineError, ValueError, OSError) as exc:
             self.send({"event": "load_failed", "message": str(exc)})

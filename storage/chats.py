@@ -317,6 +317,17 @@ class ChatStore:
             cur = conn.execute("UPDATE messages SET status = 'stopped' WHERE status = 'streaming'")
             return cur.rowcount
 
+    def newest_unanswered_user_message(self, since: float) -> int | None:
+        """The id of the newest user message created at or after ``since`` (Unix seconds)
+        that has no reply, or None. Used to tell the user which message a crashed command
+        kept."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT m.id FROM messages m WHERE m.role = 'user' AND m.created_at >= ? "
+                "AND NOT EXISTS (SELECT 1 FROM messages c WHERE c.parent_id = m.id) "
+                "ORDER BY m.created_at DESC, m.id DESC LIMIT 1", (since,)).fetchone()
+        return row[0] if row else None
+
     def get_message(self, message_id: int) -> Message:
         """Return the message. Raises NotFoundError if there is none with that id."""
         with self._lock:

@@ -1,0 +1,193 @@
+"""Run the CLI's engine commands in a child process, so a native crash becomes words.
+
+llama.cpp can die by a signal (a segmentation fault in a CPU kernel, an abort on a
+failed assertion); Python cannot catch that in the process it happens in. So
+``branchwise chat`` (and ``regenerate``, ``bench``, ``serve``, ``--self-test``) re-runs
+itself as a child with the same arguments and the same terminal, and this parent only
+waits. When the child dies by a signal the parent prints one line that says what
+happened, where the stack at the crash is (``faulthandler`` in the child writes every
+thread's Python stack to ``<data dir>/logs/cli.log``), which message was kept and what to do, remembers the crash
+for this machine when weight repacking was on (engine/cpu.py), and exits 70.
+
+Cost: one more interpreter start before the model loads, about 0.1 s (measured with
+``python -m app.supervisor --measure``... see README, "CPU support").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CHILD_ENV = "BRANCHWISE_SUPERVISED"
+"""Set in the child's environment: the child runs the command itself."""
+from engine.cpu import CRASH_ENV  # noqa: E402  (a debug switch that makes the engine crash)
+EXIT_CRASHED = 70  # EX_SOFTWARE (sysexits.h): an internal software error
+LOG_NAME = "cli.log"
+
+# Windows reports a crash as an NTSTATUS exit code.
+_WINDOWS_CRASHES = {
+    0xC0000005: "an access violation",
+    0xC000001D: "an illegal instruction",
+    0xC0000409: "a stack buffer overrun",
+    0xC00000FD: "a stack overflow",
+}
+
+
+def in_child() -> bool:
+    """True in the child process that actually runs the command."""
+    return bool(os.environ.get(CHILD_ENV))
+
+
+def crash_description(returncode: int) -> str | None:
+    """Words for an exit code that means the process crashed, or None if it exited normally.
+
+    POSIX: a negative return code is the signal number (subprocess convention).
+    Windows: an NTSTATUS code such as 0xC0000005 (access violation).
+    """
+    if returncode < 0:
+        try:
+            sig = signal.Signals(-returncode)
+        except ValueError:
+            return f"signal {-returncode}"
+        return {
+            signal.SIGSEGV: "a segmentation fault (SIGSEGV)",
+            signal.SIGBUS: "a bus error (SIGBUS)",
+            signal.SIGILL: "an illegal instruction (SIGILL)",
+            signal.SIGABRT: "an abort (SIGABRT)",
+            signal.SIGFPE: "a floating-point exception (SIGFPE)",
+        }.get(sig, f"{sig.name}")
+    code = returncode & 0xFFFFFFFF
+    if code in _WINDOWS_CRASHES:
+        return f"{_WINDOWS_CRASHES[code]} (0x{code:08X})"
+    return None
+
+
+def child_command(argv: list[str]) -> list[str]:
+    """The command line that re-runs ``branchwise`` with ``argv`` in a child."""
+    if getattr(sys, "frozen", False):  # PyInstaller: the executable is branchwise itself
+        return [sys.executable, *argv]
+    return [sys.executable, "-m", "app.cli", *argv]
+
+
+def run_supervised(argv: list[str], data_dir: Path, repack_setting: str) -> int:
+    """Run ``branchwise argv`` in a child process and return its exit code.
+
+    Args:
+        argv: the arguments as given (without the program name).
+        data_dir: the data folder the command uses (for the log and the crash verdict).
+        repack_setting: the ``--repack`` value, to tell whether repacking was on.
+
+    Returns:
+        The child's exit code, or 70 after a crash (with one line on stderr).
+    """
+    env = dict(os.environ, **{CHILD_ENV: "1"})
+    started = time.time()
+    # Ctrl+C reaches the child (same process group); the parent only waits for it.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    proc = subprocess.Popen(child_command(argv), env=env)
+
+    def forward(signum, _frame):  # `kill PID` of branchwise ends the child the same way
+        with contextlib.suppress(OSError):
+            proc.send_signal(signum)
+
+    previous_term = signal.signal(signal.SIGTERM, forward)
+    try:
+        returncode = proc.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, previous_term)
+    what = crash_description(returncode)
+    if what is None:
+        return returncode
+    print(crash_message(what, data_dir, repack_setting, started), file=sys.stderr)
+    return EXIT_CRASHED
+
+
+def crash_message(what: str, data_dir: Path, repack_setting: str, started: float) -> str:
+    """The one line printed after a crash (and the verdict recorded, when it applies)."""
+    log_path = Path(data_dir) / "logs" / LOG_NAME
+    parts = [f"branchwise: the engine crashed inside llama.cpp with {what}."]
+    kept = _unanswered_message(data_dir, started)
+    if kept is not None:
+        parts.append(f"Your message was saved (message {kept}); answer it with 'branchwise regenerate {kept}'.")
+    if os.environ.get(CRASH_ENV):
+        parts.append(f"(The crash was forced by {CRASH_ENV}.)")
+    elif _repack_was_on(data_dir, repack_setting):
+        from engine.cpu import CrashVerdict
+
+        CrashVerdict.record(data_dir, what)
+        parts.append("Weight repacking was on; it is now off on this machine, so the next command should work "
+                     "(BRANCHWISE_REPACK=on brings it back).")
+    else:
+        parts.append("Try a smaller --ctx-size or --threads 1, or another model file.")
+    parts.append(f"The stack at the crash is in {log_path}; please attach it and the output of "
+                 "'branchwise --version' to a bug report.")
+    return " ".join(parts)
+
+
+def _repack_was_on(data_dir: Path, repack_setting: str) -> bool:
+    from engine.cpu import ENV_VAR, CrashVerdict, decide_repack, system_info
+
+    with contextlib.suppress(ValueError):
+        return decide_repack(repack_setting, os.environ.get(ENV_VAR), system_info(),
+                             CrashVerdict.applies(data_dir)).repack
+    return False
+
+
+def _unanswered_message(data_dir: Path, since: float) -> int | None:
+    """The id of the user message the crashed command saved and left unanswered, if any."""
+    from storage.paths import CHATS_DB
+
+    path = Path(data_dir) / CHATS_DB
+    if not path.exists():
+        return None
+    from storage.chats import ChatStore
+
+    with contextlib.suppress(Exception), ChatStore(path) as chats:
+        return chats.newest_unanswered_user_message(since)
+    return None
+
+
+def exit_with_parent() -> None:
+    """In the child: die with the parent, so killing ``branchwise`` ends the generation
+    (Linux: ``PR_SET_PDEATHSIG``; other POSIX systems: a thread that watches the parent)."""
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            pr_set_pdeathsig = 1  # linux/prctl.h
+            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent or parent == 1:
+        os._exit(EXIT_CRASHED)
+    if sys.platform.startswith("linux") or os.name != "posix":
+        return
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(EXIT_CRASHED)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+
+
+def enable_crash_log(data_dir: Path):
+    """In the child: write Python's and the native stack of every thread to ``logs/cli.log``
+    when the process dies by a signal (``faulthandler``). Returns the open file (keep it)."""
+    import faulthandler
+
+    logs = Path(data_dir) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    fd = os.open(logs / LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    f = os.fdopen(fd, "a", encoding="utf-8")
+    f.write(f"--- branchwise {' '.join(sys.argv[1:2])} pid {os.getpid()} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    f.flush()
+    faulthandler.enable(file=f, all_threads=True)
+    return f
+

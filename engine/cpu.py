@@ -1,0 +1,249 @@
+"""What this CPU and this llama.cpp build can do, and whether to repack weights.
+
+llama.cpp's CPU backend can move a model's weights into "extra buffer types" at load
+(``llama_model_params.use_extra_bufts``, ggml/src/ggml-cpu/ggml-cpu.cpp
+``ggml_backend_cpu_get_extra_buffer_types``): the AMX buffer when the build has AMX
+kernels (``__AMX_INT8__``), KleidiAI on ARM, and the generic repack of Q4_0/IQ4_NL/Q8_0
+into interleaved rows for AVX2 and NEON. On CPUs that report AMX (Intel Sapphire Rapids
+and newer, common on cloud VMs) the AMX kernel faults on some machines: a general
+protection fault at ``ldtilecfg`` in ``ggml_backend_amx_mul_mat`` (llama.cpp issue #20824
+and PR #26954: tile permission is per thread, and a tile config the compiler optimised
+away; ollama #17205 on AWS m7i, #17249 on GCP C4). A plain ``llama_cpp.Llama`` on the
+default model crashes the same way there, and loading with ``use_extra_bufts = False``
+avoids it.
+
+The rule (:func:`decide_repack`), in order:
+
+1. ``BRANCHWISE_REPACK=on|off`` in the environment (for bug reports);
+2. the user's setting, "on" or "off";
+3. a crash verdict: an engine process that died by a signal while repacking was on is
+   remembered for this machine and this llama.cpp build (``cpu-verdict.json`` in the
+   data folder; see :class:`CrashVerdict`), and repacking stays off from then on;
+4. "auto": off when llama.cpp reports AMX kernels (``AMX_INT8 = 1`` in its system info:
+   the AMX buffer type exists only then), on otherwise.
+
+The cost of "off" is measured by ``branchwise bench --repack`` (README, "CPU support").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ENV_VAR = "BRANCHWISE_REPACK"
+CRASH_ENV = "BRANCHWISE_DEBUG_CRASH"
+"""For tests of crash recovery: ``before-first-token`` makes the engine process kill itself
+with a real SIGSEGV after prefill, before the first token (as a crash in a llama.cpp kernel
+would), in the CLI and in the window's engine process alike."""
+VERDICT_FILE = "cpu-verdict.json"
+
+
+class RepackSource(StrEnum):
+    """Where a repack decision came from."""
+
+    ENV = "environment"
+    SETTING = "setting"
+    CRASH_VERDICT = "crash verdict"
+    AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class RepackDecision:
+    """Whether llama.cpp may use its extra buffer types, and why (a sentence for a person)."""
+
+    repack: bool
+    source: RepackSource
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"repack": self.repack, "source": str(self.source), "reason": self.reason}
+
+
+def decide_repack(setting: str, env: str | None, system_info: str, crash_verdict: bool) -> RepackDecision:
+    """Decide whether to load with llama.cpp's extra buffer types (weight repacking).
+
+    Args:
+        setting: the user's choice, "auto", "on" or "off".
+        env: the value of ``BRANCHWISE_REPACK`` (None or "" when unset; "auto" defers).
+        system_info: ``llama_print_system_info()`` of the loaded llama.cpp, e.g.
+            ``"CPU : SSE3 = 1 | AVX2 = 1 | AMX_INT8 = 1 | REPACK = 1 |"``.
+        crash_verdict: an engine crashed on this machine and build while repacking was on.
+
+    Raises:
+        ValueError: ``env`` or ``setting`` is not one of auto/on/off.
+    """
+    env = (env or "").strip().lower()
+    if env not in ("", "auto", "on", "off"):
+        raise ValueError(f"{ENV_VAR} must be on, off or auto, not {env!r}")
+    if env in ("on", "off"):
+        return RepackDecision(env == "on", RepackSource.ENV, f"{ENV_VAR}={env} is set")
+    if setting not in ("auto", "on", "off"):
+        raise ValueError(f"the repack setting must be auto, on or off, not {setting!r}")
+    if setting in ("on", "off"):
+        return RepackDecision(setting == "on", RepackSource.SETTING, f"the setting says {setting}")
+    if crash_verdict:
+        return RepackDecision(
+            False, RepackSource.CRASH_VERDICT,
+            "the engine crashed on this machine with weight repacking on, so it stays off")
+    if has_amx_kernels(system_info):
+        return RepackDecision(
+            False, RepackSource.AUTO,
+            "llama.cpp was built with AMX kernels, which crash on some CPUs (llama.cpp #20824); "
+            "weights are used as stored")
+    return RepackDecision(True, RepackSource.AUTO, "no AMX kernels in this llama.cpp build")
+
+
+def has_amx_kernels(system_info: str) -> bool:
+    """True when llama.cpp's system info line reports ``AMX_INT8 = 1``."""
+    return "AMX_INT8 = 1" in system_info
+
+
+# -- facts about this llama.cpp build ------------------------------------------------------
+
+
+def system_info() -> str:
+    """llama.cpp's one-line summary of the CPU features and backends it was built with."""
+    import llama_cpp
+
+    return llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
+
+
+def build_versions() -> dict[str, str]:
+    """Versions a bug report needs: Branchwise, llama-cpp-python, ggml (llama.cpp) and its commit."""
+    from importlib import metadata
+
+    import llama_cpp
+
+    def dist(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "unknown"
+
+    out = {"branchwise": dist("branchwise"), "llama-cpp-python": llama_cpp.__version__}
+    lib = llama_cpp.llama_cpp._lib
+    for key, symbol in (("ggml", "ggml_version"), ("llama.cpp commit", "ggml_commit")):
+        fn = getattr(lib, symbol, None)
+        if fn is None:
+            out[key] = "unknown"
+            continue
+        fn.restype, fn.argtypes = ctypes.c_char_p, []
+        out[key] = (fn() or b"unknown").decode("utf-8", "replace")
+    return out
+
+
+def build_id() -> str:
+    """A short id of this llama.cpp build on this CPU: a verdict is only valid for it."""
+    v = build_versions()
+    text = "|".join([v["llama-cpp-python"], v["ggml"], v["llama.cpp commit"], system_info(), _cpu_model()])
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+# -- the remembered crash verdict ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CrashVerdict:
+    """A remembered native crash of the engine while weights were repacked.
+
+    Stored as JSON in ``<data dir>/cpu-verdict.json``: ``build_id`` (:func:`build_id`),
+    ``signal`` (e.g. "SIGSEGV"), ``when`` (Unix seconds). A newer llama.cpp build or a
+    different CPU has another build id, so it is tried afresh.
+    """
+
+    build_id: str
+    signal: str
+    when: float
+
+    @staticmethod
+    def path(data_dir: Path) -> Path:
+        return Path(data_dir) / VERDICT_FILE
+
+    @classmethod
+    def load(cls, data_dir: Path) -> "CrashVerdict | None":
+        """The verdict in ``data_dir``, or None if there is none or it cannot be read."""
+        try:
+            data = json.loads(cls.path(data_dir).read_text(encoding="utf-8"))
+            return cls(str(data["build_id"]), str(data["signal"]), float(data["when"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    @classmethod
+    def applies(cls, data_dir: Path) -> bool:
+        """True when ``data_dir`` holds a verdict for this very build and CPU."""
+        verdict = cls.load(data_dir)
+        return verdict is not None and verdict.build_id == build_id()
+
+    @classmethod
+    def record(cls, data_dir: Path, signal_name: str) -> None:
+        """Remember a crash for this build (best effort: a full disk only loses the memory)."""
+        verdict = cls(build_id(), signal_name, time.time())
+        path = cls.path(data_dir)
+        try:
+            tmp = path.with_suffix(".tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(asdict(verdict), f)
+            os.replace(tmp, path)
+        except OSError:
+            log.warning("could not remember the crash verdict in %s", path, exc_info=True)
+
+
+# -- loading with or without extra buffer types -------------------------------------------
+
+_params_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def model_params_with_repack(repack: bool):
+    """Inside this block, ``llama_cpp.Llama(...)`` loads with ``use_extra_bufts = repack``.
+
+    llama-cpp-python 0.3.36 builds its ``llama_model_params`` from
+    ``llama_model_default_params()`` inside ``Llama.__init__`` and has no argument for this
+    field, so the defaults function is wrapped for the duration of the load (one load at a
+    time, under a lock).
+    """
+    import llama_cpp.llama_cpp as low
+
+    with _params_lock:
+        original = low.llama_model_default_params
+
+        def defaults():
+            params = original()
+            params.use_extra_bufts = repack
+            return params
+
+        low.llama_model_default_params = defaults
+        try:
+            yield
+        finally:
+            low.llama_model_default_params = original
+
+
+def debug_crash(point: str) -> None:
+    """Die by SIGSEGV here when ``BRANCHWISE_DEBUG_CRASH`` names ``point`` (tests only)."""
+    if os.environ.get(CRASH_ENV) == point:
+        import faulthandler
+
+        faulthandler._sigsegv()
