@@ -44,3 +44,30 @@ def test_crash_exit_codes_become_words():
     assert "abort" in crash_description(-signal.SIGABRT)
     assert "access violation" in crash_description(0xC0000005)
     assert crash_description(0) is None and crash_description(1) is None and crash_description(130) is None
+
+
+@pytest.fixture(scope="module")
+def q4_0_model(tmp_path_factory):
+    from app.bench_cpu import quantize_q4_0
+    from engine.model_file import default_model_path
+
+    return quantize_q4_0(default_model_path(), tmp_path_factory.mktemp("q4_0") / "smollm2-q4_0.gguf")
+
+
+@pytest.mark.parametrize("repack", ["on", "off"])
+def test_the_decision_reaches_llama_cpp(q4_0_model, repack, monkeypatch):
+    """llama.cpp logs a CPU_REPACK weight buffer for a Q4_0 model only when repacking is on."""
+    import collections
+
+    from engine import model as model_module
+    from engine.settings import EngineSettings
+
+    monkeypatch.delenv("BRANCHWISE_REPACK", raising=False)
+    monkeypatch.setattr(model_module, "_recent_log", collections.deque(maxlen=5000))
+    loaded = model_module.LoadedModel(q4_0_model, EngineSettings(n_ctx=512, repack=repack))
+    try:
+        buffers = [line for line in model_module._recent_log if "model buffer size" in line]
+        assert any("CPU_REPACK" in line for line in buffers) is (repack == "on"), buffers
+        assert loaded.facts.repack.startswith(f"{repack} (the setting says {repack})")
+    finally:
+        loaded.close()
