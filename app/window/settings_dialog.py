@@ -24,8 +24,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.app_settings import AppSettings
-from app.engine_client import EngineClient
+from app.window.app_settings import AppSettings
+from app.window.engine_client import EngineClient
 from storage.chats import DEFAULT_SAMPLING, Conversation
 
 MB = 1024 * 1024

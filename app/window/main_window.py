@@ -28,16 +28,16 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app import theme
-from app.app_settings import AppSettings
-from app.banner import Banner
-from app.composer import Composer
-from app.engine_client import EngineClient
+from app.window import theme
+from app.window.app_settings import AppSettings
+from app.window.banner import Banner
+from app.window.composer import Composer
+from app.window.engine_client import EngineClient
 from engine.chat_template import conversation_messages
-from app.settings_dialog import SettingsDialog, human_bytes
-from app.sidebar import Sidebar
-from app.transcript import TranscriptView
-from app.tree_panel import TreePanel
+from app.window.settings_dialog import SettingsDialog, human_bytes
+from app.window.sidebar import Sidebar
+from app.window.transcript import TranscriptView
+from app.window.tree_panel import TreePanel
 from engine.errors import ModelLoadError
 from engine.model_file import check_gguf, default_model_path
 from storage.chats import ChatStore, Message

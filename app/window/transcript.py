@@ -23,8 +23,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.markdown_view import code_blocks, to_html
-from app.theme import LIGHT, Colors
+from app.window.markdown_view import code_blocks, to_html
+from app.window.theme import LIGHT, Colors
 from storage.chats import Message
 
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}

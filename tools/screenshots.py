@@ -1,4 +1,4 @@
-"""Screenshots of the real app: ``python -m app.screenshots OUTDIR``.
+"""Screenshots of the real app: ``python -m tools.screenshots OUTDIR``.
 
 Opens the window offscreen on a temporary data folder with the embedded default
 model, writes a conversation with a branch (real generation, temperature 0), opens
@@ -54,14 +54,14 @@ def _reply(window, send) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m app.screenshots OUTDIR", file=sys.stderr)
+        print("usage: python -m tools.screenshots OUTDIR", file=sys.stderr)
         return 2
     out = Path(args[0])
     out.mkdir(parents=True, exist_ok=True)
     app = QApplication.instance() or QApplication([])
     app.setApplicationName("Branchwise")
 
-    from app.main_window import MainWindow
+    from app.window.main_window import MainWindow
 
     with tempfile.TemporaryDirectory(prefix="branchwise-shots-") as tmp:
         data = Path(tmp)
