@@ -23,7 +23,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 from PySide6.QtCore import QTimer  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from tools.screenshots import _reply, _wait  # noqa: E402
+from tools.screenshots import send_and_wait, wait_until  # noqa: E402
 
 BEAT_MS = 5
 
@@ -41,7 +41,7 @@ def measure(max_tokens: int) -> dict:
         gaps: list[float] = []
         tokens: list[int] = []
         try:
-            _wait(lambda: w.model_state in ("ready", "failed", "dead"))
+            wait_until(lambda: w.model_state in ("ready", "failed", "dead"))
             if w.model_state != "ready":
                 raise SystemExit(f"the model did not load: {w.banner.text}")
             conv = w.store.create_conversation(sampling={"temperature": 0.0, "max_tokens": max_tokens, "seed": 1})
@@ -58,7 +58,7 @@ def measure(max_tokens: int) -> dict:
             w.client.token.connect(lambda _rid, _text: tokens.append(1))
             t0 = time.perf_counter()
             timer.start()
-            _reply(w, lambda: w.send_message(
+            send_and_wait(w, lambda: w.send_message(
                 "Write a long, detailed essay with headings, lists and a Python code example "
                 "about how lighthouses work."))
             timer.stop()

@@ -1,10 +1,12 @@
 """The window's handle on the engine child process, as Qt signals.
 
-``engine.worker.EngineProcess`` speaks plain dicts over a pipe. Here a reader
-thread waits on that pipe (so the UI thread never does) and hands every event
-to the UI thread through one queued signal; ``_dispatch`` then re-emits it as a
-typed signal. When the pipe reports end-of-file the child has died, and
-``died`` fires with a sentence for the window.
+``engine.worker.EngineProcess`` speaks the typed requests and events of
+``engine/events.py`` over a pipe. Here a reader thread waits on that pipe (so the UI
+thread never does) and hands every event to the UI thread through one queued signal.
+Each request that expects an answer returns a ``PendingRequest``: a handle whose
+signals fire on the UI thread when its events arrive, so no caller keeps request ids.
+When the pipe reports end-of-file the child has died, and ``died`` fires with an
+``EngineExit`` that says how (``app/window/crash.py`` turns it into words).
 """
 
 from __future__ import annotations
@@ -16,11 +18,64 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Qt, Signal, Slot
 
+from engine import events as ev
+from engine.chat_template import ChatMessage
 from engine.worker import EngineProcess
 
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 5.0
+
+
+class PendingRequest(QObject):
+    """One request in flight. Signals (UI thread): ``token(text)``, ``progress(phase, done,
+    total)`` for a reply; ``done(event)`` with the answering event (DoneEvent, CountEvent,
+    CoverageEvent, CacheEvent); ``snapshot(SnapshotEvent)`` after a reply's KV was stored;
+    ``failed(ErrorEvent)``. ``finished`` is True once nothing more will arrive."""
+
+    token = Signal(str)
+    progress = Signal(str, int, int)
+    done = Signal(object)
+    snapshot = Signal(object)
+    failed = Signal(object)
+
+    def __init__(self, rid: int, is_reply: bool = False, expects_snapshot: bool = False,
+                 parent: QObject | None = None):
+        super().__init__(parent)
+        self.id = rid
+        self.is_reply = is_reply
+        self.expects_snapshot = expects_snapshot
+        self.finished = False
+
+    def _deliver(self, event) -> bool:
+        """Emit ``event``; return True when this request has received its last event."""
+        if isinstance(event, ev.TokenEvent):
+            self.token.emit(event.text)
+            return False
+        if isinstance(event, ev.ProgressEvent):
+            self.progress.emit(str(event.phase), event.done, event.total)
+            return False
+        if isinstance(event, ev.ErrorEvent):
+            self.finished = True
+            self.failed.emit(event)
+            return True
+        if isinstance(event, ev.SnapshotEvent):
+            self.finished = True
+            self.snapshot.emit(event)
+            return True
+        self.finished = not (isinstance(event, ev.DoneEvent) and self.expects_snapshot)
+        self.done.emit(event)
+        return self.finished
+
+
+class EngineExit:
+    """How the engine process ended: ``exitcode`` as ``multiprocessing`` reports it (negative:
+    killed by that signal on POSIX; on Windows the process's exit status, e.g. 0xC0000005)."""
+
+    def __init__(self, exitcode: int | None, during_load: bool, during_first_reply: bool):
+        self.exitcode = exitcode
+        self.during_load = during_load
+        self.during_first_reply = during_first_reply
 
 
 class EngineClient(QObject):
@@ -30,23 +85,17 @@ class EngineClient(QObject):
         load_progress(done, total): bytes of the model file hashed so far.
         loaded(facts): the model is ready; ``facts`` is a ModelFacts dict.
         load_failed(message): the model could not be loaded (a sentence).
-        progress(id, phase, done, total): restore/prefill progress in tokens.
-        token(id, text): one piece of streamed text.
-        done(event): the whole ``done`` event (text, token_ids, stats).
-        error(event): the ``error`` event (kind, message, ...).
-        event(event): every event, for the rarer ones (count, coverage, cache, snapshot).
-        died(message): the engine process ended without being asked to.
+        token(id, text): every piece of streamed text of every reply (a public hook for tools).
+        event(event): every event (engine/events.py), for tools and tests.
+        died(EngineExit): the engine process ended without being asked to.
     """
 
     load_progress = Signal(int, int)
     loaded = Signal(dict)
     load_failed = Signal(str)
-    progress = Signal(int, str, int, int)
     token = Signal(int, str)
-    done = Signal(dict)
-    error = Signal(dict)
-    event = Signal(dict)
-    died = Signal(str)
+    event = Signal(object)
+    died = Signal(object)
 
     _incoming = Signal(object)
 
@@ -59,6 +108,9 @@ class EngineClient(QObject):
         self._stopping = threading.Event()
         self._ids = itertools.count(1)
         self._dead_reported = False
+        self._pending: dict[int, PendingRequest] = {}
+        self._loading = False
+        self._replies_done = 0  # replies finished by this process (a crash before the first one is telling)
         self._incoming.connect(self._dispatch, Qt.ConnectionType.QueuedConnection)
 
     # -- lifetime ------------------------------------------------------------------------
@@ -68,6 +120,7 @@ class EngineClient(QObject):
         self.stop()
         self._stopping.clear()
         self._dead_reported = False
+        self._replies_done = 0
         self._proc = EngineProcess(self.data_dir, self.log_file)
         self._proc.start()
         proc = self._proc
@@ -83,19 +136,19 @@ class EngineClient(QObject):
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
-    def stop(self, cancel_id: int | None = None) -> None:
-        """Ask the engine to finish (cancelling ``cancel_id`` first) and wait for it to exit.
+    def stop(self, cancel: PendingRequest | None = None) -> None:
+        """Ask the engine to finish (cancelling ``cancel`` first) and wait for it to exit.
 
         Waits at most ``STOP_TIMEOUT_S`` seconds before killing the child. Events that
         arrive meanwhile are dropped: the caller has already saved what it needs.
         """
         proc, reader = self._proc, self._reader
+        self._pending.clear()
         if proc is None:
             return
         self._stopping.set()
-        for request in ([{"op": "cancel", "id": cancel_id}] if cancel_id is not None else []) + [
-            {"op": "shutdown"}
-        ]:
+        requests = ([ev.CancelRequest(cancel.id)] if cancel is not None else []) + [ev.ShutdownRequest()]
+        for request in requests:
             try:
                 proc.send(request)
             except (OSError, EOFError, ValueError, AssertionError):
@@ -111,39 +164,53 @@ class EngineClient(QObject):
 
     # -- requests ------------------------------------------------------------------------
 
-    def new_id(self) -> int:
-        return next(self._ids)
-
-    def send(self, request: dict) -> bool:
+    def _send(self, request) -> bool:
         """Send a request; returns False (and reports ``died``) if the engine is gone."""
         if self._proc is None:
-            self._report_death("The engine is not running.")
+            self._report_death()
             return False
         try:
             self._proc.send(request)
             return True
         except (OSError, EOFError, ValueError) as exc:
-            log.warning("send %s failed: %s", request.get("op"), exc)
-            self._report_death(self._death_message())
+            log.warning("send %s failed: %s", type(request).__name__, exc)
+            self._report_death()
             return False
 
+    def _track(self, make, is_reply: bool = False, expects_snapshot: bool = False) -> PendingRequest | None:
+        rid = next(self._ids)
+        handle = PendingRequest(rid, is_reply, expects_snapshot, self)
+        self._pending[rid] = handle
+        if not self._send(make(rid)):
+            self._pending.pop(rid, None)
+            return None
+        return handle
+
     def load(self, path: str, settings: dict, budget_bytes: int) -> bool:
-        return self.send({"op": "load", "path": path, "settings": settings, "budget_bytes": budget_bytes})
+        """Load a model; answered by ``loaded`` or ``load_failed`` (one load at a time)."""
+        self._loading = True
+        return self._send(ev.LoadRequest(path, settings, budget_bytes))
 
-    def generate(self, messages: list[dict], sampling: dict, use_cache: bool = True) -> int | None:
-        """Start a reply; returns its request id (None if the engine is gone)."""
-        rid = self.new_id()
-        ok = self.send({"op": "generate", "id": rid, "messages": messages,
-                        "sampling": sampling, "use_cache": use_cache})
-        return rid if ok else None
+    def generate(self, messages: list[ChatMessage], sampling: dict, use_cache: bool = True) -> PendingRequest | None:
+        """Start a reply; None if the engine is gone."""
+        return self._track(lambda rid: ev.GenerateRequest(rid, list(messages), dict(sampling), use_cache),
+                           is_reply=True, expects_snapshot=use_cache)
 
-    def cancel(self, rid: int) -> None:
-        self.send({"op": "cancel", "id": rid})
+    def cancel(self, handle: PendingRequest) -> None:
+        """Stop a reply; it still ends with ``done`` (finish_reason "cancelled")."""
+        self._send(ev.CancelRequest(handle.id))
 
-    def request(self, op: str, **fields) -> int | None:
-        """Send ``op`` (count, coverage, cache_stats, cache_clear, set_budget...); returns its id."""
-        rid = self.new_id()
-        return rid if self.send({"op": op, "id": rid, **fields}) else None
+    def count(self, messages: list[ChatMessage]) -> PendingRequest | None:
+        """How many tokens ``messages`` take as a prompt: ``done(CountEvent)``."""
+        return self._track(lambda rid: ev.CountRequest(rid, list(messages)))
+
+    def coverage(self, paths: list[list[ChatMessage]]) -> PendingRequest | None:
+        """How many tokens of each path's prompt the prefix store holds: ``done(CoverageEvent)``."""
+        return self._track(lambda rid: ev.CoverageRequest(rid, [list(p) for p in paths]))
+
+    def cache(self, action: ev.CacheAction, budget_bytes: int | None = None) -> PendingRequest | None:
+        """A prefix-store operation: ``done(CacheEvent)``."""
+        return self._track(lambda rid: ev.CacheRequest(rid, ev.CacheAction(action), budget_bytes))
 
     # -- the reader thread ---------------------------------------------------------------
 
@@ -153,52 +220,56 @@ class EngineClient(QObject):
                 event = proc.recv(timeout=0.25)
             except (EOFError, OSError, ValueError, AssertionError):
                 if not self._stopping.is_set():
-                    self._incoming.emit({"event": "_died"})
+                    self._incoming.emit(None)  # end of file: the child is gone
                 return
             if event is None:
                 continue
             if not self._stopping.is_set():
                 self._incoming.emit(event)
 
-    def _death_message(self) -> str:
-        code = self._proc.exitcode if self._proc is not None else None
-        how = f" (exit code {code})" if code not in (None, 0) else ""
-        return (f"The engine process stopped unexpectedly{how}. Your conversations are safe; "
-                "restart the engine to continue.")
-
-    def _report_death(self, message: str) -> None:
-        if not self._dead_reported:
-            self._dead_reported = True
-            self.died.emit(message)
+    def _report_death(self) -> None:
+        if self._dead_reported:
+            return
+        self._dead_reported = True
+        code = None
+        if self._proc is not None:
+            self._proc.kill()  # reap it so that no child process is left behind
+            code = self._proc.exitcode
+            self._proc.close()
+            self._proc = None
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(1)
+            self._reader = None
+        generating = any(h.is_reply for h in self._pending.values())
+        exit_info = EngineExit(code, during_load=self._loading,
+                               during_first_reply=generating and self._replies_done == 0)
+        self._pending.clear()
+        self._loading = False
+        log.warning("engine process ended, exit code %s", code)
+        self.died.emit(exit_info)
 
     @Slot(object)
-    def _dispatch(self, event: dict) -> None:
-        kind = event.get("event")
-        if kind == "_died":
-            message = self._death_message()
-            if self._proc is not None:
-                self._proc.kill()  # reap it so that no child process is left behind
-                message = self._death_message()
-                self._proc.close()
-                self._proc = None
-            if self._reader is not None:
-                self._reader.join(1)
-                self._reader = None
-            self._report_death(message)
+    def _dispatch(self, event) -> None:
+        if event is None:
+            self._report_death()
             return
-        if kind == "load_progress":
-            self.load_progress.emit(int(event["done"]), int(event["total"]))
-        elif kind == "loaded":
-            self.loaded.emit(event["facts"])
-        elif kind == "load_failed":
-            self.load_failed.emit(event["message"])
-        elif kind == "progress":
-            self.progress.emit(int(event.get("id") or 0), event["phase"], int(event["done"]),
-                               int(event["total"]))
-        elif kind == "token":
-            self.token.emit(int(event.get("id") or 0), event["text"])
-        elif kind == "done":
-            self.done.emit(event)
-        elif kind == "error":
-            self.error.emit(event)
+        if isinstance(event, ev.LoadProgressEvent):
+            self.load_progress.emit(event.done, event.total)
+        elif isinstance(event, ev.LoadedEvent):
+            self._loading = False
+            self.loaded.emit(event.facts)
+        elif isinstance(event, ev.LoadFailedEvent):
+            self._loading = False
+            self.load_failed.emit(event.message)
+        else:
+            rid = getattr(event, "id", None)
+            if isinstance(event, ev.TokenEvent):
+                self.token.emit(event.id, event.text)
+            elif isinstance(event, ev.DoneEvent):
+                self._replies_done += 1
+            handle = self._pending.get(rid) if rid is not None else None
+            if handle is not None and handle._deliver(event):
+                self._pending.pop(rid, None)
+            elif handle is None and isinstance(event, ev.ErrorEvent):
+                log.warning("engine error with no request: %s", event.message)
         self.event.emit(event)
