@@ -1,6 +1,6 @@
 """Turn a conversation into prompt token ids with the model's own chat template.
 
-Three promises (DESIGN.md, "Prompts as token ids"):
+Three promises, because the prefix store matches prompts by token ids, not by text:
 
 * **Prefix stability.** The prompt of turn k is a token-prefix of the prompt of turn k+1,
   so the KV computed for turn k is reused. The template is rendered once with a

@@ -5,7 +5,9 @@ A request (:meth:`Engine.generate`) goes:
 1. build the prompt token ids from the messages (:mod:`engine.chat_template`);
 2. find the longest prefix already computed: what the live context holds, or what the
    prefix store holds (token-granular), whichever is longer, but never the whole prompt
-   (a snapshot has no logits, so at least the last token is evaluated, DESIGN.md point 4);
+   (a stored KV state has no logits, so at least the last token must be evaluated to
+   sample the next one; in fact the last two, as a one-token batch would not give the
+   same KV bit for bit, see ``docs/architecture.md``);
 3. restore it: verify the blocks' checksums, join them into a state blob and hand it to
    ``llama_state_seq_set_data``; any failure clears the sequence and falls back to prefill;
 4. prefill the rest in batches with progress, decode with streaming;

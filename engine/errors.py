@@ -26,9 +26,8 @@ class ContextOverflowError(EngineError):
         self.n_ctx = n_ctx
         super().__init__(
             f"This conversation is {prompt_tokens:,} tokens long, but the context window holds "
-            f"{n_ctx:,}. Start a branch that drops the oldest turns, or raise the context size "
-            "in Settings."
-        )
+            f"{n_ctx:,}."
+        )  # what to do about it is the front end's to say (a CLI flag, a window's dialog)
 
 
 class EngineCrashedError(EngineError):

@@ -1,4 +1,4 @@
-"""Model fingerprints: everything that changes the bytes of the KV state (DESIGN.md point 7).
+"""Model fingerprints: everything that changes the bytes of the KV state.
 
 Two requests may share KV blocks only if their fingerprints are equal. The fingerprint
 covers the model file's content (xxh3-128 of every byte, cached by path, size and

@@ -186,8 +186,9 @@ def cache_policy(n_swa: int, recurrent: bool, hybrid: bool) -> str:
     """"full" when any stored prefix can be restored and the rest prefilled, else why not.
 
     Sliding-window attention drops KV older than the window, recurrent state cannot be
-    rewound, and hybrids have both problems (DESIGN.md point 9): restoring a prefix of
-    such a model would change the output, so the prefix store is off for them.
+    rewound, and hybrids have both problems: the KV of such a model cannot be cut back to
+    an arbitrary prefix, so restoring a stored prefix would change the output, and the
+    prefix store is off for them.
     """
     if recurrent:
         return "off: recurrent models cannot be cut back to a shorter prefix"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field, fields
 
+from storage.chat_records import DEFAULT_SAMPLING as _SAMPLING
+
 KV_TYPES = {"f16": 1, "q8_0": 8}  # ggml type ids (ggml/include/ggml.h: GGML_TYPE_F16, GGML_TYPE_Q8_0)
 REPACK_CHOICES = ("auto", "on", "off")
 
@@ -65,20 +67,21 @@ class EngineSettings:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Sampling for one reply. temperature 0 is greedy (deterministic).
+    """Sampling for one reply. temperature 0 is greedy (deterministic). The defaults are
+    ``storage.chat_records.DEFAULT_SAMPLING`` (a new conversation's settings), defined once there.
 
     max_tokens: most tokens generated (the reply also ends at end-of-turn or a full context).
     seed: the sampler's RNG seed (used when temperature > 0); None draws a new one for
         every reply, so regenerating gives a different reply.
     """
 
-    temperature: float = 0.7
-    top_p: float = 0.95
-    top_k: int = 40
-    min_p: float = 0.05
-    repeat_penalty: float = 1.1
-    seed: int | None = None
-    max_tokens: int = 1024
+    temperature: float = _SAMPLING["temperature"]
+    top_p: float = _SAMPLING["top_p"]
+    top_k: int = _SAMPLING["top_k"]
+    min_p: float = _SAMPLING["min_p"]
+    repeat_penalty: float = _SAMPLING["repeat_penalty"]
+    seed: int | None = _SAMPLING["seed"]
+    max_tokens: int = _SAMPLING["max_tokens"]
 
     def to_dict(self) -> dict:
         return asdict(self)

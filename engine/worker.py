@@ -1,30 +1,11 @@
-"""The engine process: llama.cpp runs in a child process so that an abort cannot take the
-window down with it (DESIGN.md, "The engine process").
+"""The engine process: llama.cpp runs in a child process so that a native crash or an
+abort inside llama.cpp ends only that process; the window survives, reports the crash
+and can start a new one.
 
-The UI talks to it with plain dicts over a ``multiprocessing`` pipe.
-
-Requests (``op``)::
-
-    load        path, settings (EngineSettings dict), budget_bytes
-    generate    id, messages [{role, content, token_ids?}], sampling (SamplingParams dict), use_cache
-    cancel      id
-    count       id, messages                      -> prompt length, for the overflow check
-    coverage    id, paths [[messages]]            -> stored/total prompt tokens per path
-    cache_stats id | cache_clear id | cache_verify id | set_budget bytes
-    shutdown
-
-Events (``event``)::
-
-    load_progress done, total (bytes of the model file hashed)
-    loaded        facts (ModelFacts dict)         | load_failed message
-    progress      id, phase ("restore" | "prefill"), done, total (tokens)
-    token         id, text
-    done          id, text, token_ids, stats (GenerationStats dict)
-    snapshot      id, snapshot_ms, bytes_written
-    error         id, kind ("overflow" | "template" | "engine" | "no_model"), message, [prompt_tokens, n_ctx]
-    count         id, prompt_tokens, n_ctx
-    coverage      id, results [[stored, total]]
-    cache         id, stats, [verify {checked, bad, removed}]
+The window and this process exchange the typed requests and events of
+``engine/events.py`` over a ``multiprocessing`` pipe (spawn context). Requests are
+served one at a time, in order, except ``CancelRequest``, which a reader thread applies
+at once so that a reply can be stopped while it streams.
 """
 
 from __future__ import annotations
@@ -37,6 +18,32 @@ import threading
 import traceback
 from pathlib import Path
 from typing import Any
+
+from engine.events import (
+    CacheAction,
+    CacheEvent,
+    CacheRequest,
+    CancelRequest,
+    CountEvent,
+    CountRequest,
+    CoverageEvent,
+    CoverageRequest,
+    DoneEvent,
+    ErrorEvent,
+    ErrorKind,
+    Event,
+    GenerateRequest,
+    LoadedEvent,
+    LoadFailedEvent,
+    LoadProgressEvent,
+    LoadRequest,
+    Phase,
+    ProgressEvent,
+    Request,
+    ShutdownRequest,
+    SnapshotEvent,
+    TokenEvent,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +84,12 @@ class EngineProcess:
     def exitcode(self) -> int | None:
         return self._proc.exitcode if self._proc else None
 
-    def send(self, request: dict) -> None:
+    def send(self, request: Request) -> None:
         """Send a request. Raises OSError/EOFError (BrokenPipeError) if the child is gone."""
         assert self._conn is not None
         self._conn.send(request)
 
-    def recv(self, timeout: float | None = None) -> dict | None:
+    def recv(self, timeout: float | None = None) -> Event | None:
         """The next event, or None after ``timeout`` seconds. Raises EOFError when the child died."""
         assert self._conn is not None
         if timeout is not None and not self._conn.poll(timeout):
@@ -99,7 +106,7 @@ class EngineProcess:
             return
         if self._proc.is_alive():
             try:
-                self._conn.send({"op": "shutdown"})
+                self._conn.send(ShutdownRequest())
             except (OSError, EOFError, ValueError):
                 pass
             self._proc.join(timeout)
@@ -141,13 +148,13 @@ class _Server:
     def __init__(self, conn, data_dir: Path):
         self.conn = conn
         self.data_dir = data_dir
-        self.inbox: queue.Queue[dict] = queue.Queue()
+        self.inbox: queue.Queue[Request] = queue.Queue()
         self.cancels: dict[Any, threading.Event] = {}
         self.engine = None
         self.store = None
         self._send_lock = threading.Lock()
 
-    def send(self, event: dict) -> None:
+    def send(self, event: Event) -> None:
         with self._send_lock:
             self.conn.send(event)
 
@@ -156,28 +163,29 @@ class _Server:
             try:
                 msg = self.conn.recv()
             except (EOFError, OSError):
-                self.inbox.put({"op": "shutdown"})
+                self.inbox.put(ShutdownRequest())
                 return
-            if msg.get("op") == "cancel":
-                self.cancels.setdefault(msg.get("id"), threading.Event()).set()
+            if isinstance(msg, CancelRequest):
+                self.cancels.setdefault(msg.id, threading.Event()).set()
                 continue
             self.inbox.put(msg)
-            if msg.get("op") == "shutdown":
+            if isinstance(msg, ShutdownRequest):
                 return
 
     def run(self) -> None:
         threading.Thread(target=self._reader, daemon=True, name="engine-reader").start()
+        handlers = {LoadRequest: self.op_load, GenerateRequest: self.op_generate, CountRequest: self.op_count,
+                    CoverageRequest: self.op_coverage, CacheRequest: self.op_cache}
         while True:
             msg = self.inbox.get()
-            op = msg.get("op")
-            if op == "shutdown":
+            if isinstance(msg, ShutdownRequest):
                 break
             try:
-                getattr(self, f"op_{op}")(msg)
+                handlers[type(msg)](msg)
             except Exception as exc:  # one bad request must not end the process
-                log.error("request %s failed:\n%s", op, traceback.format_exc())
-                self.send({"event": "error", "id": msg.get("id"), "kind": "engine",
-                           "message": f"The engine could not do that: {exc}"})
+                log.error("request %s failed:\n%s", type(msg).__name__, traceback.format_exc())
+                self.send(ErrorEvent(getattr(msg, "id", None), ErrorKind.ENGINE,
+                                     f"The engine could not do that: {exc}"))
         if self.engine is not None:
             self.engine.close()
         if self.store is not None:
@@ -185,121 +193,100 @@ class _Server:
 
     # -- operations ----------------------------------------------------------------------
 
-    def op_load(self, msg: dict) -> None:
+    def op_load(self, msg: LoadRequest) -> None:
         from engine.core import Engine
         from engine.cpu import CrashVerdict
         from engine.errors import EngineError
         from engine.settings import EngineSettings
+        from storage.errors import StorageError
         from storage.paths import KVCACHE_DB
-        from storage.prefix_store import DEFAULT_BUDGET_BYTES, PrefixStore, StoreError
+        from storage.prefix_store import DEFAULT_BUDGET_BYTES, PrefixStore
 
         if self.engine is not None:
             self.engine.close()
             self.engine = None
         try:
-            settings = EngineSettings.from_dict(msg.get("settings"))
+            settings = EngineSettings.from_dict(msg.settings)
             if self.store is None:
                 try:
-                    self.store = PrefixStore(self.data_dir / KVCACHE_DB,
-                                             msg.get("budget_bytes") or DEFAULT_BUDGET_BYTES)
-                except StoreError as exc:
+                    self.store = PrefixStore(self.data_dir / KVCACHE_DB, msg.budget_bytes or DEFAULT_BUDGET_BYTES)
+                except StorageError as exc:
                     log.warning("running without the prefix store: %s", exc)
-            elif msg.get("budget_bytes"):
-                self.store.budget_bytes = int(msg["budget_bytes"])
+            elif msg.budget_bytes:
+                self.store.budget_bytes = int(msg.budget_bytes)
             self.engine = Engine(
-                msg["path"], settings, self.store,
-                progress=lambda d, t: self.send({"event": "load_progress", "done": d, "total": t}),
+                msg.path, settings, self.store,
+                progress=lambda d, t: self.send(LoadProgressEvent(d, t)),
                 crash_verdict=CrashVerdict.applies(self.data_dir),
             )
         except (EngineError, ValueError, OSError) as exc:
-            self.send({"event": "load_failed", "message": str(exc)})
+            self.send(LoadFailedEvent(str(exc)))
             return
         facts = self.engine.model.facts.to_dict()
         if self.engine.layout is not None:
             facts["kv_bytes_per_token"] = self.engine.layout.bytes_per_token
-        self.send({"event": "loaded", "facts": facts})
+        self.send(LoadedEvent(facts))
 
-    def _require_engine(self, msg: dict) -> bool:
+    def _require_engine(self, msg) -> bool:
         if self.engine is None:
-            self.send({"event": "error", "id": msg.get("id"), "kind": "no_model",
-                       "message": "No model is loaded. Open a model first."})
+            self.send(ErrorEvent(msg.id, ErrorKind.NO_MODEL, "No model is loaded. Open a model first."))
             return False
         return True
 
-    def op_generate(self, msg: dict) -> None:
+    def op_generate(self, msg: GenerateRequest) -> None:
         from engine.errors import ContextOverflowError, TemplateError
         from engine.settings import SamplingParams
 
         if not self._require_engine(msg):
             return
-        rid = msg.get("id")
+        rid = msg.id
         cancel = self.cancels.setdefault(rid, threading.Event())
         try:
             result = self.engine.generate(
-                _messages(msg["messages"]),
-                SamplingParams.from_dict(msg.get("sampling")),
-                use_cache=msg.get("use_cache", True),
-                on_token=lambda text, _tok: text and self.send({"event": "token", "id": rid, "text": text}),
-                on_progress=lambda phase, done, total: self.send(
-                    {"event": "progress", "id": rid, "phase": phase, "done": done, "total": total}),
+                list(msg.messages),
+                SamplingParams.from_dict(msg.sampling),
+                use_cache=msg.use_cache,
+                on_token=lambda text, _tok: text and self.send(TokenEvent(rid, text)),
+                on_progress=lambda phase, done, total: self.send(ProgressEvent(rid, Phase(phase), done, total)),
                 cancel=cancel,
                 snapshot=False,
             )
         except ContextOverflowError as exc:
-            self.send({"event": "error", "id": rid, "kind": "overflow", "message": str(exc),
-                       "prompt_tokens": exc.prompt_tokens, "n_ctx": exc.n_ctx})
+            self.send(ErrorEvent(rid, ErrorKind.OVERFLOW, str(exc), exc.prompt_tokens, exc.n_ctx))
             return
         except TemplateError as exc:
-            self.send({"event": "error", "id": rid, "kind": "template", "message": str(exc)})
+            self.send(ErrorEvent(rid, ErrorKind.TEMPLATE, str(exc)))
             return
         finally:
             self.cancels.pop(rid, None)
-        self.send({"event": "done", "id": rid, "text": result.text, "token_ids": result.token_ids,
-                   "stats": result.stats.to_dict()})
-        if msg.get("use_cache", True):
+        self.send(DoneEvent(rid, result.text, list(result.token_ids), result.stats.to_dict()))
+        if msg.use_cache:
             self.engine.snapshot(result.stats)
-            self.send({"event": "snapshot", "id": rid, "snapshot_ms": round(result.stats.snapshot_ms, 2),
-                       "bytes_written": result.stats.snapshot_bytes_written})
+            self.send(SnapshotEvent(rid, round(result.stats.snapshot_ms, 2), result.stats.snapshot_bytes_written))
 
-    def op_count(self, msg: dict) -> None:
+    def op_count(self, msg: CountRequest) -> None:
         if not self._require_engine(msg):
             return
-        ids = self.engine.prompt_tokens(_messages(msg["messages"]))
-        self.send({"event": "count", "id": msg.get("id"), "prompt_tokens": len(ids),
-                   "n_ctx": self.engine.llama.n_ctx()})
+        ids = self.engine.prompt_tokens(list(msg.messages))
+        self.send(CountEvent(msg.id, len(ids), self.engine.llama.n_ctx()))
 
-    def op_coverage(self, msg: dict) -> None:
+    def op_coverage(self, msg: CoverageRequest) -> None:
         if not self._require_engine(msg):
             return
-        results = [list(self.engine.cached_tokens(_messages(p))) for p in msg["paths"]]
-        self.send({"event": "coverage", "id": msg.get("id"), "results": results})
+        results = [tuple(int(x) for x in self.engine.cached_tokens(list(p))) for p in msg.paths]
+        self.send(CoverageEvent(msg.id, results))
 
-    def _cache_event(self, msg: dict, **extra) -> None:
-        stats = self.store.stats() if self.store is not None else {}
-        self.send({"event": "cache", "id": msg.get("id"), "stats": stats, **extra})
-
-    def op_cache_stats(self, msg: dict) -> None:
-        self._cache_event(msg)
-
-    def op_cache_clear(self, msg: dict) -> None:
-        if self.store is not None:
-            self.store.clear()
-        if self.engine is not None:
-            self.engine.reset_context()
-        self._cache_event(msg)
-
-    def op_cache_verify(self, msg: dict) -> None:
-        report = self.store.verify() if self.store is not None else None
-        self._cache_event(msg, verify=report.__dict__ if report else None)
-
-    def op_set_budget(self, msg: dict) -> None:
-        if self.store is not None:
-            self.store.budget_bytes = int(msg["bytes"])
+    def op_cache(self, msg: CacheRequest) -> None:
+        verify = None
+        if msg.action == CacheAction.CLEAR:
+            if self.store is not None:
+                self.store.clear()
+            if self.engine is not None:
+                self.engine.reset_context()
+        elif msg.action == CacheAction.VERIFY and self.store is not None:
+            verify = self.store.verify().__dict__
+        elif msg.action == CacheAction.SET_BUDGET and self.store is not None and msg.budget_bytes:
+            self.store.budget_bytes = int(msg.budget_bytes)
             self.store.evict()
-        self._cache_event(msg)
-
-
-def _messages(raw: list[dict]):
-    from engine.chat_template import ChatMessage
-
-    return [ChatMessage(m["role"], m["content"], m.get("token_ids")) for m in raw]
+        stats = self.store.stats() if self.store is not None else {}
+        self.send(CacheEvent(msg.id, stats, verify))

@@ -2,7 +2,7 @@
 
 Block ``i`` of a token sequence covers tokens ``[i*B, (i+1)*B)`` (``B`` = block size).
 Its key is ``BLAKE2b-256(parent_key || tokens as little-endian int32)`` where the parent of
-block 0 is the fingerprint (DESIGN.md point 1), so equal keys mean the same model, the
+block 0 is the fingerprint (engine/fingerprint.py), so equal keys mean the same model, the
 same settings and the same tokens at the same positions. A *tail* block (fewer than ``B``
 tokens, always the last of a sequence) is keyed the same way over its own tokens.
 """

@@ -12,12 +12,26 @@ import sys
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Final
 
 DEFAULT_TITLE: Final = "New chat"
 ROLES: Final = ("system", "user", "assistant")
-STATUSES: Final = ("complete", "stopped", "error", "streaming")
+
+
+class MessageStatus(StrEnum):
+    """A message's lifecycle (the ``status`` column). A reply is STREAMING while it is being
+    generated (its text saved every half second), then COMPLETE, STOPPED (by the user, by a
+    quit or a crash: the partial text is kept) or ERROR (the engine failed mid-reply)."""
+
+    COMPLETE = "complete"
+    STOPPED = "stopped"
+    ERROR = "error"
+    STREAMING = "streaming"
+
+
+STATUSES: Final = tuple(MessageStatus)
 DEFAULT_SAMPLING: Final[Mapping[str, Any]] = MappingProxyType({
     "temperature": 0.7,
     "top_p": 0.95,
@@ -28,6 +42,7 @@ DEFAULT_SAMPLING: Final[Mapping[str, Any]] = MappingProxyType({
     "max_tokens": 1024,  # most tokens generated for one reply
 })
 """Sampling settings of a new conversation (read-only); its keys are the only ones accepted.
+The one source of sampling defaults: ``engine.settings.SamplingParams`` takes its defaults from here.
 
 The names follow llama-cpp-python's ``Llama.create_completion`` arguments.
 """

@@ -1,6 +1,6 @@
 """The conversation tree in ``chats.sqlite3``.
 
-A conversation is a tree of messages (DESIGN.md, "The conversation tree").
+A conversation is a tree of messages.
 Siblings share a parent (``parent_id`` None for the roots); editing a message
 or regenerating a reply adds a sibling. The conversation remembers its active
 leaf; the messages shown are the path from a root to that leaf.

@@ -1,6 +1,8 @@
 """Where Branchwise keeps its two databases.
 
-The data folder is chosen in this order (DESIGN.md, "Two databases"):
+The data folder holds ``chats.sqlite3`` (the conversations: the user's data, never
+deleted by Branchwise) and ``kvcache.sqlite3`` (the prefix store: disposable). It is
+chosen in this order:
 
 1. the ``--data-dir`` command-line value,
 2. the ``BRANCHWISE_DATA_DIR`` environment variable,

@@ -2,7 +2,7 @@
 
 ``kvcache.sqlite3`` is disposable (deleting it only costs prefill time) and bounded by a
 byte budget. It knows nothing of llama.cpp: a block is an opaque payload plus the token
-ids it covers. The rules it keeps are DESIGN.md's ten points:
+ids it covers. The rules it keeps:
 
 * keys chain from the model fingerprint (:mod:`storage.block_hash`), so blocks are shared
   by every branch and conversation with the same token prefix and never across models;
@@ -34,11 +34,14 @@ import numpy as np
 import xxhash
 
 from storage.block_hash import block_key, chain_keys, tokens_from_bytes, tokens_to_bytes
+from storage.errors import StorageError
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BLOCK_SIZE = 64  # tokens; see `branchwise bench` for the trade-off
 DEFAULT_BUDGET_BYTES = 4 * 1024**3
+"""The prefix store's byte budget when the user chose none (4 GiB): the one default for the
+window, the CLI, the engine process and the README."""
 _PAGE_SIZE = 65536  # large pages keep the overflow chains of megabyte blobs short
 _SCHEMA_VERSION = 2  # a file with another version is replaced: the store is disposable
 
@@ -543,8 +546,10 @@ class PrefixStore:
         )
 
 
-class StoreError(RuntimeError):
-    """The store could not serve a request; the caller goes on without it (prefill)."""
+class StoreError(StorageError, RuntimeError):
+    """The store could not serve a request; the caller goes on without it (prefill).
+
+    A ``StorageError`` (storage/errors.py), so a caller catches one family for both databases."""
 
 
 class StoreReset(StoreError):

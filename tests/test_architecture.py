@@ -1,4 +1,5 @@
-"""The layering rule (DESIGN.md): app -> engine -> storage, enforced by import-linter
+"""The layering rule: app -> engine -> storage, and inside app the Qt-free session layer
+(app.session) under both front ends (app.cli, app.window), enforced by import-linter
 contracts in pyproject.toml. A broken contract fails this test."""
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ def lint_imports() -> subprocess.CompletedProcess:
 def test_import_contracts_are_kept():
     result = lint_imports()
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "3 kept, 0 broken" in result.stdout
+    assert "4 kept, 0 broken" in result.stdout
 
 
 def test_the_cli_path_does_not_load_qt():
-    code = ("import sys, app.cli, engine.core, storage.prefix_store, storage.chats; "
+    code = ("import sys, app.cli, app.session, engine.core, storage.prefix_store, storage.chats; "
             "sys.exit(1 if any(m.startswith('PySide6') for m in sys.modules) else 0)")
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0

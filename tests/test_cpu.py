@@ -4,7 +4,7 @@ import signal
 
 import pytest
 
-from app.supervisor import crash_description
+from app.cli.supervisor import crash_description
 from engine.cpu import RepackSource, decide_repack, has_amx_kernels
 
 AVX2 = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | OPENMP = 1 | REPACK = 1 |"

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from app.supervisor import EXIT_CRASHED
+from app.cli.supervisor import EXIT_CRASHED
 
 
 def _bw(data_dir, *args, env_extra=None):

@@ -8,6 +8,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QPushButton  # noqa: E402
+from app.session import model_label  # noqa: E402
 from gui_helpers import REPLY_TIMEOUT_MS, new_chat, send_and_wait  # noqa: E402
 
 from storage.chats import ChatStore  # noqa: E402
@@ -20,7 +21,7 @@ def test_send_streams_reply_and_persists(qtbot, open_window, data_dir):
     pieces: list[str] = []
     painted: list[str] = []
     w.client.token.connect(lambda _rid, text: pieces.append(text))
-    w._flush_timer.timeout.connect(lambda: w.transcript.pending and painted.append(w.transcript.pending.text))
+    w.chat.flush_timer.timeout.connect(lambda: w.transcript.pending and painted.append(w.transcript.pending.text))
 
     mid = send_and_wait(qtbot, w, "Name three colours.")
 
@@ -39,6 +40,10 @@ def test_send_streams_reply_and_persists(qtbot, open_window, data_dir):
     assert w.transcript.widgets[-1].text == reply.content
     assert "prefilled" in w.stats_label.text()
     assert w.store.get_conversation(cid).title == "Name three colours."
+    # the snapshot's figures arrive after the reply and are stored with it (issue #8: they were 0)
+    qtbot.waitUntil(lambda: w.store.get_message(mid).stats["snapshot_ms"] > 0, timeout=REPLY_TIMEOUT_MS)
+    assert w.store.get_message(mid).stats["snapshot_bytes_written"] > 0
+    assert w.store.get_message(mid).model == model_label(w.model.path) == "SmolLM2-135M-Instruct.Q4_1"
     assert w.composer.button.text() == "Send"
 
 

@@ -12,7 +12,7 @@ from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtGui import QPalette  # noqa: E402
 from PySide6.QtWidgets import QApplication, QDialogButtonBox  # noqa: E402
 
-from app import theme  # noqa: E402
+from app.window import theme  # noqa: E402
 from storage.chats import ChatStore  # noqa: E402
 from storage.paths import CHATS_DB  # noqa: E402
 

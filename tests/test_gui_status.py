@@ -54,7 +54,9 @@ def test_model_name_is_the_file_name(qtbot, open_window, data_dir, model_path):
     w = open_window(data_dir)
     stem = model_path.name.removesuffix(".gguf")
     assert w.model_label.text().startswith(f"{stem} · ")
-    assert f"Name: {w.facts['name']}" in w._facts_text(w.facts)  # the Model info dialog
+    from app.window.model_controller import facts_text
+
+    assert f"Name: {w.facts['name']}" in facts_text(w.facts)  # the Model info dialog
 
 
 def test_overflow_offers_a_choice_and_raising_the_context_answers(qtbot, open_window, data_dir):

@@ -24,8 +24,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.app_settings import AppSettings
-from app.engine_client import EngineClient
+from app.window.app_settings import AppSettings
+from app.window.engine_client import EngineClient
+from engine.events import CacheAction, CacheEvent
 from storage.chats import DEFAULT_SAMPLING, Conversation
 
 MB = 1024 * 1024
@@ -52,7 +53,8 @@ class SettingsDialog(QDialog):
         self.setWindowTitle("Settings")
         self.setMinimumWidth(520)
         self.client = client
-        self._cache_ids: set[int] = set()
+        self._requests: list = []  # PendingRequest handles of cache requests
+        self._closed = False
         tabs = QTabWidget()
         self.tabs = tabs
 
@@ -126,8 +128,7 @@ class SettingsDialog(QDialog):
         lay.addWidget(tabs)
         lay.addWidget(buttons)
         if client is not None:
-            client.event.connect(self._engine_event)
-            self._request("cache_stats")
+            self._request(CacheAction.STATS)
 
     @staticmethod
     def _spin(lo: int, hi: int, value: int) -> QSpinBox:
@@ -145,30 +146,32 @@ class SettingsDialog(QDialog):
         w.setValue(float(value))
         return w
 
-    def _request(self, op: str) -> None:
+    def _request(self, action: CacheAction) -> None:
         if self.client is not None and self.client.is_running():
-            rid = self.client.request(op)
-            if rid is not None:
-                self._cache_ids.add(rid)
+            handle = self.client.cache(action)
+            if handle is not None:
+                self._requests.append(handle)
+                handle.done.connect(self._cache_answer)
         else:
             self.cache_use.setText("unknown (the engine is not running)")
 
     def _clear_cache(self) -> None:
         self.cache_use.setText("clearing…")
-        self._request("cache_clear")
+        self._request(CacheAction.CLEAR)
 
-    def _engine_event(self, event: dict) -> None:
-        if event.get("event") != "cache" or event.get("id") not in self._cache_ids:
+    def _cache_answer(self, event: CacheEvent) -> None:
+        if self._closed:
             return
-        st = event.get("stats") or {}
+        st = event.stats or {}
         self.cache_use.setText(
             f"{human_bytes(int(st.get('bytes', 0)))} of {human_bytes(int(st.get('budget_bytes', 0)))}"
             f" · {int(st.get('tokens', 0)):,} tokens in {int(st.get('blocks', 0)):,} blocks")
 
     def done(self, result: int) -> None:  # noqa: D102 - disconnect before closing
-        if self.client is not None:
+        self._closed = True
+        for handle in self._requests:
             try:
-                self.client.event.disconnect(self._engine_event)
+                handle.done.disconnect(self._cache_answer)
             except (RuntimeError, TypeError):
                 pass
         super().done(result)

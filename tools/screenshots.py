@@ -1,4 +1,4 @@
-"""Screenshots of the real app: ``python -m app.screenshots OUTDIR``.
+"""Screenshots of the real app: ``python -m tools.screenshots OUTDIR``.
 
 Opens the window offscreen on a temporary data folder with the embedded default
 model, writes a conversation with a branch (real generation, temperature 0), opens
@@ -22,7 +22,7 @@ from PySide6.QtWidgets import QApplication  # noqa: E402
 TIMEOUT_MS = 180_000
 
 
-def _wait(condition, timeout_ms: int = TIMEOUT_MS) -> None:
+def wait_until(condition, timeout_ms: int = TIMEOUT_MS) -> None:
     """Run the event loop until ``condition()`` is true; raise TimeoutError after ``timeout_ms``."""
     loop = QEventLoop()
     timer = QTimer(interval=20)
@@ -43,25 +43,25 @@ def _settle(ms: int = 300) -> None:
     loop.exec()
 
 
-def _reply(window, send) -> None:
+def send_and_wait(window, send) -> None:
     done = []
     window.reply_finished.connect(done.append)
     send()
-    _wait(lambda: bool(done))
+    wait_until(lambda: bool(done))
     window.reply_finished.disconnect(done.append)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m app.screenshots OUTDIR", file=sys.stderr)
+        print("usage: python -m tools.screenshots OUTDIR", file=sys.stderr)
         return 2
     out = Path(args[0])
     out.mkdir(parents=True, exist_ok=True)
     app = QApplication.instance() or QApplication([])
     app.setApplicationName("Branchwise")
 
-    from app.main_window import MainWindow
+    from app.window.main_window import MainWindow
 
     with tempfile.TemporaryDirectory(prefix="branchwise-shots-") as tmp:
         data = Path(tmp)
@@ -70,26 +70,26 @@ def main(argv: list[str] | None = None) -> int:
         w.resize(1280, 800)
         w.show()
         try:
-            _wait(lambda: w.model_state in ("ready", "failed", "dead"))
+            wait_until(lambda: w.model_state in ("ready", "failed", "dead"))
             if w.model_state != "ready":
                 print(f"the model did not load: {w.banner.text}", file=sys.stderr)
                 return 1
             conv = w.store.create_conversation(sampling={"temperature": 0.0, "max_tokens": 120, "seed": 1})
             w.show_conversation(conv.id)
-            _reply(w, lambda: w.send_message("Write a Python function that reverses a string."))
+            send_and_wait(w, lambda: w.send_message("Write a Python function that reverses a string."))
             first_user = w.store.active_path(conv.id)[0]
-            _reply(w, lambda: w.send_message("Now explain it in one sentence."))
+            send_and_wait(w, lambda: w.send_message("Now explain it in one sentence."))
             # a branch: edit the first question (a sibling) and answer it
-            _reply(w, lambda: w.edit_message(first_user.id, "What is the capital of France?"))
+            send_and_wait(w, lambda: w.edit_message(first_user.id, "What is the capital of France?"))
             # back to the first branch, so the navigator shows 1/2 and the tree has two arms
             w.switch_sibling(w.store.active_path(conv.id)[0].id, -1)
             w.refresh_coverage()
-            _wait(lambda: w._coverage_rid is None, 30_000)
+            wait_until(lambda: not w.chat.coverage_pending, 30_000)
             _settle()
             w.grab().save(str(out / "light.png"))
             w.tree.grab().save(str(out / "tree.png"))
             w.set_theme("dark")
-            _wait(lambda: w._coverage_rid is None, 30_000)
+            wait_until(lambda: not w.chat.coverage_pending, 30_000)
             _settle()
             w.grab().save(str(out / "dark.png"))
         finally:

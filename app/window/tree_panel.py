@@ -19,7 +19,7 @@ from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QFont, QPainter, QPen
 from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QToolTip, QVBoxLayout, QWidget
 
-from app.theme import LIGHT, Colors
+from app.window.theme import LIGHT, Colors
 from storage.chats import Message
 
 DX, DY, R, MARGIN = 36, 46, 11, 16

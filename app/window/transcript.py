@@ -23,8 +23,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.markdown_view import code_blocks, to_html
-from app.theme import LIGHT, Colors
+from app.window.markdown_view import code_blocks, to_html
+from app.window.theme import LIGHT, Colors
 from storage.chats import Message
 
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
@@ -58,7 +58,8 @@ class MessageWidget(QFrame):
     fork_requested = Signal(int)
 
     def __init__(self, message: Message | None, role: str, index: int = 1, count: int = 1,
-                 colors: Colors = LIGHT, busy: bool = False, parent: QWidget | None = None):
+                 colors: Colors = LIGHT, busy: bool = False, parent: QWidget | None = None,
+                 unanswered: bool = False):
         super().__init__(parent)
         self.message = message
         self.role = role
@@ -99,6 +100,10 @@ class MessageWidget(QFrame):
             if role == "user":
                 self.buttons["edit"] = self._tool("Edit", "Edit this message (a new branch)", self.begin_edit)
                 header.addWidget(self.buttons["edit"])
+            if role == "user" and unanswered:  # a turn that failed: answer it in place
+                self.buttons["retry"] = self._tool("Retry", "Generate the reply to this message",
+                                                   lambda: self.regenerate_requested.emit(message.id))
+                header.addWidget(self.buttons["retry"])
             if role == "assistant":
                 self.buttons["regenerate"] = self._tool(
                     "Regenerate", "Write another reply (a new branch)",
@@ -107,7 +112,7 @@ class MessageWidget(QFrame):
             self.buttons["fork"] = self._tool("Fork", "Fork to a new chat from here",
                                               lambda: self.fork_requested.emit(message.id))
             header.addWidget(self.buttons["fork"])
-            for key in ("edit", "regenerate", "fork"):
+            for key in ("edit", "regenerate", "retry", "fork"):
                 if key in self.buttons:
                     self.buttons[key].setEnabled(not busy)
         outer.addLayout(header)
@@ -244,8 +249,10 @@ class TranscriptView(QScrollArea):
         self._stick_to_bottom = True
 
     def set_messages(self, path: list[Message], positions: dict[int, tuple[int, int]],
-                     colors: Colors, busy: bool = False, empty_text: str = "") -> None:
-        """Show ``path`` (root first). ``positions`` maps message id -> (index, count) among siblings."""
+                     colors: Colors, busy: bool = False, empty_text: str = "",
+                     unanswered_id: int | None = None) -> None:
+        """Show ``path`` (root first). ``positions`` maps message id -> (index, count) among siblings;
+        ``unanswered_id``, a user message with no reply, gets a Retry button."""
         self.colors = colors
         self.clear()
         self._empty.setText(empty_text)
@@ -255,7 +262,7 @@ class TranscriptView(QScrollArea):
             if m.role == "system":
                 continue
             index, count = positions.get(m.id, (1, 1))
-            w = MessageWidget(m, m.role, index, count, colors, busy)
+            w = MessageWidget(m, m.role, index, count, colors, busy, unanswered=m.id == unanswered_id)
             w.sibling_requested.connect(self.sibling_requested)
             w.edit_saved.connect(self.edit_saved)
             w.regenerate_requested.connect(self.regenerate_requested)

@@ -1,4 +1,4 @@
-"""How long the UI thread is ever busy while a reply streams: ``python -m app.ui_latency``.
+"""How long the UI thread is ever busy while a reply streams: ``python -m tools.ui_latency``.
 
 Opens the real window offscreen on a temporary data folder, asks for a long reply
 (default 400 tokens, temperature 0) and, while it streams, runs a 5 ms heartbeat timer
@@ -23,14 +23,14 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 from PySide6.QtCore import QTimer  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from app.screenshots import _reply, _wait  # noqa: E402
+from tools.screenshots import send_and_wait, wait_until  # noqa: E402
 
 BEAT_MS = 5
 
 
 def measure(max_tokens: int) -> dict:
     app = QApplication.instance() or QApplication([])
-    from app.main_window import MainWindow
+    from app.window.main_window import MainWindow
 
     with tempfile.TemporaryDirectory(prefix="branchwise-latency-") as tmp:
         data = Path(tmp)
@@ -41,7 +41,7 @@ def measure(max_tokens: int) -> dict:
         gaps: list[float] = []
         tokens: list[int] = []
         try:
-            _wait(lambda: w.model_state in ("ready", "failed", "dead"))
+            wait_until(lambda: w.model_state in ("ready", "failed", "dead"))
             if w.model_state != "ready":
                 raise SystemExit(f"the model did not load: {w.banner.text}")
             conv = w.store.create_conversation(sampling={"temperature": 0.0, "max_tokens": max_tokens, "seed": 1})
@@ -58,7 +58,7 @@ def measure(max_tokens: int) -> dict:
             w.client.token.connect(lambda _rid, _text: tokens.append(1))
             t0 = time.perf_counter()
             timer.start()
-            _reply(w, lambda: w.send_message(
+            send_and_wait(w, lambda: w.send_message(
                 "Write a long, detailed essay with headings, lists and a Python code example "
                 "about how lighthouses work."))
             timer.stop()
@@ -77,7 +77,7 @@ def measure(max_tokens: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m app.ui_latency", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m tools.ui_latency", description=__doc__.splitlines()[0])
     p.add_argument("--max-tokens", type=int, default=400)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)

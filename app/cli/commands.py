@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 
 log = logging.getLogger("branchwise")
@@ -60,6 +59,9 @@ def _ctx_size(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from engine.settings import KV_TYPES, EngineSettings  # no llama_cpp: only the defaults
+
+    defaults = EngineSettings()
     common = _Parser(add_help=False)
     common.add_argument("--data-dir", help="where chats and the KV cache live (default: the user data folder; env BRANCHWISE_DATA_DIR)")
     common.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -137,19 +139,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 ENGINE_COMMANDS = ("chat", "regenerate", "bench")
-"""Commands that load llama.cpp: they run in a supervised child (app/supervisor.py)."""
+"""Commands that load llama.cpp: they run in a supervised child (app/cli/supervisor.py)."""
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     _setup_logging(args)
-    from app import supervisor
+    from app.cli import supervisor
     from storage.errors import StorageError
 
     crash_log = None
     if args.self_test or args.command in ENGINE_COMMANDS:
-        # Decided before anything heavy is imported: the parent only waits (app/supervisor.py).
+        # Decided before anything heavy is imported: the parent only waits (app/cli/supervisor.py).
         try:
             data_dir = _data_dir(args)
         except StorageError as exc:
@@ -163,7 +165,6 @@ def main(argv: list[str] | None = None) -> int:
     import sqlite3
 
     from engine.errors import EngineError
-    from storage.prefix_store import StoreError
 
     try:
         if args.version:
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_self_test()
         if args.command in (None, "gui"):
-            from app.gui import run
+            from app.window.gui import run
 
             if args.screenshot:
                 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         handler = {"chat": cmd_chat, "regenerate": cmd_regenerate,
                    "conversations": cmd_conversations, "cache": cmd_cache}[args.command]
         return handler(args)
-    except (EngineError, StorageError, StoreError, ValueError) as exc:
+    except (EngineError, StorageError, ValueError) as exc:
         log.debug("command failed", exc_info=True)
         print(f"branchwise: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -287,11 +288,11 @@ def _open_engine(args):
                                           flash_attn=args.flash_attn, repack=args.repack)
     store = None
     if not args.no_cache:
-        from storage.prefix_store import StoreError
+        from storage.errors import StorageError
 
         try:
             store = _open_store(args)
-        except StoreError as exc:
+        except StorageError as exc:
             print(f"branchwise: running without the KV cache: {exc}", file=sys.stderr)
     return Engine(args.model or default_model_path(), settings, store,
                   crash_verdict=CrashVerdict.applies(_data_dir(args)))
@@ -308,70 +309,35 @@ def _sampling(args, conversation):
     return SamplingParams.from_dict(s)
 
 
-class _StreamSaver:
-    """Saves a streaming reply as it grows (at most every ``every_s`` seconds), so a crash
-    or a kill loses at most the last half second of text (DESIGN.md, chats.sqlite3)."""
-
-    def __init__(self, chats, conversation_id: int, parent_id: int, model: str, every_s: float = 0.5):
-        self.chats, self.conversation_id, self.parent_id, self.model = chats, conversation_id, parent_id, model
-        self.every_s = every_s
-        self.message_id: int | None = None
-        self._last = 0.0
-
-    def progress(self, text: str) -> None:
-        now = time.monotonic()
-        if self.message_id is None:
-            self.message_id = self.chats.add_message(self.conversation_id, self.parent_id, "assistant", text,
-                                                     status="streaming", model=self.model).id
-            self._last = now
-        elif now - self._last >= self.every_s:
-            self.chats.update_message(self.message_id, content=text)
-            self._last = now
-
-    def finish(self, text: str, status: str, token_ids=None, stats=None) -> int:
-        if self.message_id is None:
-            self.message_id = self.chats.add_message(self.conversation_id, self.parent_id, "assistant", text,
-                                                     token_ids=token_ids, stats=stats, status=status,
-                                                     model=self.model).id
-        else:
-            self.chats.update_message(self.message_id, content=text, token_ids=token_ids, stats=stats,
-                                      status=status)
-        return self.message_id
-
-
 def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> int:
-    """Generate the reply to the path ending at ``parent_id``, stream it, save it."""
-    path = chats.path_to(parent_id)
+    """Generate the reply to the path ending at ``parent_id``, stream it, save it (through
+    ``app.session``'s recorder, the same rules as the window)."""
+    from app.session import ConversationSession, ReplyState
+    from engine.errors import ContextOverflowError
+
+    session = ConversationSession(chats)
     stream = not args.json
-    parts: list[str] = []
-    saver = _StreamSaver(chats, conversation.id, parent_id, model_label)
+    recorder = session.start_reply(parent_id, model_label)
 
     def on_token(text: str, _tok: int) -> None:
-        parts.append(text)
-        saver.progress("".join(parts))
+        recorder.add_text(text)
         if stream:
             sys.stdout.write(text)
             sys.stdout.flush()
 
     use_cache = not args.no_cache
-    from engine.chat_template import conversation_messages
-    from engine.errors import ContextOverflowError
-
     try:
-        result = engine.generate(conversation_messages(conversation.system_prompt, path),
-                                 _sampling(args, conversation),
+        result = engine.generate(session.prompt(parent_id), _sampling(args, conversation),
                                  use_cache=use_cache, on_token=on_token, snapshot=False)
     except KeyboardInterrupt:
-        if parts:
-            saver.finish("".join(parts), "stopped")
+        recorder.abandon(ReplyState.STOPPED)
         raise
     except ContextOverflowError as exc:
         raise _overflow_error(exc.prompt_tokens, exc.n_ctx) from exc
-    status = "stopped" if result.stats.finish_reason == "cancelled" else "complete"
-    msg_id = saver.finish(result.text, status, token_ids=result.token_ids, stats=result.stats.to_dict())
+    msg_id = recorder.complete(result.text, result.token_ids, result.stats.to_dict())
     if use_cache:  # after the reply is safe: storing the KV is an optimisation
         engine.snapshot(result.stats)
-        chats.update_message(msg_id, stats=result.stats.to_dict())
+        recorder.add_snapshot(result.stats.snapshot_ms, result.stats.snapshot_bytes_written)
     engine.close()
     if args.json:
         user_id = parent_id if chats.get_message(parent_id).role == "user" else None
@@ -413,7 +379,10 @@ def _public_stats(stats) -> dict:
 
 
 def _model_label(args) -> str:
-    return Path(args.model).name if args.model else "SmolLM2-135M-Instruct.Q4_1.gguf"
+    from app.session import model_label
+    from engine.model_file import default_model_path
+
+    return model_label(args.model or default_model_path())
 
 
 # -- commands ----------------------------------------------------------------------------
@@ -447,7 +416,9 @@ def cmd_chat(args) -> int:
         chats.set_system_prompt(conversation.id, args.system)
         conversation = chats.get_conversation(conversation.id)
     _check_fits(engine, conversation, chats.path_to(parent_id) if parent_id else [], args.text)
-    user = chats.add_message(conversation.id, parent_id, "user", args.text)
+    from app.session import ConversationSession
+
+    user = ConversationSession(chats).send(conversation.id, args.text, parent_id)
     return _reply(args, engine, chats, conversation, user.id, _model_label(args))
 
 

@@ -9,8 +9,7 @@ happened, where the stack at the crash is (``faulthandler`` in the child writes 
 thread's Python stack to ``<data dir>/logs/cli.log``), which message was kept and what to do, remembers the crash
 for this machine when weight repacking was on (engine/cpu.py), and exits 70.
 
-Cost: one more interpreter start before the model loads, about 0.1 s (measured with
-``python -m app.supervisor --measure``... see README, "CPU support").
+Cost: one more interpreter start before the model loads (README, "CPU support").
 """
 
 from __future__ import annotations

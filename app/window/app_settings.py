@@ -12,13 +12,13 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from engine.settings import EngineSettings
+from storage.prefix_store import DEFAULT_BUDGET_BYTES
 
 log = logging.getLogger(__name__)
 
 SETTINGS_FILE = "settings.json"
 MAX_RECENT_MODELS = 8
-DEFAULT_BUDGET_BYTES = 2 * 1024**3
-"""Prefix-store budget shown in Settings when the user never chose one (2 GiB)."""
+_ENGINE = EngineSettings()  # the engine's defaults, defined once in engine/settings.py
 
 
 @dataclass
@@ -27,16 +27,21 @@ class AppSettings:
 
     n_ctx: context window (tokens). n_threads: CPU threads (0 = all cores).
     type_k / type_v: KV cache precision ("f16" or "q8_0").
-    budget_bytes: the prefix store's byte budget (``kvcache.sqlite3``).
+    repack: llama.cpp's CPU weight repacking ("auto", "on", "off"; see EngineSettings.repack).
+        The window sets it to "off" when the engine crashed natively while loading or before
+        its first reply and the user restarts (app/window/crash.py).
+    budget_bytes: the prefix store's byte budget (``kvcache.sqlite3``; default
+        ``storage.prefix_store.DEFAULT_BUDGET_BYTES``).
     theme: "system", "light" or "dark". recent_models: newest first (paths).
     last_model: the model to load at start (None: the embedded default model).
     show_tree: whether the tree panel is open.
     """
 
-    n_ctx: int = 8192
-    n_threads: int = 0
-    type_k: str = "f16"
-    type_v: str = "f16"
+    n_ctx: int = _ENGINE.n_ctx
+    n_threads: int = _ENGINE.n_threads
+    type_k: str = _ENGINE.type_k
+    type_v: str = _ENGINE.type_v
+    repack: str = _ENGINE.repack
     budget_bytes: int = DEFAULT_BUDGET_BYTES
     theme: str = "system"
     recent_models: list[str] = field(default_factory=list)
@@ -44,9 +49,14 @@ class AppSettings:
     show_tree: bool = False
 
     def engine_settings(self) -> EngineSettings:
-        """The EngineSettings these settings describe (flash attention always on)."""
+        """The EngineSettings these settings describe. Flash attention keeps its default (off,
+        see ``EngineSettings.flash_attn``).
+
+        Raises:
+            ValueError: the values are invalid, e.g. a q8_0 V cache, which needs flash attention.
+        """
         return EngineSettings(n_ctx=self.n_ctx, n_threads=self.n_threads,
-                              type_k=self.type_k, type_v=self.type_v)
+                              type_k=self.type_k, type_v=self.type_v, repack=self.repack)
 
     def remember_model(self, path: str) -> None:
         """Put ``path`` first in the recent list and make it the model loaded at start."""
@@ -74,6 +84,7 @@ class AppSettings:
             defaults = cls()
             settings.n_ctx, settings.n_threads = defaults.n_ctx, defaults.n_threads
             settings.type_k, settings.type_v = defaults.type_k, defaults.type_v
+            settings.repack = defaults.repack
         return settings
 
     def save(self, data_dir: Path) -> None:

@@ -1,0 +1,212 @@
+"""The conversation rules: what send, edit, regenerate, fork and switching siblings do to the
+tree of messages in ``chats.sqlite3``, and what to offer when a prompt overflows.
+
+A conversation is a tree (``storage/chats.py``): every edit or regeneration adds a sibling,
+and the conversation's active leaf picks the branch that is shown and continued. Nothing
+here recurses over the tree or talks to the engine; the front end sends the prompts that
+``prompt`` returns to its engine and records the reply with ``start_reply``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.session.recorder import ReplyRecorder, ReplyState
+from engine.chat_template import ChatMessage, conversation_messages
+from storage.chat_records import DEFAULT_SAMPLING
+
+BRANCH_FILL = 0.5
+""""Continue on a new branch" keeps the newest turns that fill about this share of the context."""
+TOKENS_PER_CHAR = 1 / 3  # estimate for a message with no saved token ids (English text: ~3-4 chars/token)
+TEMPLATE_TOKENS = 8  # estimate of a message's chat-template tokens (role markers, separators)
+
+
+@dataclass(frozen=True)
+class Overflow:
+    """A prompt that does not fit: ``prompt_tokens`` and ``n_ctx`` in tokens, and the context
+    size that would fit it with room for a reply (``suggested_n_ctx``; equal to ``n_ctx``
+    when the model was not trained for more)."""
+
+    user_message_id: int
+    prompt_tokens: int
+    n_ctx: int
+    suggested_n_ctx: int
+
+
+def suggested_context_size(prompt_tokens: int, n_ctx: int, max_tokens: int, trained: int = 0) -> int:
+    """A context size (tokens) for a prompt of ``prompt_tokens`` that overflowed ``n_ctx``:
+    room for the prompt and ``max_tokens`` of reply, at least twice ``n_ctx``, rounded up to a
+    multiple of 1,024, and no more than the model's trained context ``trained`` (0: unknown)."""
+    need = prompt_tokens + max_tokens
+    size = (max(need, n_ctx * 2) + 1023) // 1024 * 1024
+    if trained:
+        size = min(size, max(trained, n_ctx))
+    return size
+
+
+class ConversationSession:
+    """The rules of one data folder's conversations, on a ``storage.chats.ChatStore``.
+
+    Methods raise ``storage.errors.NotFoundError`` for an unknown id and other
+    ``StorageError``s when the database cannot be written; nothing is half-done then.
+    """
+
+    def __init__(self, chats):
+        self.chats = chats
+
+    # -- reading -------------------------------------------------------------------------
+
+    def prompt(self, user_message_id: int) -> list[ChatMessage]:
+        """The engine's messages for a reply under ``user_message_id``: the system prompt
+        (when set), then the path, assistant messages with their saved token ids."""
+        m = self.chats.get_message(user_message_id)
+        conv = self.chats.get_conversation(m.conversation_id)
+        return conversation_messages(conv.system_prompt, self.chats.path_to(user_message_id))
+
+    def active_prompt(self, conversation_id: int) -> list[ChatMessage]:
+        """The engine's messages for the active path of ``conversation_id`` (for a token count)."""
+        conv = self.chats.get_conversation(conversation_id)
+        return conversation_messages(conv.system_prompt, self.chats.active_path(conversation_id))
+
+    def shown_path(self, conversation_id: int, reply: ReplyRecorder | None = None) -> list:
+        """The messages to show for ``conversation_id``: its active path; while ``reply``
+        streams into this conversation, the path to the message being answered (the reply
+        itself is drawn from its recorder, not from the database)."""
+        if reply is not None and not reply.finished and reply.conversation_id == conversation_id:
+            if reply.message_id is None:
+                return self.chats.path_to(reply.parent_id)
+            return [m for m in self.chats.active_path(conversation_id) if m.id != reply.message_id]
+        return self.chats.active_path(conversation_id)
+
+    def sibling_positions(self, path) -> dict[int, tuple[int, int]]:
+        """For each message of ``path``: (its 1-based position among its siblings, their count),
+        the ``‹ 2/3 ›`` of the branch navigator."""
+        positions = {}
+        for m in path:
+            sibs = self.chats.siblings(m.id)
+            positions[m.id] = (next(i for i, s in enumerate(sibs) if s.id == m.id) + 1, len(sibs))
+        return positions
+
+    def unanswered(self, conversation_id: int) -> int | None:
+        """The id of the active leaf when it is a user message with no reply (a turn that
+        failed, e.g. the engine crashed), else None. ``retry`` answers it in place."""
+        path = self.chats.active_path(conversation_id)
+        if path and path[-1].role == "user" and not self.chats.children(path[-1].id, conversation_id):
+            return path[-1].id
+        return None
+
+    def coverage_paths(self, conversation_id: int, limit: int = 300) -> tuple[list[int], list[list[ChatMessage]]]:
+        """The first ``limit`` messages of the tree and, for each, the engine's messages of the
+        path ending there (for the tree panel's "how much is stored" shading). Walks parent
+        links in a loop, no recursion."""
+        conv = self.chats.get_conversation(conversation_id)
+        nodes = self.chats.tree(conversation_id)[:limit]
+        by_id = {m.id: m for m in nodes}
+        paths = []
+        for m in nodes:
+            chain, cur = [], m
+            while cur is not None:
+                chain.append(cur)
+                cur = by_id.get(cur.parent_id) if cur.parent_id is not None else None
+            paths.append(conversation_messages(conv.system_prompt, list(reversed(chain))))
+        return [m.id for m in nodes], paths
+
+    # -- changing the tree ---------------------------------------------------------------
+
+    def send(self, conversation_id: int | None, text: str, parent_id: int | None = None):
+        """Store ``text`` as a user message under ``parent_id`` (default: the active leaf) of
+        ``conversation_id`` (None: a new conversation). Returns the user Message."""
+        if conversation_id is None:
+            conversation_id = self.chats.create_conversation().id
+        if parent_id is None:
+            parent_id = self.chats.get_conversation(conversation_id).active_leaf_id
+        return self.chats.add_message(conversation_id, parent_id, "user", text)
+
+    def edit(self, message_id: int, text: str):
+        """Store ``text`` as a new sibling of the user message ``message_id`` (the original
+        stays, one ``‹ ›`` step away). Returns the new user Message.
+
+        Raises:
+            ValueError: ``message_id`` is not a user message.
+        """
+        m = self.chats.get_message(message_id)
+        if m.role != "user":
+            raise ValueError(f"Message {m.id} is a {m.role} message; only your own messages can be edited.")
+        return self.chats.add_message(m.conversation_id, m.parent_id, "user", text)
+
+    def regenerate_target(self, message_id: int) -> int:
+        """The user message a regeneration of ``message_id`` answers: an assistant reply's
+        parent (the new reply becomes its sibling), or a user message itself (a retry).
+
+        Raises:
+            ValueError: ``message_id`` is a system message or has no parent.
+        """
+        m = self.chats.get_message(message_id)
+        if m.role == "assistant" and m.parent_id is not None:
+            return m.parent_id
+        if m.role == "user":
+            return m.id
+        raise ValueError(f"Message {m.id} is a {m.role} message; regenerate takes an assistant reply.")
+
+    def fork(self, message_id: int):
+        """Copy the path to ``message_id`` into a new conversation (its KV is shared through
+        the prefix store, as the token ids are the same). Returns the new Conversation."""
+        return self.chats.fork(message_id)
+
+    def switch_sibling(self, message_id: int, delta: int) -> bool:
+        """Make the sibling ``delta`` steps from ``message_id`` (and its newest leaf) the
+        active branch. Returns False when there is no such sibling."""
+        sibs = self.chats.siblings(message_id)
+        i = next(i for i, s in enumerate(sibs) if s.id == message_id) + delta
+        if not 0 <= i < len(sibs):
+            return False
+        self.select(sibs[i].id)
+        return True
+
+    def select(self, message_id: int) -> None:
+        """Make the branch through ``message_id``, down to its newest leaf, the active one."""
+        leaf = self.chats.deepest_leaf(message_id)
+        self.chats.set_active_leaf(leaf.conversation_id, leaf.id)
+
+    def start_reply(self, user_message_id: int, model: str, **kw) -> ReplyRecorder:
+        """A recorder for a new reply under ``user_message_id`` labelled ``model``."""
+        m = self.chats.get_message(user_message_id)
+        return ReplyRecorder(self.chats, m.conversation_id, m.id, model, **kw)
+
+    # -- overflow ------------------------------------------------------------------------
+
+    def overflow(self, user_message_id: int, prompt_tokens: int, n_ctx: int, trained: int = 0) -> Overflow:
+        """What to offer when the prompt for ``user_message_id`` (``prompt_tokens``) does not
+        fit ``n_ctx``: the suggested context size, with room for the conversation's max_tokens."""
+        conv = self.chats.get_conversation(self.chats.get_message(user_message_id).conversation_id)
+        max_tokens = int(conv.sampling.get("max_tokens") or DEFAULT_SAMPLING["max_tokens"])
+        return Overflow(user_message_id, prompt_tokens, n_ctx,
+                        suggested_context_size(prompt_tokens, n_ctx, max_tokens, trained))
+
+    def branch_dropping_oldest(self, user_message_id: int, n_ctx: int) -> int | None:
+        """"Continue on a new branch": copy the newest turns of the path to ``user_message_id``
+        into a new root branch that fits about ``BRANCH_FILL`` of ``n_ctx`` (token counts of
+        messages without saved ids are estimated), starting at a user message. Returns the
+        copy of ``user_message_id`` (to be answered), or None when the newest message alone
+        does not fit (nothing is written then)."""
+        path = [m for m in self.chats.path_to(user_message_id) if m.role != "system"]
+        budget = max(64, int(n_ctx * BRANCH_FILL))
+        kept: list = []
+        used = 0
+        for m in reversed(path):
+            cost = (len(m.token_ids) if m.token_ids is not None else int(len(m.content) * TOKENS_PER_CHAR))
+            cost += TEMPLATE_TOKENS
+            if kept and used + cost > budget:
+                break
+            kept.insert(0, m)
+            used += cost
+        while len(kept) > 1 and kept[0].role != "user":
+            kept.pop(0)
+        if len(kept) == len(path):
+            return None
+        parent = None
+        for m in kept:
+            status = m.status if m.status != ReplyState.STREAMING else ReplyState.STOPPED
+            parent = self.chats.add_message(m.conversation_id, parent, m.role, m.content, token_ids=m.token_ids,
+                                            stats=m.stats, status=status, model=m.model).id
+        return parent

@@ -1,0 +1,31 @@
+"""Wording shared by the CLI and the window: the model label on a reply, the stats line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def model_label(path: str | Path | None, facts: dict | None = None) -> str:
+    """The name of a model as stored on the replies it wrote (``messages.model``) and shown in
+    the status bar: the GGUF file name without ``.gguf``, e.g. "SmolLM2-135M-Instruct.Q4_1".
+    Without a path, ``facts["name"]`` (GGUF ``general.name``), else "model".
+    One rule for both front ends: the CLI and the window must label the same model alike."""
+    if path:
+        name = Path(path).name
+        return name[:-5] if name.lower().endswith(".gguf") else name
+    return (facts or {}).get("name") or "model"
+
+
+def reply_status_line(stats: dict, saved: bool = False) -> str:
+    """"restored N tokens in X ms · prefilled M in Y s · Z tok/s" for a GenerationStats dict
+    (tokens, milliseconds). ``saved`` True labels the line as the saved figures of the reply
+    shown ("Last reply on this branch: …"), so that opening a chat does not look like a new run."""
+    parts = []
+    if stats.get("restored_tokens"):
+        parts.append(f"restored {stats['restored_tokens']:,} tokens in {stats.get('restore_ms', 0):.0f} ms")
+    else:
+        parts.append("nothing restored")
+    parts.append(f"prefilled {stats.get('prefilled_tokens', 0):,} in {stats.get('prefill_ms', 0) / 1000:.2f} s")
+    parts.append(f"{stats.get('decode_tokens_per_s', 0):.0f} tok/s")
+    line = " · ".join(parts)
+    return f"Last reply on this branch: {line}" if saved else line

@@ -1,0 +1,275 @@
+"""The window's handle on the engine child process, as Qt signals.
+
+``engine.worker.EngineProcess`` speaks the typed requests and events of
+``engine/events.py`` over a pipe. Here a reader thread waits on that pipe (so the UI
+thread never does) and hands every event to the UI thread through one queued signal.
+Each request that expects an answer returns a ``PendingRequest``: a handle whose
+signals fire on the UI thread when its events arrive, so no caller keeps request ids.
+When the pipe reports end-of-file the child has died, and ``died`` fires with an
+``EngineExit`` that says how (``app/window/crash.py`` turns it into words).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from pathlib import Path
+
+from PySide6.QtCore import QObject, Qt, Signal, Slot
+
+from engine import events as ev
+from engine.chat_template import ChatMessage
+from engine.worker import EngineProcess
+
+log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 5.0
+
+
+class PendingRequest(QObject):
+    """One request in flight. Signals (UI thread): ``token(text)``, ``progress(phase, done,
+    total)`` for a reply; ``done(event)`` with the answering event (DoneEvent, CountEvent,
+    CoverageEvent, CacheEvent); ``snapshot(SnapshotEvent)`` after a reply's KV was stored;
+    ``failed(ErrorEvent)``. ``finished`` is True once nothing more will arrive."""
+
+    token = Signal(str)
+    progress = Signal(str, int, int)
+    done = Signal(object)
+    snapshot = Signal(object)
+    failed = Signal(object)
+
+    def __init__(self, rid: int, is_reply: bool = False, expects_snapshot: bool = False,
+                 parent: QObject | None = None):
+        super().__init__(parent)
+        self.id = rid
+        self.is_reply = is_reply
+        self.expects_snapshot = expects_snapshot
+        self.finished = False
+
+    def _deliver(self, event) -> bool:
+        """Emit ``event``; return True when this request has received its last event."""
+        if isinstance(event, ev.TokenEvent):
+            self.token.emit(event.text)
+            return False
+        if isinstance(event, ev.ProgressEvent):
+            self.progress.emit(str(event.phase), event.done, event.total)
+            return False
+        if isinstance(event, ev.ErrorEvent):
+            self.finished = True
+            self.failed.emit(event)
+            return True
+        if isinstance(event, ev.SnapshotEvent):
+            self.finished = True
+            self.snapshot.emit(event)
+            return True
+        self.finished = not (isinstance(event, ev.DoneEvent) and self.expects_snapshot)
+        self.done.emit(event)
+        return self.finished
+
+
+class EngineExit:
+    """How the engine process ended: ``exitcode`` as ``multiprocessing`` reports it (negative:
+    killed by that signal on POSIX; on Windows the process's exit status, e.g. 0xC0000005)."""
+
+    def __init__(self, exitcode: int | None, during_load: bool, during_first_reply: bool):
+        self.exitcode = exitcode
+        self.during_load = during_load
+        self.during_first_reply = during_first_reply
+
+
+class EngineClient(QObject):
+    """Start, talk to, restart and stop the engine process without blocking the UI thread.
+
+    Signals (all delivered on the UI thread):
+        load_progress(done, total): bytes of the model file hashed so far.
+        loaded(facts): the model is ready; ``facts`` is a ModelFacts dict.
+        load_failed(message): the model could not be loaded (a sentence).
+        token(id, text): every piece of streamed text of every reply (a public hook for tools).
+        event(event): every event (engine/events.py), for tools and tests.
+        died(EngineExit): the engine process ended without being asked to.
+    """
+
+    load_progress = Signal(int, int)
+    loaded = Signal(dict)
+    load_failed = Signal(str)
+    token = Signal(int, str)
+    event = Signal(object)
+    died = Signal(object)
+
+    _incoming = Signal(object)
+
+    def __init__(self, data_dir: Path, log_file: Path | None = None, parent: QObject | None = None):
+        super().__init__(parent)
+        self.data_dir = Path(data_dir)
+        self.log_file = log_file
+        self._proc: EngineProcess | None = None
+        self._reader: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._ids = itertools.count(1)
+        self._dead_reported = False
+        self._pending: dict[int, PendingRequest] = {}
+        self._loading = False
+        self._replies_done = 0  # replies finished by this process (a crash before the first one is telling)
+        self._incoming.connect(self._dispatch, Qt.ConnectionType.QueuedConnection)
+
+    # -- lifetime ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the child process and its reader thread (returns at once)."""
+        self.stop()
+        self._stopping.clear()
+        self._dead_reported = False
+        self._replies_done = 0
+        self._proc = EngineProcess(self.data_dir, self.log_file)
+        self._proc.start()
+        proc = self._proc
+        self._reader = threading.Thread(target=self._read_loop, args=(proc,),
+                                        name="engine-events", daemon=True)
+        self._reader.start()
+        log.info("engine process started, pid %s", proc.pid)
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.is_alive()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def stop(self, cancel: PendingRequest | None = None) -> None:
+        """Ask the engine to finish (cancelling ``cancel`` first) and wait for it to exit.
+
+        Waits at most ``STOP_TIMEOUT_S`` seconds before killing the child. Events that
+        arrive meanwhile are dropped: the caller has already saved what it needs.
+        """
+        proc, reader = self._proc, self._reader
+        self._pending.clear()
+        if proc is None:
+            return
+        self._stopping.set()
+        requests = ([ev.CancelRequest(cancel.id)] if cancel is not None else []) + [ev.ShutdownRequest()]
+        for request in requests:
+            try:
+                proc.send(request)
+            except (OSError, EOFError, ValueError, AssertionError):
+                break
+        if reader is not None:
+            reader.join(STOP_TIMEOUT_S)  # the reader ends at end-of-file, i.e. when the child exits
+            if reader.is_alive():
+                proc.kill()
+                reader.join(2)
+        proc.stop(timeout=2)
+        self._proc = None
+        self._reader = None
+
+    # -- requests ------------------------------------------------------------------------
+
+    def _send(self, request) -> bool:
+        """Send a request; returns False (and reports ``died``) if the engine is gone."""
+        if self._proc is None:
+            self._report_death()
+            return False
+        try:
+            self._proc.send(request)
+            return True
+        except (OSError, EOFError, ValueError) as exc:
+            log.warning("send %s failed: %s", type(request).__name__, exc)
+            self._report_death()
+            return False
+
+    def _track(self, make, is_reply: bool = False, expects_snapshot: bool = False) -> PendingRequest | None:
+        rid = next(self._ids)
+        handle = PendingRequest(rid, is_reply, expects_snapshot, self)
+        self._pending[rid] = handle
+        if not self._send(make(rid)):
+            self._pending.pop(rid, None)
+            return None
+        return handle
+
+    def load(self, path: str, settings: dict, budget_bytes: int) -> bool:
+        """Load a model; answered by ``loaded`` or ``load_failed`` (one load at a time)."""
+        self._loading = True
+        return self._send(ev.LoadRequest(path, settings, budget_bytes))
+
+    def generate(self, messages: list[ChatMessage], sampling: dict, use_cache: bool = True) -> PendingRequest | None:
+        """Start a reply; None if the engine is gone."""
+        return self._track(lambda rid: ev.GenerateRequest(rid, list(messages), dict(sampling), use_cache),
+                           is_reply=True, expects_snapshot=use_cache)
+
+    def cancel(self, handle: PendingRequest) -> None:
+        """Stop a reply; it still ends with ``done`` (finish_reason "cancelled")."""
+        self._send(ev.CancelRequest(handle.id))
+
+    def count(self, messages: list[ChatMessage]) -> PendingRequest | None:
+        """How many tokens ``messages`` take as a prompt: ``done(CountEvent)``."""
+        return self._track(lambda rid: ev.CountRequest(rid, list(messages)))
+
+    def coverage(self, paths: list[list[ChatMessage]]) -> PendingRequest | None:
+        """How many tokens of each path's prompt the prefix store holds: ``done(CoverageEvent)``."""
+        return self._track(lambda rid: ev.CoverageRequest(rid, [list(p) for p in paths]))
+
+    def cache(self, action: ev.CacheAction, budget_bytes: int | None = None) -> PendingRequest | None:
+        """A prefix-store operation: ``done(CacheEvent)``."""
+        return self._track(lambda rid: ev.CacheRequest(rid, ev.CacheAction(action), budget_bytes))
+
+    # -- the reader thread ---------------------------------------------------------------
+
+    def _read_loop(self, proc: EngineProcess) -> None:
+        while True:
+            try:
+                event = proc.recv(timeout=0.25)
+            except (EOFError, OSError, ValueError, AssertionError):
+                if not self._stopping.is_set():
+                    self._incoming.emit(None)  # end of file: the child is gone
+                return
+            if event is None:
+                continue
+            if not self._stopping.is_set():
+                self._incoming.emit(event)
+
+    def _report_death(self) -> None:
+        if self._dead_reported:
+            return
+        self._dead_reported = True
+        code = None
+        if self._proc is not None:
+            self._proc.kill()  # reap it so that no child process is left behind
+            code = self._proc.exitcode
+            self._proc.close()
+            self._proc = None
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(1)
+            self._reader = None
+        generating = any(h.is_reply for h in self._pending.values())
+        exit_info = EngineExit(code, during_load=self._loading,
+                               during_first_reply=generating and self._replies_done == 0)
+        self._pending.clear()
+        self._loading = False
+        log.warning("engine process ended, exit code %s", code)
+        self.died.emit(exit_info)
+
+    @Slot(object)
+    def _dispatch(self, event) -> None:
+        if event is None:
+            self._report_death()
+            return
+        if isinstance(event, ev.LoadProgressEvent):
+            self.load_progress.emit(event.done, event.total)
+        elif isinstance(event, ev.LoadedEvent):
+            self._loading = False
+            self.loaded.emit(event.facts)
+        elif isinstance(event, ev.LoadFailedEvent):
+            self._loading = False
+            self.load_failed.emit(event.message)
+        else:
+            rid = getattr(event, "id", None)
+            if isinstance(event, ev.TokenEvent):
+                self.token.emit(event.id, event.text)
+            elif isinstance(event, ev.DoneEvent):
+                self._replies_done += 1
+            handle = self._pending.get(rid) if rid is not None else None
+            if handle is not None and handle._deliver(event):
+                self._pending.pop(rid, None)
+            elif handle is None and isinstance(event, ev.ErrorEvent):
+                log.warning("engine error with no request: %s", event.message)
+        self.event.emit(event)

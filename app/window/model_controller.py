@@ -1,0 +1,201 @@
+"""The model and the engine process: start, load, restart, the model's facts, and what the
+window says when a load fails or the engine process dies.
+
+State (``ModelState``)::
+
+    NONE --load--> LOADING --loaded--> READY
+                      |                  |
+                      +--load_failed--> FAILED        (any) --process died--> DEAD --restart--> LOADING
+"""
+
+from __future__ import annotations
+
+import logging
+from enum import StrEnum
+from pathlib import Path
+
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtWidgets import QFileDialog, QMessageBox
+
+from app.session import model_label
+from app.window.crash import describe_exit
+from app.window.engine_client import EngineClient, EngineExit
+from app.window.settings_dialog import human_bytes
+from engine.errors import ModelLoadError
+from engine.model_file import check_gguf, default_model_path
+
+log = logging.getLogger(__name__)
+
+
+class ModelState(StrEnum):
+    NONE = "none"        # nothing asked for yet
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"    # the model could not be loaded; the engine process still runs
+    DEAD = "dead"        # the engine process ended
+
+
+def facts_text(f: dict) -> str:
+    """The Model info text for a ModelFacts dict (sizes in bytes, context in tokens)."""
+    return "\n".join([
+        f"Name: {f.get('name', '')}",
+        f"File: {f.get('path', '')}",
+        f"Architecture: {f.get('architecture', '')}",
+        f"Parameters: {int(f.get('parameters') or 0):,}",
+        f"Quantization: {f.get('quantization', '')}",
+        f"File size: {human_bytes(int(f.get('size_bytes') or 0))}",
+        f"Trained context: {int(f.get('context_length') or 0):,} tokens",
+        f"Context in use: {int(f.get('n_ctx') or 0):,} tokens",
+        f"KV cache per token: {human_bytes(int(f.get('kv_bytes_per_token') or 0))}",
+        f"Prefix store: {'on' if f.get('cache_policy') == 'full' else f.get('cache_policy')}",
+    ])
+
+
+class ModelController(QObject):
+    """Owns ``EngineClient`` and the model's lifecycle for ``window`` (a MainWindow: its
+    ``settings``, ``banner``, ``status`` and ``save_settings`` are used).
+
+    Signals: ready(facts), failed(message), died(message).
+    """
+
+    ready = Signal(dict)
+    failed = Signal(str)
+    died = Signal(str)
+
+    def __init__(self, window, explicit_model: str | None):
+        super().__init__(window)
+        self.window = window
+        self.client = EngineClient(window.data_dir, window.logs_dir / "engine.log", self)
+        self.state = ModelState.NONE
+        self.facts: dict | None = None
+        self.path: str | None = None  # the model asked for
+        self.good_path: str | None = None  # the last model that loaded
+        self.after_load = None  # called once when the next load succeeds
+        self._explicit = explicit_model
+        self.client.load_progress.connect(lambda done, total: window.status.loading(done, total))
+        self.client.loaded.connect(self._loaded)
+        self.client.load_failed.connect(self._load_failed)
+        self.client.died.connect(self._died)
+
+    @property
+    def log_file(self) -> Path:
+        return self.window.logs_dir / "engine.log"
+
+    def start(self) -> None:
+        """Start the engine process and load the model chosen at start-up."""
+        self.client.start()
+        path = self._explicit or self.window.settings.last_model
+        if path and not Path(path).exists():
+            self.window.banner.show_message(
+                f"The last model, {path}, is no longer there; loading the default model.", "info")
+            path = None
+        self.load(path)
+
+    def restart(self) -> None:
+        """A fresh engine process, reloading the last model that loaded (or the default)."""
+        self.window.banner.hide()
+        self.client.start()
+        self.load(self.good_path or self.path)
+
+    def load(self, path: str | None) -> None:
+        """Load ``path`` (None: the embedded default model) in the background."""
+        try:
+            p = str(check_gguf(path if path else default_model_path()))
+        except ModelLoadError as exc:
+            self._load_failed(str(exc))
+            return
+        if not self.client.is_running():
+            self.client.start()
+        self.path = p
+        self.state = ModelState.LOADING
+        self.window.status.model_label.setText(f"Loading {Path(p).name}…")
+        self.window.status.loading()
+        s = self.window.settings
+        self.client.load(p, s.engine_settings().to_dict(), s.budget_bytes)
+
+    def reload(self) -> None:
+        self.load(self.good_path or self.path)
+
+    @property
+    def label(self) -> str:
+        """The label stored on replies (``app.session.model_label``)."""
+        return model_label(self.path, self.facts)
+
+    def _loaded(self, facts: dict) -> None:
+        w = self.window
+        self.facts = facts
+        self.state = ModelState.READY
+        self.good_path = facts.get("path") or self.path
+        w.settings.remember_model(self.good_path)
+        w.save_settings()
+        w.status.progress.hide()
+        params = facts.get("parameters") or 0
+        size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.0f}M"
+        w.status.model_label.setText(f"{model_label(self.good_path, facts)} · {size}")
+        w.status.model_label.setToolTip(facts_text(facts))
+        if facts.get("cache_policy", "full") != "full":
+            w.banner.show_message(f"The prefix store is off for this model: {facts['cache_policy']}", "info")
+        elif w.banner.isVisible() and w.banner.kind == "error":
+            w.banner.hide()
+        self.ready.emit(facts)
+        after, self.after_load = self.after_load, None
+        if after is not None:
+            after()
+
+    def _load_failed(self, message: str) -> None:
+        self.state = ModelState.FAILED
+        self.facts = None
+        self.window.status.progress.hide()
+        self.window.status.model_label.setText("No model")
+        self.after_load = None
+        actions = [("Open model…", self.open_dialog)]
+        if self.good_path and self.good_path != self.path:
+            actions.append(("Load previous model", lambda: self.load(self.good_path)))
+        else:
+            actions.append(("Load default model", lambda: self.load(None)))
+        self.window.banner.show_message(f"The model could not be loaded. {message}", "error", actions)
+        self.failed.emit(message)
+
+    def _died(self, exit_info: EngineExit) -> None:
+        w = self.window
+        report = describe_exit(exit_info.exitcode, self.log_file,
+                               early=exit_info.during_load or exit_info.during_first_reply,
+                               repack=w.settings.repack)
+        log.warning("engine died: %s", report.message)
+        self.state = ModelState.DEAD
+        self.facts = None
+        self.after_load = None
+        w.status.progress.hide()
+        w.status.model_label.setText("Engine stopped")
+        self.died.emit(report.message)  # the transcript saves a reply in progress first
+
+        def restart() -> None:
+            if report.safe_restart:
+                w.settings.repack = "off"
+                w.save_settings()
+            w.restart_engine()
+
+        w.banner.show_message(report.message, "error", [("Restart engine", restart)])
+
+    def open_dialog(self) -> None:
+        start = str(Path(self.good_path).parent) if self.good_path else str(Path.home())
+        path, _ = QFileDialog.getOpenFileName(self.window, "Open model", start,
+                                              "GGUF models (*.gguf);;All files (*)")
+        if path:
+            self.load(path)
+
+    def fill_recent(self, menu) -> None:
+        menu.clear()
+        for p in self.window.settings.recent_models:
+            a = menu.addAction(Path(p).name, lambda _c=False, q=p: self.load(q))
+            a.setToolTip(p)
+        if not self.window.settings.recent_models:
+            menu.addAction("(none yet)").setEnabled(False)
+        menu.addSeparator()
+        menu.addAction("Default model (SmolLM2-135M)", lambda: self.load(None))
+
+    def show_info(self) -> None:
+        box = QMessageBox(self.window)
+        box.setWindowTitle("Model info")
+        box.setText(facts_text(self.facts) if self.facts else "No model is loaded.")
+        box.open()

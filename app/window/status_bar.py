@@ -1,0 +1,69 @@
+"""The status bar: the last reply's figures, a progress bar, the context figure, the model."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar
+
+from app.session import reply_status_line
+from engine.events import Phase
+
+PROGRESS_MIN_TOKENS = 64  # show the progress bar only for restores/prefills at least this long
+
+
+class StatusBar:
+    """The widgets of ``QMainWindow.statusBar()`` and what they show.
+
+    ``stats_label``: the reply figures ("restored N tokens in X ms · …");
+    ``progress``: model load or restore/prefill progress; ``context_label``:
+    "context used / n_ctx" (tokens); ``model_label``: the loaded model.
+    """
+
+    def __init__(self, bar: QStatusBar):
+        self.stats_label = QLabel()
+        self.stats_label.setObjectName("reply_stats")
+        self.progress = QProgressBar()
+        self.progress.setMaximumWidth(220)
+        self.progress.setTextVisible(True)
+        self.progress.hide()
+        self.context_label = QLabel()
+        self.model_label = QLabel("No model")
+        self.context_used = 0  # tokens of the shown path, as last shown
+        bar.addWidget(self.stats_label, 1)
+        bar.addPermanentWidget(self.progress)
+        bar.addPermanentWidget(self.context_label)
+        bar.addPermanentWidget(self.model_label)
+
+    def show_stats(self, stats: dict | None, saved: bool = False) -> None:
+        self.stats_label.setText(reply_status_line(stats, saved) if stats else "")
+
+    def set_context(self, used: int, n_ctx: int) -> None:
+        """Show ``used`` of ``n_ctx`` tokens."""
+        self.context_label.setText(f"context {used:,} / {n_ctx:,}")
+        self.context_used = used
+
+    def set_context_from_stats(self, stats: dict | None, n_ctx: int) -> None:
+        """The context figure from a reply's stats: prompt + generated tokens (0 without stats)."""
+        used = (stats.get("prompt_tokens", 0) + stats.get("generated_tokens", 0)) if stats else 0
+        self.set_context(used, n_ctx)
+
+    def loading(self, done: int = 0, total: int = 0) -> None:
+        """Model load progress: bytes hashed of ``total`` (0: not known yet, a busy bar)."""
+        if total:
+            self.progress.setRange(0, 1000)
+            self.progress.setValue(int(1000 * done / total))
+            self.progress.setFormat("Loading model… %p%")
+        else:
+            self.progress.setRange(0, 0)
+            self.progress.setFormat("Loading model…")
+        self.progress.show()
+
+    def reply_progress(self, phase: str, done: int, total: int) -> None:
+        """Restore/prefill progress of a reply (tokens); shown for long prompts only."""
+        if total >= PROGRESS_MIN_TOKENS and done < total:
+            self.progress.setRange(0, total)
+            self.progress.setValue(done)
+            verb = "Restoring" if phase == Phase.RESTORE else "Prefilling"
+            self.progress.setFormat(f"{verb} %v/%m tokens")
+            self.progress.show()
+        elif done >= total:
+            self.progress.hide()

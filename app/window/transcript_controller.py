@@ -1,0 +1,371 @@
+"""The shown conversation and the reply being generated: the window's side of ``app.session``.
+
+``ChatController`` turns the transcript's, composer's and tree's requests (send, edit,
+regenerate, retry, fork, switch sibling) into ``ConversationSession`` calls, starts
+replies on the engine and feeds their events to a ``ReplyRecorder``. Nothing here waits
+on the engine: streamed text is painted every ``FLUSH_MS``; the recorder writes it to
+``chats.sqlite3`` at most every half second, so a crash loses at most that much text;
+a stop, a quit or a dead engine saves the partial reply as "stopped".
+"""
+
+from __future__ import annotations
+
+import logging
+
+from PySide6.QtCore import QObject, QTimer, Signal
+from PySide6.QtWidgets import QMessageBox
+
+from app.session import ConversationSession, ReplyRecorder, ReplyState
+from app.window.engine_client import PendingRequest
+from app.window.model_controller import ModelState
+from engine.events import CountEvent, CoverageEvent, DoneEvent, ErrorEvent, ErrorKind, SnapshotEvent
+from storage.errors import NotFoundError, StorageError
+
+log = logging.getLogger(__name__)
+
+FLUSH_MS = 40
+EMPTY_TEXT = ("<h2>Branchwise</h2><p>Ask anything. Every reply is a branch you can edit, "
+              "regenerate or fork,<br>and resuming a chat restores its KV cache instantly.</p>")
+
+
+class ChatController(QObject):
+    """The conversation shown in ``window`` (a MainWindow) and its streaming reply.
+
+    Signals: reply_finished(message id, 0 when nothing was stored), coverage_ready().
+    """
+
+    reply_finished = Signal(int)
+    coverage_ready = Signal()
+
+    def __init__(self, window):
+        super().__init__(window)
+        self.w = window
+        self.session = ConversationSession(window.store)
+        self.conversation_id: int | None = None
+        self.reply: ReplyRecorder | None = None
+        self._request: PendingRequest | None = None
+        self._stopping = False
+        self._dirty = False
+        self._coverage: PendingRequest | None = None
+        self._coverage_ids: list[int] = []
+        self._count: PendingRequest | None = None
+        self.flush_timer = QTimer(self, interval=FLUSH_MS)
+        self.flush_timer.timeout.connect(self._flush)
+
+    @property
+    def streaming(self) -> bool:
+        return self.reply is not None
+
+    @property
+    def coverage_pending(self) -> bool:
+        """True while the tree panel's coverage request is in flight (for tools and tests)."""
+        return self._coverage is not None
+
+    # -- showing -------------------------------------------------------------------------
+
+    def show_conversation(self, conversation_id: int | None) -> None:
+        self.conversation_id = conversation_id
+        self.w.sidebar.set_current(conversation_id)
+        self.render()
+        self.refresh_coverage()
+
+    def render(self) -> None:
+        """Re-read the shown conversation and redraw the transcript, tree and status."""
+        w, cid, busy = self.w, self.conversation_id, self.streaming
+        if cid is None:
+            w.transcript.set_messages([], {}, w.colors, busy, EMPTY_TEXT)
+            w.tree.set_tree([], set(), w.colors)
+            w.refresh_title()
+            self.update_context_label()
+            w.status.show_stats(None)
+            return
+        path = self.session.shown_path(cid, self.reply)
+        streaming_here = busy and self.reply.conversation_id == cid
+        unanswered = None if busy else self.session.unanswered(cid)
+        w.transcript.set_messages(path, self.session.sibling_positions(path), w.colors, busy, EMPTY_TEXT,
+                                  unanswered_id=unanswered)
+        if streaming_here:
+            pending = w.transcript.start_pending()
+            if self.reply.text:
+                pending.set_text(self.reply.text)
+        w.tree.set_tree(w.store.tree(cid), {m.id for m in path}, w.colors)
+        w.refresh_title()
+        if busy:
+            return  # the reply owns the status line until it ends
+        last = next((m for m in reversed(path) if m.role == "assistant"), None)
+        w.status.show_stats(last.stats if last else None, saved=True)
+        if w.model.state == ModelState.READY:
+            self.request_context_count()  # the exact figure, asynchronously
+        else:  # no engine to ask: the saved figures of the leaf reply, if it has them
+            self.update_context_label(path[-1].stats if path and path[-1].role == "assistant" else None)
+
+    def n_ctx(self) -> int:
+        return (self.w.model.facts or {}).get("n_ctx") or self.w.settings.n_ctx
+
+    def update_context_label(self, stats: dict | None = None) -> None:
+        self.w.status.set_context_from_stats(stats, self.n_ctx())
+
+    def request_context_count(self) -> None:
+        """Ask the engine how many tokens the shown path takes (the context figure); older
+        answers are dropped. Does nothing while a reply streams or no model is ready."""
+        cid, self._count = self.conversation_id, None
+        if cid is None or self.streaming or self.w.model.state != ModelState.READY:
+            if cid is None:
+                self.w.status.set_context(0, self.n_ctx())
+            return
+        try:
+            messages = self.session.active_prompt(cid)
+        except StorageError:
+            return
+        if not messages:
+            self.w.status.set_context(0, self.n_ctx())
+            return
+        handle = self.w.client.count(messages)
+        if handle is not None:
+            self._count = handle
+            handle.done.connect(lambda e, h=handle, c=cid: self._counted(h, c, e))
+            handle.failed.connect(lambda e: log.info("count failed: %s", e.message))
+
+    def _counted(self, handle: PendingRequest, cid: int, event: CountEvent) -> None:
+        if handle is self._count and cid == self.conversation_id and not self.streaming:
+            self._count = None
+            self.w.status.set_context(event.prompt_tokens, event.n_ctx or self.n_ctx())
+
+    def refresh_coverage(self) -> None:
+        """Ask the engine how much of each node's prompt the prefix store holds (tree panel)."""
+        if (not self.w.tree.isVisible() or self.conversation_id is None
+                or self.w.model.state != ModelState.READY or self._coverage is not None):
+            return
+        ids, paths = self.session.coverage_paths(self.conversation_id)
+        if not paths:
+            return
+        handle = self.w.client.coverage(paths)
+        if handle is not None:
+            self._coverage, self._coverage_ids = handle, ids
+            handle.done.connect(self._covered)
+            handle.failed.connect(lambda _e: setattr(self, "_coverage", None))
+
+    def _covered(self, event: CoverageEvent) -> None:
+        self._coverage = None
+        self.w.tree.set_coverage({mid: (int(r[0]), int(r[1])) for mid, r in zip(self._coverage_ids, event.results)})
+        self.coverage_ready.emit()
+
+    def engine_gone(self) -> None:
+        """The engine process ended: in-flight requests will not be answered."""
+        self._coverage = self._count = None
+        if self.reply is not None:
+            self.abandon(ReplyState.STOPPED)
+
+    # -- changing the conversation ---------------------------------------------------------
+
+    def can_generate(self) -> bool:
+        w = self.w
+        if self.streaming:
+            return False
+        state = w.model.state
+        if state == ModelState.READY:
+            return True
+        if state == ModelState.LOADING:
+            w.banner.show_message("The model is still loading; send again in a moment.", "info")
+        elif state == ModelState.DEAD:
+            w.banner.show_message("The engine is not running.", "error", [("Restart engine", w.restart_engine)])
+        else:
+            w.banner.show_message("No model is loaded. Open a GGUF model file to chat.", "error",
+                                  [("Open model…", w.open_model_dialog), ("Load default model", lambda: w.load_model(None))])
+        return False
+
+    def send(self, text: str) -> None:
+        """Add ``text`` as a user message under the active leaf and generate the reply."""
+        if not self.can_generate():
+            self.w.composer.set_text(text)
+            return
+        user = self.session.send(self.conversation_id, text)
+        self.conversation_id = user.conversation_id
+        self.w.sidebar.set_current(self.conversation_id)
+        self.start_reply(user.id)
+
+    def edit(self, message_id: int, text: str) -> None:
+        if self.can_generate():
+            self.start_reply(self.session.edit(message_id, text).id)
+
+    def regenerate(self, message_id: int) -> None:
+        """A new sibling of an assistant reply; on a user message, a reply under it (retry)."""
+        if self.can_generate():
+            self.start_reply(self.session.regenerate_target(message_id))
+
+    def switch_sibling(self, message_id: int, delta: int) -> None:
+        if not self.streaming and self.session.switch_sibling(message_id, delta):
+            self.render()
+
+    def select(self, message_id: int) -> None:
+        if not self.streaming:
+            self.session.select(message_id)
+            self.render()
+
+    def fork(self, message_id: int) -> None:
+        if self.streaming:
+            return
+        conv = self.session.fork(message_id)
+        self.show_conversation(conv.id)
+        self.w.banner.show_message(f"Forked into a new chat, “{conv.title}”. Its KV cache is shared.", "info")
+
+    def last_message_id(self) -> int | None:
+        if self.conversation_id is None:
+            return None
+        path = self.w.store.active_path(self.conversation_id)
+        return path[-1].id if path else None
+
+    # -- one reply -----------------------------------------------------------------------
+
+    def start_reply(self, user_message_id: int) -> None:
+        """Generate a new assistant reply (a new child) under the user message ``user_message_id``."""
+        w = self.w
+        if self.streaming:
+            return
+        user = w.store.get_message(user_message_id)
+        sampling = w.store.get_conversation(user.conversation_id).sampling
+        handle = w.client.generate(self.session.prompt(user.id), dict(sampling), use_cache=w.use_cache)
+        if handle is None:
+            return
+        self.reply = self.session.start_reply(user.id, w.model.label)
+        self._request, self._stopping = handle, False
+        handle.token.connect(self._token)
+        handle.progress.connect(lambda phase, done, total: w.status.reply_progress(phase, done, total))
+        handle.done.connect(lambda e, r=self.reply: self._done(r, e))
+        handle.snapshot.connect(lambda e, r=self.reply: self._snapshot(r, e))
+        handle.failed.connect(lambda e, r=self.reply: self._failed(r, e))
+        if self.conversation_id != user.conversation_id:
+            self.conversation_id = user.conversation_id
+            w.sidebar.set_current(user.conversation_id)
+        w.sidebar.busy_id = user.conversation_id
+        w.composer.set_streaming(True)
+        w.status.stats_label.setText("Thinking…")
+        self.render()
+        self.flush_timer.start()
+
+    def stop(self) -> None:
+        """Cancel the reply; the engine answers with ``done`` (finish_reason "cancelled")."""
+        if self._request is not None and not self._stopping:
+            self._stopping = True
+            self.w.status.stats_label.setText("Stopping…")
+            self.w.client.cancel(self._request)
+
+    def _token(self, text: str) -> None:
+        try:
+            self.reply.add_text(text)
+        except StorageError as exc:
+            self.w.storage_failed(exc)
+        self._dirty = True
+
+    def _flush(self) -> None:
+        r, pending = self.reply, self.w.transcript.pending
+        if r is None or not self._dirty:
+            return
+        self._dirty = False
+        if pending is not None and r.conversation_id == self.conversation_id:
+            if r.text:
+                pending.note.setText("· writing…")
+            pending.set_text(r.text)
+
+    def _end(self) -> ReplyRecorder | None:
+        r, self.reply, self._request = self.reply, None, None
+        self.flush_timer.stop()
+        self.w.status.progress.hide()
+        self.w.composer.set_streaming(False)
+        self.w.sidebar.busy_id = None
+        return r
+
+    def _done(self, reply: ReplyRecorder, event: DoneEvent) -> None:
+        if reply is not self.reply:
+            return
+        self._end()
+        mid = None
+        try:
+            mid = reply.complete(event.text, event.token_ids, event.stats)
+        except StorageError as exc:
+            self.w.storage_failed(exc)
+        if reply.conversation_id == self.conversation_id:
+            self.render()
+        self.w.status.show_stats(event.stats)
+        self.update_context_label(event.stats)
+        self.w.sidebar.refresh()
+        self.reply_finished.emit(mid or 0)
+
+    def _snapshot(self, reply: ReplyRecorder, event: SnapshotEvent) -> None:
+        try:
+            reply.add_snapshot(event.snapshot_ms, event.bytes_written)
+        except StorageError as exc:
+            log.warning("could not save the snapshot figures: %s", exc)
+        self.refresh_coverage()
+
+    def _failed(self, reply: ReplyRecorder, event: ErrorEvent) -> None:
+        if reply is not self.reply:  # e.g. the snapshot failed after the reply was saved
+            log.warning("after the reply: %s", event.message)
+            return
+        parent = reply.parent_id
+        self.abandon(ReplyState.ERROR)
+        if event.kind == ErrorKind.OVERFLOW:
+            self.w.overflow(parent, event.prompt_tokens, event.n_ctx, event.message)
+        else:
+            self.w.banner.show_message(event.message or "The engine could not do that.", "error")
+
+    def abandon(self, state: ReplyState) -> None:
+        """Save what was streamed so far (marked ``state``) and forget the request."""
+        reply = self._end()
+        if reply is None:
+            return
+        try:
+            reply.abandon(state)
+        except StorageError as exc:
+            log.error("could not save the partial reply: %s", exc)
+        if not self.w.closed:
+            if reply.conversation_id == self.conversation_id:
+                self.render()
+            self.reply_finished.emit(reply.message_id or 0)
+
+    def shutdown(self) -> None:
+        """Save a reply in progress as stopped and stop the engine (cancelling it first)."""
+        request = self._request
+        if self.reply is not None:
+            self.abandon(ReplyState.STOPPED)
+        self.w.client.stop(cancel=request)
+
+    # -- context overflow ----------------------------------------------------------------
+
+    def overflow_dialog(self, user_message_id: int, prompt_tokens: int, n_ctx: int, message: str) -> QMessageBox:
+        w = self.w
+        trained = int((w.model.facts or {}).get("context_length") or 0)
+        o = self.session.overflow(user_message_id, prompt_tokens, n_ctx, trained)
+        box = QMessageBox(w)
+        box.setIcon(QMessageBox.Icon.Warning)
+        box.setWindowTitle("This chat is too long")
+        box.setText(message or f"The prompt is {prompt_tokens:,} tokens; the context holds {n_ctx:,}.")
+        box.setInformativeText("Continue on a new branch that keeps the system prompt and the latest turns, "
+                               "or raise the context size (uses more memory; reloads the model).")
+        branch = box.addButton("Continue on a new branch", QMessageBox.ButtonRole.AcceptRole)
+        raise_b = box.addButton(f"Raise context to {o.suggested_n_ctx:,}", QMessageBox.ButtonRole.ActionRole)
+        raise_b.setEnabled(o.suggested_n_ctx > n_ctx)
+        box.addButton(QMessageBox.StandardButton.Cancel)
+
+        def chosen(button) -> None:
+            if button is branch:
+                self.branch_dropping_oldest(user_message_id, n_ctx)
+            elif button is raise_b:
+                w.settings.n_ctx = o.suggested_n_ctx
+                w.save_settings()
+                w.model.after_load = lambda: self.start_reply(user_message_id)
+                w.model.reload()
+
+        box.buttonClicked.connect(chosen)
+        box.open()
+        return box
+
+    def branch_dropping_oldest(self, user_message_id: int, n_ctx: int) -> None:
+        new_parent = self.session.branch_dropping_oldest(user_message_id, n_ctx)
+        if new_parent is None:
+            self.w.banner.show_message("The newest message alone does not fit the context window; raise the "
+                                       "context size in Settings or shorten the message.", "error",
+                                       [("Settings…", self.w.open_settings)])
+            return
+        self.render()
+        self.start_reply(new_parent)

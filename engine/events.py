@@ -1,0 +1,212 @@
+"""What the window and the engine process say to each other: typed requests and events.
+
+The window (``app/window/engine_client.py``) and the engine process
+(``engine/worker.py``) exchange these dataclasses over a ``multiprocessing`` pipe
+(pickled; both processes import this module, so neither builds or parses a dict).
+Every request that expects an answer carries an ``id`` (a positive int chosen by the
+sender); every event that answers a request carries the same ``id``.
+
+Requests, window -> engine::
+
+    LoadRequest        path, settings (EngineSettings dict), budget_bytes
+    GenerateRequest    id, messages [ChatMessage], sampling (SamplingParams dict), use_cache
+    CancelRequest      id
+    CountRequest       id, messages                    -> CountEvent (prompt length)
+    CoverageRequest    id, paths [[ChatMessage]]       -> CoverageEvent
+    CacheRequest       id, action (CacheAction), budget_bytes -> CacheEvent
+    ShutdownRequest
+
+Events, engine -> window::
+
+    LoadProgressEvent  done, total (bytes of the model file hashed)
+    LoadedEvent        facts (ModelFacts dict)  | LoadFailedEvent message
+    ProgressEvent      id, phase (Phase), done, total (tokens)
+    TokenEvent         id, text
+    DoneEvent          id, text, token_ids, stats (GenerationStats dict)
+    SnapshotEvent      id, snapshot_ms, bytes_written (after DoneEvent, when the KV was stored)
+    ErrorEvent         id, kind (ErrorKind), message, prompt_tokens, n_ctx
+    CountEvent         id, prompt_tokens, n_ctx
+    CoverageEvent      id, results [(stored, total)] in tokens, one per path
+    CacheEvent         id, stats (PrefixStore.stats() dict), verify {checked, bad, removed} | None
+
+Raises nothing itself: a request the engine cannot serve comes back as an ErrorEvent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from engine.chat_template import ChatMessage
+
+
+class FinishReason(StrEnum):
+    """Why a reply ended (``GenerationStats.finish_reason``, engine/core.py)."""
+
+    STOP = "stop"            # the model ended its turn
+    LENGTH = "length"        # max_tokens reached
+    CONTEXT = "context"      # the context window is full
+    CANCELLED = "cancelled"  # stopped by the user
+
+
+class Phase(StrEnum):
+    """The part of a request a ProgressEvent counts."""
+
+    RESTORE = "restore"  # KV blocks read from the prefix store
+    PREFILL = "prefill"  # prompt tokens evaluated
+
+
+class ErrorKind(StrEnum):
+    """What went wrong in an ErrorEvent."""
+
+    OVERFLOW = "overflow"  # the prompt does not fit the context (prompt_tokens, n_ctx set)
+    TEMPLATE = "template"  # the model's chat template failed on these messages
+    ENGINE = "engine"      # any other failure (the traceback is in engine.log)
+    NO_MODEL = "no_model"  # a request arrived before a model loaded
+
+
+class CacheAction(StrEnum):
+    STATS = "stats"
+    CLEAR = "clear"    # remove every block, and the engine's in-memory KV
+    VERIFY = "verify"  # check every block's checksum, remove bad ones
+    SET_BUDGET = "set_budget"  # new byte budget (``budget_bytes``), evicting down to it
+
+
+# -- requests ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    path: str
+    settings: dict
+    budget_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    id: int
+    messages: list[ChatMessage]
+    sampling: dict
+    use_cache: bool = True
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    id: int
+
+
+@dataclass(frozen=True)
+class CountRequest:
+    id: int
+    messages: list[ChatMessage]
+
+
+@dataclass(frozen=True)
+class CoverageRequest:
+    id: int
+    paths: list[list[ChatMessage]]
+
+
+@dataclass(frozen=True)
+class CacheRequest:
+    id: int
+    action: CacheAction
+    budget_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class ShutdownRequest:
+    pass
+
+
+Request = (LoadRequest | GenerateRequest | CancelRequest | CountRequest | CoverageRequest
+           | CacheRequest | ShutdownRequest)
+
+
+# -- events ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadProgressEvent:
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
+class LoadedEvent:
+    facts: dict
+
+
+@dataclass(frozen=True)
+class LoadFailedEvent:
+    message: str
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    id: int
+    phase: Phase
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    id: int
+    text: str
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    id: int
+    text: str
+    token_ids: list[int]
+    stats: dict
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        value = self.stats.get("finish_reason")
+        return FinishReason(value) if value in FinishReason._value2member_map_ else None
+
+
+@dataclass(frozen=True)
+class SnapshotEvent:
+    id: int
+    snapshot_ms: float
+    bytes_written: int
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    id: int | None
+    kind: ErrorKind
+    message: str
+    prompt_tokens: int = 0
+    n_ctx: int = 0
+
+
+@dataclass(frozen=True)
+class CountEvent:
+    id: int
+    prompt_tokens: int
+    n_ctx: int
+
+
+@dataclass(frozen=True)
+class CoverageEvent:
+    id: int
+    results: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CacheEvent:
+    id: int
+    stats: dict
+    verify: dict | None = None
+
+
+Event = (LoadProgressEvent | LoadedEvent | LoadFailedEvent | ProgressEvent | TokenEvent | DoneEvent
+         | SnapshotEvent | ErrorEvent | CountEvent | CoverageEvent | CacheEvent)
+
+ANSWERS = (DoneEvent, ErrorEvent, CountEvent, CoverageEvent, CacheEvent)
+"""The events that end a request (the window's handle for that request is then finished)."""

@@ -1,0 +1,83 @@
+"""A native crash of the engine process (issue #7, the window's half): the banner says what
+happened in words, names engine.log and what Restart will do; Restart turns weight
+repacking off; the unanswered message is retried in place; the next send works."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import pytest  # noqa: E402
+from PySide6.QtCore import Qt  # noqa: E402
+
+from app.window.crash import crash_name, describe_exit  # noqa: E402
+from gui_helpers import LOAD_TIMEOUT_MS, REPLY_TIMEOUT_MS, new_chat, send_and_wait  # noqa: E402
+
+LOG = "/data/logs/engine.log"
+
+
+def test_describe_a_segfault_during_the_first_reply():
+    r = describe_exit(-signal.SIGSEGV, LOG, early=True, repack="auto")
+    assert r.native_crash and r.safe_restart
+    assert r.message.startswith("The engine crashed in llama.cpp (segmentation fault). Your conversations are safe.")
+    assert LOG in r.message and "repacking off" in r.message
+
+
+def test_describe_a_later_crash_or_repacking_already_off():
+    for early, repack in ((False, "auto"), (True, "off")):
+        r = describe_exit(-signal.SIGABRT, LOG, early=early, repack=repack)
+        assert r.native_crash and not r.safe_restart
+        assert "(abort)" in r.message and "repacking" not in r.message
+
+
+def test_describe_windows_exception_codes_and_plain_exits():
+    assert crash_name(0xC0000005) == "access violation"
+    assert crash_name(0xC000001D) == "illegal instruction"
+    assert crash_name(1) is None and crash_name(None) is None
+    killed = describe_exit(-signal.SIGKILL, LOG, early=True, repack="auto")
+    assert not killed.native_crash and not killed.safe_restart
+    assert "stopped unexpectedly (killed by SIGKILL" in killed.message and LOG in killed.message
+    assert "exit code 3" in describe_exit(3, LOG, early=False, repack="auto").message
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGSEGV") or os.name == "nt", reason="POSIX signals")
+def test_segfault_before_the_first_token_then_restart_and_retry(qtbot, open_window, data_dir):
+    w = open_window(data_dir)
+    assert w.settings.repack == "auto"
+    cid = new_chat(w, {"max_tokens": 16})
+    # a long prompt: the engine is still prefilling when it is killed, before the first token
+    w.composer.input.setPlainText("Summarise: " + "The lighthouse keeper climbed the stairs at dusk. " * 120)
+    with qtbot.waitSignal(w.engine_died, timeout=30_000) as died:
+        qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
+        os.kill(w.client.pid, signal.SIGSEGV)
+    message = died.args[0]
+    log_file = str(data_dir / "logs" / "engine.log")
+    assert message.startswith("The engine crashed in llama.cpp (segmentation fault).")
+    assert log_file in message and "weight repacking off" in message
+    assert w.banner.isVisible() and w.banner.text == message
+    assert w.model_state == "dead"
+    # the user's message is kept, unanswered, with a Retry button
+    path = w.store.active_path(cid)
+    assert [m.role for m in path] == ["user"]
+    user_id = path[0].id
+    assert "retry" in w.transcript.widget_for(user_id).buttons
+
+    qtbot.mouseClick(w.banner.button("Restart engine"), Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: w.model_state == "ready", timeout=LOAD_TIMEOUT_MS)
+    assert w.settings.repack == "off"
+    assert json.loads((data_dir / "settings.json").read_text())["repack"] == "off"
+
+    retry = w.transcript.widget_for(user_id).buttons["retry"]
+    with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS) as blocker:
+        qtbot.mouseClick(retry, Qt.MouseButton.LeftButton)
+    reply = w.store.get_message(blocker.args[0])
+    assert reply.status == "complete" and reply.parent_id == user_id
+    assert [m.id for m in w.store.active_path(cid)] == [user_id, reply.id]  # no second user message
+
+    w.composer.input.clear()
+    mid = send_and_wait(qtbot, w, "Thanks. Now say hi.")
+    assert w.store.get_message(mid).status == "complete"
+    assert [m.role for m in w.store.active_path(cid)] == ["user", "assistant", "user", "assistant"]

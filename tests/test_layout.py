@@ -1,0 +1,40 @@
+"""Where the files sit: developer tools are not in the shipped package, and the README's
+``python -m`` commands name modules that exist."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_developer_tools_are_not_shipped():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    shipped = project["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
+    assert "tools" not in shipped
+    for name in ("screenshots", "ui_latency"):
+        assert (ROOT / "tools" / f"{name}.py").exists()
+        assert not list((ROOT / "app").rglob(f"{name}.py"))
+    assert project["project"]["scripts"]["branchwise"] == "app.cli:main"
+
+
+def test_readme_python_m_commands_exist():
+    modules = re.findall(r"python -m ([\w.]+)", (ROOT / "README.md").read_text())
+    assert modules
+    for mod in modules:
+        path = ROOT / Path(*mod.split("."))
+        assert path.with_suffix(".py").exists() or (path / "__main__.py").exists(), mod
+
+
+def test_no_class_over_400_lines_in_the_app():
+    """The window stays split by job (issue #8): no class in app/ over ~400 lines."""
+    import ast
+
+    for file in (ROOT / "app").rglob("*.py"):
+        tree = ast.parse(file.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                length = node.end_lineno - node.lineno + 1
+                assert length <= 400, f"{file.relative_to(ROOT)}: class {node.name} is {length} lines"

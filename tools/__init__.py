@@ -1,0 +1,1 @@
+"""Developer tools (screenshots, UI latency): run from a source checkout, never shipped."""
