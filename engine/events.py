@@ -145,7 +145,7 @@ class LoadFailedEvent:
 @dataclass(frozen=True)
 class ProgressEvent:
     id: int
-    phase: Phase
+    phase: str  # a Phase value
     done: int
     total: int
 

@@ -37,7 +37,6 @@ from engine.events import (
     LoadFailedEvent,
     LoadProgressEvent,
     LoadRequest,
-    Phase,
     ProgressEvent,
     Request,
     ShutdownRequest,
@@ -247,7 +246,7 @@ class _Server:
                 SamplingParams.from_dict(msg.sampling),
                 use_cache=msg.use_cache,
                 on_token=lambda text, _tok: text and self.send(TokenEvent(rid, text)),
-                on_progress=lambda phase, done, total: self.send(ProgressEvent(rid, Phase(phase), done, total)),
+                on_progress=lambda phase, done, total: self.send(ProgressEvent(rid, phase, done, total)),
                 cancel=cancel,
                 snapshot=False,
             )

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from engine.events import FinishReason
 from storage.chat_records import MessageStatus
 
 ReplyState = MessageStatus
@@ -88,7 +89,8 @@ class ReplyRecorder:
         reply with no text stores nothing (returns None); otherwise returns the message id."""
         if self.finished:
             return self.message_id
-        state = ReplyState.STOPPED if stats.get("finish_reason") == "cancelled" else ReplyState.COMPLETE
+        cancelled = stats.get("finish_reason") == FinishReason.CANCELLED
+        state = ReplyState.STOPPED if cancelled else ReplyState.COMPLETE
         self.stats = dict(stats)
         if self.message_id is None:
             if text or state == ReplyState.COMPLETE:

@@ -143,7 +143,7 @@ class EngineClient(QObject):
         arrive meanwhile are dropped: the caller has already saved what it needs.
         """
         proc, reader = self._proc, self._reader
-        self._pending.clear()
+        self._drop_pending()
         if proc is None:
             return
         self._stopping.set()
@@ -227,6 +227,13 @@ class EngineClient(QObject):
             if not self._stopping.is_set():
                 self._incoming.emit(event)
 
+    def _drop_pending(self) -> None:
+        """Forget every request in flight (the process that would answer them is gone)."""
+        for handle in self._pending.values():
+            handle.finished = True
+            handle.deleteLater()
+        self._pending.clear()
+
     def _report_death(self) -> None:
         if self._dead_reported:
             return
@@ -243,7 +250,7 @@ class EngineClient(QObject):
         generating = any(h.is_reply for h in self._pending.values())
         exit_info = EngineExit(code, during_load=self._loading,
                                during_first_reply=generating and self._replies_done == 0)
-        self._pending.clear()
+        self._drop_pending()
         self._loading = False
         log.warning("engine process ended, exit code %s", code)
         self.died.emit(exit_info)
@@ -270,6 +277,7 @@ class EngineClient(QObject):
             handle = self._pending.get(rid) if rid is not None else None
             if handle is not None and handle._deliver(event):
                 self._pending.pop(rid, None)
+                handle.deleteLater()  # its last signal has been delivered
             elif handle is None and isinstance(event, ev.ErrorEvent):
                 log.warning("engine error with no request: %s", event.message)
         self.event.emit(event)

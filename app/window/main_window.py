@@ -81,8 +81,8 @@ class MainWindow(QMainWindow):
         self.model = ModelController(self, model_path)
         self.chat = ChatController(self)
         self._connect()
-        self.actions = build_menus(self)
-        self.actions["toggle_tree"].setChecked(self.settings.show_tree)
+        self.menu_actions = build_menus(self)
+        self.menu_actions["toggle_tree"].setChecked(self.settings.show_tree)
         self.resize(1180, 760)
         self.sidebar.refresh()
         ids = self.sidebar.ids()
@@ -306,7 +306,7 @@ class MainWindow(QMainWindow):
 
     def toggle_tree(self) -> None:
         self.tree.setVisible(not self.tree.isVisible())
-        self.actions["toggle_tree"].setChecked(self.tree.isVisible())
+        self.menu_actions["toggle_tree"].setChecked(self.tree.isVisible())
         self.settings.show_tree = self.tree.isVisible()
         self.save_settings()
         self.chat.refresh_coverage()
