@@ -287,11 +287,15 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
         parts.append(text)
         saver.progress("".join(parts))
         if stream:
-            sys.stdout.write(text)
+            sys.stdout.write(for_stream(text))  # control characters escaped on a terminal
             sys.stdout.flush()
 
     use_cache = not args.no_cache
+    from app.terminal_text import for_stream
     from engine.chat_template import conversation_messages
+
+    if engine.model.facts.chat_template_note and stream:
+        print(f"branchwise: note: {engine.model.facts.chat_template_note}", file=sys.stderr)
     from engine.errors import ContextOverflowError
 
     try:
@@ -315,6 +319,8 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
         print(json.dumps({
             "conversation_id": conversation.id, "user_message_id": user_id,
             "assistant_message_id": msg_id, "text": result.text, "stats": _public_stats(result.stats),
+            "model": {k: getattr(engine.model.facts, k) for k in ("name", "chat_template", "prompt_format",
+                                                                  "chat_template_note")},
         }))
     else:
         s = result.stats
@@ -399,6 +405,7 @@ def cmd_regenerate(args) -> int:
 
 def cmd_conversations(args) -> int:
     from app.export import conversation_json, conversation_markdown
+    from app.terminal_text import echo
 
     chats = _open_chats(args)
     if args.action == "list":
@@ -409,20 +416,20 @@ def cmd_conversations(args) -> int:
         else:
             for c in rows:
                 pin = "*" if c.pinned else " "
-                print(f"{c.id:>5} {pin} {c.title}")
+                echo(f"{c.id:>5} {pin} {' '.join(c.title.splitlines())}")  # escaped on a terminal
         return 0
     if args.action == "show":
         data = conversation_json(chats, args.id)
         if args.json:
             print(json.dumps(data, ensure_ascii=False))
         else:
-            print(conversation_markdown(data, active_only=True))
+            echo(conversation_markdown(data, active_only=True))
         return 0
     data = conversation_json(chats, args.id)
     if args.format == "json":
         print(json.dumps(data, ensure_ascii=False, indent=2))
     else:
-        print(conversation_markdown(data, active_only=True))
+        echo(conversation_markdown(data, active_only=True))
     return 0
 
 

@@ -360,6 +360,29 @@ def compile_template(source: str) -> jinja2.Template:
         raise TemplateLoadError(f"The model's chat template cannot be compiled ({exc}). Use another model file.") from exc
 
 
+def template_from_metadata(metadata: dict, read_raw: Callable[[str], bytes | None]) -> tuple[str | None, str]:
+    """``(template text or None, why it is None)`` from a model's GGUF metadata.
+
+    llama-cpp-python (``Llama.__init__``, ``_internals.LlamaModel.metadata``) decodes every
+    metadata string as UTF-8 and, if one fails, replaces the whole metadata with ``{}``.
+    Then the template is read again on its own with ``read_raw(key)`` (the raw bytes,
+    e.g. through ``llama_model_meta_val_str``); if that is not UTF-8 either, the reason
+    says so, so the ChatML fallback is stated rather than silent.
+    """
+    key = "tokenizer.chat_template"
+    text = metadata.get(key)
+    if text is not None or metadata:
+        return text, ""
+    raw = read_raw(key)
+    if raw is None:
+        return None, ("The model file has no chat template (and some of its metadata is not valid UTF-8 "
+                      "text, so llama-cpp-python could not read any of it)")
+    try:
+        return raw.decode("utf-8"), ""
+    except UnicodeDecodeError:
+        return None, "The model's chat template is not valid UTF-8 text, so it cannot be used"
+
+
 # -- stop strings ------------------------------------------------------------------------
 
 

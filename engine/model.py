@@ -10,7 +10,7 @@ from pathlib import Path
 
 import llama_cpp
 
-from engine.chat_template import PromptBuilder
+from engine.chat_template import PromptBuilder, template_from_metadata
 from engine.errors import ModelLoadError
 from engine.model_file import check_gguf
 from engine.settings import KV_TYPES, EngineSettings
@@ -55,6 +55,8 @@ class ModelFacts:
     chat_template: bool  # True when the GGUF carries one
     kv_bytes_per_token: int
     cache_policy: str  # "full", or why the prefix store is off for this model
+    prompt_format: str = "model template"  # engine.chat_template.PromptFormat
+    chat_template_note: str = ""  # why the model's own template is not used ("" when it is)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -96,7 +98,7 @@ class LoadedModel:
         self._piece_buf = ctypes.create_string_buffer(64)
         meta = self.llama.metadata
         model = self.llama._model
-        self.template_text = meta.get("tokenizer.chat_template")
+        self.template_text, template_missing = template_from_metadata(meta, self._meta_bytes)
         bos, eos = model.token_bos(), model.token_eos()
         self.prompts = PromptBuilder(
             self.template_text,
@@ -105,6 +107,7 @@ class LoadedModel:
             eos_token=self.token_text(eos) if eos >= 0 else "",
             bos_id=bos if bos >= 0 else None,
             add_bos=model.add_bos_token(),
+            missing_reason=template_missing,
         )
         self.cache_policy = cache_policy(
             n_swa=llama_cpp.llama_model_n_swa(self.llama.model),
@@ -122,6 +125,8 @@ class LoadedModel:
             context_length=int(llama_cpp.llama_model_n_ctx_train(self.llama.model)),
             n_ctx=self.llama.n_ctx(),
             chat_template=bool(self.template_text),
+            prompt_format=str(self.prompts.format),
+            chat_template_note=self.prompts.note,
             kv_bytes_per_token=0,
             cache_policy=self.cache_policy,
         )
@@ -137,6 +142,17 @@ class LoadedModel:
         mem = llama_cpp.llama_get_memory(self.llama.ctx)
         llama_cpp.llama_memory_clear(mem, True)
         self.llama.n_tokens = 0
+
+    def _meta_bytes(self, key: str) -> bytes | None:
+        """The raw bytes of a GGUF metadata string (None when absent), undecoded."""
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = llama_cpp.llama_model_meta_val_str(self.llama.model, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            n = llama_cpp.llama_model_meta_val_str(self.llama.model, key.encode(), buf, len(buf))
+        return buf.raw[:n]
 
     @property
     def cache_supported(self) -> bool:
