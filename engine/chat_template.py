@@ -16,7 +16,7 @@ Three promises (DESIGN.md, "Prompts as token ids"):
 
 The template is data from a downloaded file, so rendering is bounded (:class:`RenderGuard`):
 ``range()`` yields at most :data:`MAX_RANGE` items, ``*``, ``+``, ``%``, ``**`` and ``~``
-refuse results over :data:`MAX_OUTPUT_CHARS` (or exponents over :data:`MAX_EXPONENT`),
+refuse results over :data:`MAX_OUTPUT_CHARS` (integers over :data:`MAX_INT_BITS` bits),
 filters refuse integer arguments over :data:`MAX_RANGE` and results over the size cap, the
 output stops at :data:`MAX_OUTPUT_CHARS`, and a time budget (:data:`RENDER_TIME_LIMIT_S`)
 is checked at every call, attribute and item access made by the template and, through a
@@ -52,8 +52,9 @@ from engine.errors import ModelLoadError, TemplateError
 RENDER_TIME_LIMIT_S = 2.0  # real templates render a long chat in milliseconds
 MAX_OUTPUT_CHARS = 8 * 1024 * 1024  # far above any context window's worth of text (~4 chars/token)
 MAX_RANGE = 100_000  # jinja2.sandbox.MAX_RANGE: items one range() call may yield
-MAX_EXPONENT = 4096  # `a ** b` with a larger b is refused (big integers take unbounded time)
+MAX_INT_BITS = 65_536  # `a * b` and `a ** b` on integers: bigger results are refused (time, memory)
 CHATML_STOP_STRINGS = ("<|im_end|>", "<|im_start|>")
+_ADVICE = "The template in the model file is broken or hostile: use another model file."
 
 
 class TemplateLimitError(TemplateError):
@@ -164,7 +165,7 @@ def _bounded_range(*args: int) -> range:
     if len(rng) > MAX_RANGE:
         raise TemplateLimitError(
             f"The model's chat template asked for range() of {len(rng):,} items (the limit is "
-            f"{MAX_RANGE:,}) and was stopped. Use another model file.")
+            f"{MAX_RANGE:,}) and was stopped. " + _ADVICE)
     return rng
 
 
@@ -180,13 +181,13 @@ def _check_args(name: str, args, kwargs) -> None:
         if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_RANGE:
             raise TemplateLimitError(
                 f"The model's chat template passed {v:,} to '{name}' (the limit is {MAX_RANGE:,}) "
-                "and was stopped. Use another model file.")
+                "and was stopped. " + _ADVICE)
     if name in ("format", "format_map", "%"):
         for v in values:
             if isinstance(v, str) and any(int(m) > MAX_RANGE for m in _FORMAT_NUMBER.findall(v)):
                 raise TemplateLimitError(
                     f"The model's chat template used a format width over {MAX_RANGE:,} and was "
-                    "stopped. Use another model file.")
+                    "stopped. " + _ADVICE)
     if name == "replace":
         strs = [v for v in values if isinstance(v, str)]
         if len(strs) >= 3:
@@ -237,10 +238,13 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         self.filters = {name: _guard_filter(f) for name, f in self.filters.items()}
 
     def call_binop(self, context, operator, left, right):
-        if operator == "**" and isinstance(right, int) and abs(right) > MAX_EXPONENT:
-            raise TemplateLimitError(
-                f"The model's chat template computed a power with exponent {right:,} (the limit "
-                f"is {MAX_EXPONENT:,}) and was stopped. Use another model file.")
+        if operator in ("*", "**") and isinstance(left, int) and isinstance(right, int):
+            bits = (left.bit_length() * abs(right) if operator == "**"
+                    else left.bit_length() + right.bit_length())
+            if bits > MAX_INT_BITS:
+                raise TemplateLimitError(
+                    f"The model's chat template computed a number of about {bits:,} bits (the limit "
+                    f"is {MAX_INT_BITS:,}) and was stopped. " + _ADVICE)
         if operator == "*":
             seq, n = (left, right) if isinstance(right, int) else (right, left)
             if isinstance(seq, (str, bytes, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_OUTPUT_CHARS:
@@ -326,7 +330,7 @@ def render_bounded(template: jinja2.Template, limit_s: float = RENDER_TIME_LIMIT
         return "".join(out)
     except RecursionError as exc:
         raise TemplateLimitError(
-            "The model's chat template recursed too deeply and was stopped. Use another model file."
+            "The model's chat template recursed too deeply and was stopped. " + _ADVICE
         ) from exc
     finally:
         sys.settrace(previous)
