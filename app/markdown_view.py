@@ -14,9 +14,11 @@ Every message is hostile text (typed, pasted, or written by a model), so:
   ``QFile::readAll`` on the UI thread: ``/dev/zero`` grows without end, a FIFO blocks,
   relative paths resolve against the current folder, and on Windows ``//host/share/x.png``
   opens an SMB connection that can leak the user's login hash. As a second line,
-  :func:`install_resource_guard` gives every ``QTextDocument`` in the process a resource
-  provider that answers every URL with an empty image (the provider is asked before
-  ``loadResource``), and :class:`MarkdownView` overrides ``loadResource`` the same way.
+  :class:`SafeTextDocument` (the document of :class:`MarkdownView`) overrides
+  ``loadResource`` to answer every URL with an empty image. (``QLabel`` rich text cannot
+  be guarded that way, and PySide6 does not bind ``QTextDocument::setResourceProvider``,
+  so text from elsewhere must reach a label either through :func:`to_html` or as plain
+  text.)
 * Entities are not decoded: typing ``&amp;`` shows "&amp;", as typed.
 * Links are never opened here: :func:`classify_link` sorts them, and
   :class:`MarkdownView` emits ``external_link_requested(QUrl)`` for http(s) links so the
@@ -63,7 +65,7 @@ def classify_link(href: str) -> LinkKind:
     return LinkKind.IGNORED
 
 
-def _image_as_link(tokens, idx, options, env) -> str:
+def _image_as_link(_renderer, tokens, idx, options, env) -> str:
     """An image becomes a link labelled with its alt text: nothing is fetched or read."""
     tok = tokens[idx]
     src = tok.attrGet("src") or ""
@@ -145,30 +147,12 @@ def to_html(text: str, colors: Colors, streaming: bool = False) -> str:
 # -- Qt: documents and a view that never load a resource ----------------------------------
 
 
-def _no_resource(_url: QUrl) -> QImage:
-    """Every resource (image, style sheet) is an empty image: nothing is read or fetched."""
-    return QImage()
-
-
-def install_resource_guard() -> None:
-    """Give every ``QTextDocument`` of the process (message views, labels, tooltips) a
-    resource provider that loads nothing. Qt asks the provider before ``loadResource``
-    (``QTextDocument::resource``, Qt 6.1+), and a valid answer ends the lookup, so no
-    rich text anywhere in the window can make Qt read a file or open a connection.
-    Called when this module is imported; calling it again is harmless."""
-    QTextDocument.setDefaultResourceProvider(_no_resource)
-
-
-install_resource_guard()
-
-
 class SafeTextDocument(QTextDocument):
     """A ``QTextDocument`` that never loads a resource. ``resource_requests`` lists the
     URLs Qt asked ``loadResource`` for (tests assert it stays empty of files)."""
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        self.setResourceProvider(_no_resource)
         self.resource_requests: list[QUrl] = []
 
     def loadResource(self, type_: int, url: QUrl):  # noqa: N802 - Qt's name

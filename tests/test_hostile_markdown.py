@@ -59,58 +59,60 @@ def test_view_never_asks_for_a_resource(qtbot):
     assert view.document().resource_requests == []
 
 
-def test_raw_img_html_in_any_document_loads_nothing(qtbot, tmp_path):
-    """The second line of defence: even HTML that bypasses to_html (a label, a tooltip)
-    gets nothing from disk. Without the guard Qt would read this PNG (its bytes would be
-    the cached resource)."""
+def test_raw_img_html_in_the_safe_document_loads_nothing(qtbot, tmp_path):
+    """The second line of defence: even HTML that bypasses to_html gets nothing from disk
+    in a SafeTextDocument, while a plain QTextDocument reads the very same file."""
     png = tmp_path / "pic.png"
     img = QImage(64, 32, QImage.Format.Format_RGB32)
     img.fill(0xFF0000)
     assert img.save(str(png))
-    doc = QTextDocument()
-    doc.setHtml(f'<p>x<img src="{png}"></p>')
-    doc.size()
-    got = doc.resource(QTextDocument.ResourceType.ImageResource.value, QUrl.fromLocalFile(str(png)))
+    url = QUrl.fromLocalFile(str(png))
+    kind = QTextDocument.ResourceType.ImageResource.value
+    plain = QTextDocument()
+    plain.setHtml(f'<p>x<img src="{png}"></p>')
+    plain.size()
+    assert plain.resource(kind, url)  # Qt read the PNG: the danger is real
+    safe = SafeTextDocument()
+    safe.setHtml(f'<p>x<img src="{png}"></p>')
+    safe.size()
+    got = safe.resource(kind, url)
     assert isinstance(got, QImage) and got.isNull()
-    label = QLabel(f'<img src="{png}">')
-    qtbot.addWidget(label)
-    label.show()
-    assert label.sizeHint().width() < 64  # not the picture's 64 px: a placeholder at most
+    assert safe.resource_requests  # Qt asked, and was answered with nothing
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs")
-def test_raw_img_pointing_at_a_fifo_does_not_block(qtbot, tmp_path):
+def test_images_pointing_at_a_fifo_do_not_block(qtbot, tmp_path):
     fifo = tmp_path / "pipe.png"
     os.mkfifo(fifo)
     # If anything opened the FIFO for reading it would block; this writer unblocks it
     # after 20 s so a regression fails the asserts below instead of hanging the suite.
-    opened = threading.Event()
+    done = threading.Event()
+    reached = []
 
     def unblock():
-        if not opened.wait(20):
-            try:
-                with open(fifo, "wb"):
-                    pass
-            except OSError:
+        if not done.wait(20):
+            reached.append(True)
+            with open(fifo, "wb"):
                 pass
 
-    t = threading.Thread(target=unblock, daemon=True)
-    t.start()
-    label = QLabel(f'<img src="{fifo}"> and {to_html(f"![p]({fifo})", LIGHT)}')
+    threading.Thread(target=unblock, daemon=True).start()
+    label = QLabel(to_html(f"![p]({fifo}) and ![q](pipe.png)", LIGHT))
     qtbot.addWidget(label)
     label.show()
     label.sizeHint()
     view = MarkdownView(LIGHT)
     qtbot.addWidget(view)
+    view.set_markdown(f"![p]({fifo})")
     view.setHtml(f'<img src="{fifo}">')
     view.document().size()
-    opened.set()
-    assert view.resource_requests == []
+    done.set()
+    assert reached == []
 
 
 def test_dev_zero_image_renders_in_bounded_memory(tmp_path):
     """A child process capped at 2 GB of address space renders `![z](/dev/zero)` in a
-    label and as raw HTML; reading /dev/zero would exhaust the cap and kill it."""
+    label (through to_html) and raw `<img src=/dev/zero>` in the message view; reading
+    /dev/zero would exhaust the cap and kill it."""
     script = textwrap.dedent("""
         import os, resource, sys
         os.environ["QT_QPA_PLATFORM"] = "offscreen"
@@ -119,11 +121,18 @@ def test_dev_zero_image_renders_in_bounded_memory(tmp_path):
         from app.markdown_view import to_html
         from app.theme import LIGHT
         app = QApplication([])
-        for html in (to_html("![z](/dev/zero)", LIGHT), '<img src="/dev/zero">', "<img src=/dev/zero>"):
-            label = QLabel(html)
-            label.show()
-            label.sizeHint()
-            app.processEvents()
+        from app.markdown_view import MarkdownView, SafeTextDocument
+        label = QLabel(to_html("![z](/dev/zero) ![y](file:///dev/zero)", LIGHT))
+        label.show()
+        label.sizeHint()
+        view = MarkdownView(LIGHT)
+        view.set_markdown("![z](/dev/zero)")
+        view.setHtml('<img src="/dev/zero"><img src=file:///dev/zero>')
+        view.show()
+        doc = SafeTextDocument()
+        doc.setHtml('<img src="/dev/zero">')
+        doc.size()
+        app.processEvents()
         print("rendered")
     """)
     if not sys.platform.startswith("linux"):
