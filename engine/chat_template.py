@@ -387,6 +387,36 @@ def template_from_metadata(metadata: dict, read_raw: Callable[[str], bytes | Non
         return None, "The model's chat template is not valid UTF-8 text, so it cannot be used"
 
 
+class _InertChatFormatter:
+    """Stands in for llama-cpp-python's ``Jinja2ChatFormatter`` while a model loads."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def to_chat_handler(self):
+        def handler(*args, **kwargs):
+            raise TemplateError("Branchwise renders chat templates itself (engine.chat_template).")
+
+        return handler
+
+
+def disable_library_chat_templates() -> None:
+    """Keep llama-cpp-python from compiling the GGUF's chat templates, for this process.
+
+    ``Llama.__init__`` (llama_cpp/llama.py) compiles every ``tokenizer.chat_template*``
+    string of the GGUF with ``llama_chat_format.Jinja2ChatFormatter``, in a sandbox with no
+    limits; jinja2 folds constant expressions at compile time, so a template holding
+    ``{{ 3 ** 10000000000 }}`` or ``{{ 'x' * 10**10 }}`` would hang the load or exhaust
+    memory before Branchwise sees it, and a syntax error would escape as a raw
+    ``TemplateSyntaxError``. Branchwise never uses llama-cpp-python's chat handlers
+    (prompts are built by :class:`PromptBuilder`, bounded), so an inert stand-in replaces
+    the formatter: ``Llama.create_chat_completion`` is unusable in a process that calls
+    this (``engine.model`` does, at import). Calling it again is harmless."""
+    from llama_cpp import llama_chat_format  # noqa: PLC0415 - only the engine process needs it
+
+    llama_chat_format.Jinja2ChatFormatter = _InertChatFormatter
+
+
 # -- stop strings ------------------------------------------------------------------------
 
 

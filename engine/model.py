@@ -10,7 +10,7 @@ from pathlib import Path
 
 import llama_cpp
 
-from engine.chat_template import PromptBuilder, template_from_metadata
+from engine.chat_template import PromptBuilder, disable_library_chat_templates, template_from_metadata
 from engine.errors import ModelLoadError
 from engine.model_file import check_gguf
 from engine.settings import KV_TYPES, EngineSettings
@@ -38,6 +38,7 @@ def _log_callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
 
 
 llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+disable_library_chat_templates()  # the GGUF's template is compiled only by PromptBuilder, bounded
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,8 @@ def hostile_models(tmp_path_factory, model_path):
             "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}")),
         "bomb": _patched_copy(model_path, d / "bomb.gguf", "tokenizer.chat_template",
                               _template("{{ 'x' * 10**8 }}")),
+        "power": _patched_copy(model_path, d / "power.gguf", "tokenizer.chat_template",
+                               _template("{{ 3 ** 10000000000 }}")),
         "syntax": _patched_copy(model_path, d / "syntax.gguf", "tokenizer.chat_template",
                                 _template("{% if %}")),
         "spaces": _patched_copy(model_path, d / "spaces.gguf", "tokenizer.chat_template",
@@ -79,6 +81,7 @@ def hostile_models(tmp_path_factory, model_path):
     ("loop", "took more than 2 s to render"),
     ("bomb", "100,000,000 characters"),
     ("syntax", "syntax error (line 1"),
+    ("power", "bits"),  # folded at compile time by an unbounded sandbox, this would hang the load
 ])
 def test_hostile_template_is_one_readable_line_and_stores_nothing(tmp_path, hostile_models, name, words):
     r = _bw(tmp_path, "chat", "--model", hostile_models[name], "--ctx-size", "512", "--max-tokens", "4",
