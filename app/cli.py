@@ -293,10 +293,10 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     use_cache = not args.no_cache
     from app.terminal_text import for_stream
     from engine.chat_template import conversation_messages
-
-    if engine.model.facts.chat_template_note and stream:
-        print(f"branchwise: note: {engine.model.facts.chat_template_note}", file=sys.stderr)
     from engine.errors import ContextOverflowError
+
+    if engine.model.facts.chat_template_note and stream:  # e.g. no chat template: ChatML fallback
+        print(f"branchwise: note: {engine.model.facts.chat_template_note}", file=sys.stderr)
 
     try:
         result = engine.generate(conversation_messages(conversation.system_prompt, path),
