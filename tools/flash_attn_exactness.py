@@ -54,7 +54,7 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def measure(model: str | None, n_prompts: int, max_tokens: int, kv_type: str, flash_attn: bool,
-            n_batch: int, threads: int) -> dict:
+            n_batch: int, threads: int, second_turn: bool = True, on_result=None) -> dict:
     from engine.chat_template import ChatMessage
     from engine.core import Engine
     from engine.model_file import default_model_path
@@ -79,6 +79,10 @@ def measure(model: str | None, n_prompts: int, max_tokens: int, kv_type: str, fl
                 results["regenerate"].append({
                     "prompt_tokens": cached.stats.prompt_tokens, "restored_tokens": restored,
                     "split_at": _first_difference(cached.token_ids, cold.token_ids)})
+                if on_result:
+                    on_result("regenerate", results["regenerate"][-1])
+                if not second_turn:
+                    continue
                 follow = [*msgs, ChatMessage("assistant", first.text, first.token_ids),
                           ChatMessage("user", "Say that again in one sentence.")]
                 engine.reset_context()
@@ -87,10 +91,12 @@ def measure(model: str | None, n_prompts: int, max_tokens: int, kv_type: str, fl
                 results["second_turn"].append({
                     "prompt_tokens": cached2.stats.prompt_tokens, "restored_tokens": cached2.stats.restored_tokens,
                     "split_at": _first_difference(cached2.token_ids, cold2.token_ids)})
+                if on_result:
+                    on_result("second_turn", results["second_turn"][-1])
                 engine.reset_context()
         finally:
             engine.close()
-    summary = {k: sum(r["split_at"] is not None for r in v) for k, v in results.items()}
+    summary = {k: sum(r["split_at"] is not None for r in v) for k, v in results.items() if v}
     return {"kv_type": kv_type, "flash_attn": settings.flash_attn, "n_batch": n_batch,
             "prompts": n_prompts, "max_tokens": max_tokens, "differed": summary, "runs": results}
 
@@ -104,16 +110,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-flash-attn", action="store_true", help="flash attention off (f16 only)")
     p.add_argument("--n-batch", type=int, default=512, help="prefill batch in tokens (default 512)")
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--no-second-turn", action="store_true", help="measure regenerate only (faster)")
+    p.add_argument("--verbose", action="store_true", help="print each prompt's result as it comes (stderr)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+
+    def show(kind: str, row: dict) -> None:
+        print(f"{kind}: {json.dumps(row)}", file=sys.stderr, flush=True)
+
     r = measure(args.model, args.prompts, args.max_tokens, args.kv_type, not args.no_flash_attn,
-                args.n_batch, args.threads)
+                args.n_batch, args.threads, second_turn=not args.no_second_turn,
+                on_result=show if args.verbose else None)
     if args.json:
         print(json.dumps(r))
         return 0
     print(f"flash attention {'on' if r['flash_attn'] else 'off'}, KV {r['kv_type']}, n_batch {r['n_batch']}, "
           f"{r['prompts']} prompts, {r['max_tokens']} tokens, temperature 0")
     for kind, label in (("regenerate", "regenerate (prefix restored)"), ("second_turn", "second turn (resume)")):
+        if kind not in r["differed"]:
+            continue
         splits = [x["split_at"] for x in r["runs"][kind] if x["split_at"] is not None]
         where = f"; split at token {', '.join(map(str, splits))}" if splits else ""
         print(f"  {label:30} differed from an uncached reply on {r['differed'][kind]} of {r['prompts']}{where}")
