@@ -1,6 +1,33 @@
-"""Conversations as JSON (the whole tree) and Markdown (the active path)."""
+"""Conversations as JSON (the whole tree) and Markdown (the active path).
+
+In the Markdown export every text a person or a model wrote (the system prompt and each
+message) is fenced, verbatim, in a code fence longer than any run of backticks inside it,
+so no message can close its fence, pose as a turn heading (``## Assistant · message 2``),
+leave a quote block or inject HTML (CommonMark 0.31, "Fenced code blocks": a fence closes
+only on a line of at least as many backticks). The title, which sits in a heading, is put
+on one line with every ASCII punctuation character backslash-escaped ("Backslash escapes").
+"""
 
 from __future__ import annotations
+
+import re
+
+_BACKTICKS = re.compile("`+")
+_ASCII_PUNCT = re.compile(r"""([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~])""")
+
+
+def fenced(text: str, info: str = "") -> str:
+    """``text`` as a fenced code block that nothing in it can close (CommonMark)."""
+    longest = max((len(m.group(0)) for m in _BACKTICKS.finditer(text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    body = text if text.endswith("\n") or not text else text + "\n"
+    return f"{fence}{info}\n{body}{fence}"
+
+
+def inline_literal(text: str) -> str:
+    """``text`` as literal inline Markdown on one line: line breaks become spaces and
+    ASCII punctuation is backslash-escaped (no emphasis, link, HTML or heading)."""
+    return _ASCII_PUNCT.sub(r"\\\1", " ".join(text.split()))
 
 
 def conversation_json(chats, conversation_id: int) -> dict:
@@ -24,17 +51,28 @@ def conversation_json(chats, conversation_id: int) -> dict:
 
 
 def conversation_markdown(data: dict, active_only: bool = True) -> str:
-    """Markdown of the active path of :func:`conversation_json` output."""
+    """Markdown of the active path of :func:`conversation_json` output (every message with
+    ``active_only=False``). Message texts are fenced verbatim (see the module docstring);
+    a note says how many messages on other branches are left out."""
     by_id = {m["id"]: m for m in data["messages"]}
     ids = data["active_path"] if active_only else [m["id"] for m in data["messages"]]
-    out = [f"# {data['title']}", ""]
+    out = [f"# {inline_literal(data['title']) or 'Untitled'}", ""]
+    left_out = len(data["messages"]) - len(ids)
+    if left_out:
+        others = "1 message on other branches is" if left_out == 1 else f"{left_out} messages on other branches are"
+        out += [f"*The active branch: {len(ids)} of {len(data['messages'])} messages. {others} not "
+                "shown; the JSON export holds every branch.*", ""]
     if data["system_prompt"]:
-        out += [f"> **System:** {data['system_prompt']}", ""]
+        out += ["**System prompt**", "", fenced(data["system_prompt"], "text"), ""]
+    children: dict = {}
+    for m in data["messages"]:
+        children.setdefault(m["parent_id"], []).append(m)
     for mid in ids:
         m = by_id[mid]
-        siblings = [x for x in data["messages"] if x["parent_id"] == m["parent_id"]]
+        siblings = children[m["parent_id"]]
         branch = f" (branch {siblings.index(m) + 1}/{len(siblings)})" if len(siblings) > 1 else ""
         label = "User" if m["role"] == "user" else "Assistant"
         stopped = " *(stopped)*" if m["status"] == "stopped" else ""
-        out += [f"## {label}{branch} · message {m['id']}", "", m["content"] + stopped, ""]
+        out += [f"## {label}{branch} · message {m['id']}{stopped}", "",
+                fenced(m["content"], "markdown" if m["role"] == "assistant" else "text"), ""]
     return "\n".join(out)

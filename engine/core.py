@@ -342,6 +342,7 @@ class Engine:
             repeat_penalty=sp.repeat_penalty,
         )
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        stop = self.model.prompts.stop_matcher()  # None unless the prompt format needs stop strings
         ids: list[int] = []
         parts: list[str] = []
         n_ctx = llama.n_ctx()
@@ -360,9 +361,15 @@ class Engine:
                 break
             ids.append(token)
             delta = decoder.decode(self.model.token_bytes(token))
+            if stop is not None:  # hold back what may be a stop string's start
+                delta = stop.feed(delta)
             parts.append(delta)
             if on_token:
                 on_token(delta, token)
+            if stop is not None and stop.hit:
+                ids = self._end_at_stop(stop, ids)
+                stats.finish_reason = "stop"
+                break
             if len(ids) >= sp.max_tokens:
                 break
             if llama.n_tokens + 1 >= n_ctx:
@@ -371,11 +378,26 @@ class Engine:
             llama.eval([token])
         # An incomplete UTF-8 sequence at the end (a reply cut by max_tokens) is dropped,
         # not shown as U+FFFD; the token ids keep it.
+        if stop is not None and not stop.hit and (tail := stop.flush()):
+            parts.append(tail)
+            if on_token:
+                on_token(tail, ids[-1])
         sampler.close()
         stats.generated_tokens = len(ids)
         if t_first is not None and len(ids) > 1:
             stats.decode_tokens_per_s = (len(ids) - 1) / max(time.perf_counter() - t_first, 1e-9)
         return "".join(parts), ids
+
+    def _end_at_stop(self, stop, ids: list[int]) -> list[int]:
+        """The reply's ids once ``stop`` met a stop string: those that spell the text before
+        it (``StopMatcher.cut_ids``); the live context drops the KV of the rest."""
+        kept, n_evaluated = stop.cut_ids(ids, self.model.tokenize)
+        n = self.llama.n_tokens - (len(ids) - 1) + n_evaluated  # every id but the last was evaluated
+        if self._truncate(n):
+            self.llama.n_tokens = n
+        else:
+            self._clear()
+        return kept
 
     # -- snapshot --------------------------------------------------------------------
 

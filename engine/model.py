@@ -12,7 +12,7 @@ from pathlib import Path
 import llama_cpp
 
 from engine import cpu
-from engine.chat_template import PromptBuilder
+from engine.chat_template import PromptBuilder, disable_library_chat_templates, template_from_metadata
 from engine.errors import ModelLoadError
 from engine.model_file import check_gguf
 from engine.settings import KV_TYPES, EngineSettings
@@ -40,6 +40,7 @@ def _log_callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
 
 
 llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+disable_library_chat_templates()  # the GGUF's template is compiled only by PromptBuilder, bounded
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ class ModelFacts:
     kv_bytes_per_token: int
     cache_policy: str  # "full", or why the prefix store is off for this model
     repack: str = ""  # whether weights were repacked for this CPU, and why (engine/cpu.py)
+    prompt_format: str = "model template"  # engine.chat_template.PromptFormat
+    chat_template_note: str = ""  # why the model's own template is not used ("" when it is)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -109,7 +112,7 @@ class LoadedModel:
         self._piece_buf = ctypes.create_string_buffer(64)
         meta = self.llama.metadata
         model = self.llama._model
-        self.template_text = meta.get("tokenizer.chat_template")
+        self.template_text, template_missing = template_from_metadata(meta, self._meta_bytes)
         bos, eos = model.token_bos(), model.token_eos()
         self.prompts = PromptBuilder(
             self.template_text,
@@ -118,6 +121,7 @@ class LoadedModel:
             eos_token=self.token_text(eos) if eos >= 0 else "",
             bos_id=bos if bos >= 0 else None,
             add_bos=model.add_bos_token(),
+            missing_reason=template_missing,
         )
         self.cache_policy = cache_policy(
             n_swa=llama_cpp.llama_model_n_swa(self.llama.model),
@@ -135,6 +139,8 @@ class LoadedModel:
             context_length=int(llama_cpp.llama_model_n_ctx_train(self.llama.model)),
             n_ctx=self.llama.n_ctx(),
             chat_template=bool(self.template_text),
+            prompt_format=str(self.prompts.format),
+            chat_template_note=self.prompts.note,
             kv_bytes_per_token=0,
             cache_policy=self.cache_policy,
             repack=("on" if self.repack.repack else "off") + f" ({self.repack.reason})",
@@ -151,6 +157,17 @@ class LoadedModel:
         mem = llama_cpp.llama_get_memory(self.llama.ctx)
         llama_cpp.llama_memory_clear(mem, True)
         self.llama.n_tokens = 0
+
+    def _meta_bytes(self, key: str) -> bytes | None:
+        """The raw bytes of a GGUF metadata string (None when absent), undecoded."""
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = llama_cpp.llama_model_meta_val_str(self.llama.model, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            n = llama_cpp.llama_model_meta_val_str(self.llama.model, key.encode(), buf, len(buf))
+        return buf.raw[:n]
 
     @property
     def cache_supported(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import struct
 import sys
 from pathlib import Path
@@ -37,27 +38,47 @@ def default_model_path() -> Path:
 
 
 def check_gguf(path: str | os.PathLike) -> Path:
-    """Check that ``path`` looks like a GGUF file (magic, version, header size).
+    """Check that ``path`` is a regular file that looks like GGUF (magic, version, header size).
 
     llama.cpp can abort the process on some malformed inputs, so obvious problems are
-    caught here first. Returns the resolved path.
+    caught here first. Only regular files are accepted: a FIFO, a character device such as
+    ``/dev/zero`` or a socket is refused from its ``stat`` alone, before any read, since
+    reading one can block forever or never end. The file is then opened with
+    ``O_NONBLOCK`` and checked again on the open descriptor (``fstat``), so a path swapped
+    for a FIFO in between cannot block either. The header layout (magic ``GGUF``, uint32
+    version, uint64 tensor count, uint64 metadata count: 24 bytes) is ggml's
+    ``gguf.cpp``/``gguf.h``. Returns the resolved path.
 
     Raises:
-        ModelLoadError: the file is missing, unreadable, empty or not GGUF.
+        ModelLoadError: the file is missing, not a regular file, unreadable, empty or not GGUF.
     """
     p = Path(path).expanduser()
     name = p.name or str(p)
-    if not p.exists():
-        raise ModelLoadError(f"The model file {p} does not exist.")
-    if p.is_dir():
-        raise ModelLoadError(f"{p} is a folder; choose a .gguf model file.")
     try:
-        with open(p, "rb") as f:
-            head = f.read(24)
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise ModelLoadError(f"The model file {p} does not exist.") from None
     except OSError as exc:
         raise ModelLoadError(f"Cannot read {name}: {exc.strerror or exc}.") from exc
+    if stat.S_ISDIR(st.st_mode):
+        raise ModelLoadError(f"{p} is a folder; choose a .gguf model file.")
+    if not stat.S_ISREG(st.st_mode):
+        raise ModelLoadError(_not_regular(p, st.st_mode))
+    try:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except OSError as exc:
+        raise ModelLoadError(f"Cannot read {name}: {exc.strerror or exc}.") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # replaced between stat() and open()
+            raise ModelLoadError(_not_regular(p, st.st_mode))
+        head = os.read(fd, 24)
+    except OSError as exc:
+        raise ModelLoadError(f"Cannot read {name}: {exc.strerror or exc}.") from exc
+    finally:
+        os.close(fd)
     if len(head) < 24:
-        raise ModelLoadError(f"{name} is empty or truncated ({p.stat().st_size} bytes); it is not a usable model.")
+        raise ModelLoadError(f"{name} is empty or truncated ({st.st_size} bytes); it is not a usable model.")
     if head[:4] != GGUF_MAGIC:
         raise ModelLoadError(
             f"{name} is not a GGUF model file. Branchwise runs GGUF models "
@@ -67,3 +88,9 @@ def check_gguf(path: str | os.PathLike) -> Path:
     if version not in (2, 3):
         raise ModelLoadError(f"{name} uses GGUF version {version}, which this llama.cpp cannot read.")
     return p.resolve()
+
+
+def _not_regular(p: Path, mode: int) -> str:
+    kind = ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+    return f"{p} is {kind}, not a model file; choose a .gguf file saved on disk."

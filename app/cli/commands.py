@@ -313,6 +313,7 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     """Generate the reply to the path ending at ``parent_id``, stream it, save it (through
     ``app.session``'s recorder, the same rules as the window)."""
     from app.session import ConversationSession, ReplyState
+    from app.terminal_text import for_stream
     from engine.errors import ContextOverflowError
 
     session = ConversationSession(chats)
@@ -322,10 +323,13 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     def on_token(text: str, _tok: int) -> None:
         recorder.add_text(text)
         if stream:
-            sys.stdout.write(text)
+            sys.stdout.write(for_stream(text))  # control characters escaped on a terminal
             sys.stdout.flush()
 
     use_cache = not args.no_cache
+    if engine.model.facts.chat_template_note and stream:  # e.g. no chat template: ChatML fallback
+        print(f"branchwise: note: {engine.model.facts.chat_template_note}", file=sys.stderr)
+
     try:
         result = engine.generate(session.prompt(parent_id), _sampling(args, conversation),
                                  use_cache=use_cache, on_token=on_token, snapshot=False)
@@ -344,6 +348,8 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
         print(json.dumps({
             "conversation_id": conversation.id, "user_message_id": user_id,
             "assistant_message_id": msg_id, "text": result.text, "stats": _public_stats(result.stats),
+            "model": {k: getattr(engine.model.facts, k) for k in ("name", "chat_template", "prompt_format",
+                                                                  "chat_template_note")},
         }))
     else:
         s = result.stats
@@ -438,6 +444,7 @@ def cmd_regenerate(args) -> int:
 
 def cmd_conversations(args) -> int:
     from app.export import conversation_json, conversation_markdown
+    from app.terminal_text import echo
 
     chats = _open_chats(args)
     if args.action == "list":
@@ -448,20 +455,20 @@ def cmd_conversations(args) -> int:
         else:
             for c in rows:
                 pin = "*" if c.pinned else " "
-                print(f"{c.id:>5} {pin} {c.title}")
+                echo(f"{c.id:>5} {pin} {' '.join(c.title.splitlines())}")  # escaped on a terminal
         return 0
     if args.action == "show":
         data = conversation_json(chats, args.id)
         if args.json:
             print(json.dumps(data, ensure_ascii=False))
         else:
-            print(conversation_markdown(data, active_only=True))
+            echo(conversation_markdown(data, active_only=True))
         return 0
     data = conversation_json(chats, args.id)
     if args.format == "json":
         print(json.dumps(data, ensure_ascii=False, indent=2))
     else:
-        print(conversation_markdown(data, active_only=True))
+        echo(conversation_markdown(data, active_only=True))
     return 0
 
 
