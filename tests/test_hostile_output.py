@@ -16,7 +16,7 @@ import pytest
 from markdown_it import MarkdownIt
 
 from app.export import conversation_markdown, fenced, inline_literal
-from app.terminal_text import escape_controls, for_stream
+from app.cli.terminal_text import escape_controls, for_stream
 
 OSC52 = "\x1b]52;c;SGVsbG8gd29ybGQ=\x07"  # "write 'Hello world' to the clipboard"
 HIDE = "\x1b[8m"

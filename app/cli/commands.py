@@ -313,7 +313,7 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     """Generate the reply to the path ending at ``parent_id``, stream it, save it (through
     ``app.session``'s recorder, the same rules as the window)."""
     from app.session import ConversationSession, ReplyState
-    from app.terminal_text import for_stream
+    from app.cli.terminal_text import for_stream
     from engine.errors import ContextOverflowError
 
     session = ConversationSession(chats)
@@ -444,7 +444,7 @@ def cmd_regenerate(args) -> int:
 
 def cmd_conversations(args) -> int:
     from app.export import conversation_json, conversation_markdown
-    from app.terminal_text import echo
+    from app.cli.terminal_text import echo
 
     chats = _open_chats(args)
     if args.action == "list":
