@@ -22,7 +22,7 @@ from storage.chats import (
     Conversation,
     Message,
     auto_title,
-    fts_query,
+    search_terms,
 )
 from storage.errors import (
     NotFoundError,
@@ -437,13 +437,41 @@ def test_search_with_syntax_characters_still_matches(store: ChatStore) -> None:
     store.add_message(conv.id, None, "user", "foo and bar: cafe")
     assert [c.id for c, _ in store.search('"foo AND (')] == [conv.id]
     assert [c.id for c, _ in store.search("bar:")] == [conv.id]
-    assert [c.id for c, _ in store.search("café")] == [conv.id]  # diacritics folded
+    assert [c.id for c, _ in store.search("CAFE")] == [conv.id]  # case folded
 
 
-def test_fts_query_quotes_terms_and_prefixes_the_last() -> None:
-    assert fts_query('"foo AND (') == '"""foo" "AND"*'
-    assert fts_query("kv cache") == '"kv" "cache"*'
-    assert fts_query(" ( ) * ") == ""
+def test_search_terms_drop_punctuation_and_keep_symbols() -> None:
+    assert search_terms('"foo AND (') == ['"foo', "AND"]
+    assert search_terms("kv cache KV") == ["kv", "cache"]
+    assert search_terms(" ( ) * -- ") == ["*"] or search_terms(" ( ) * -- ") == []
+    assert search_terms("C++ 🍎 苹果") == ["C++", "🍎", "苹果"]
+
+
+@pytest.mark.parametrize(
+    ("text", "query"),
+    [("我喜欢苹果", "苹果"), ("我喜欢苹果和香蕉", "喜欢苹果"), ("an 🍎 a day", "🍎"),
+     ("I write C++ daily", "C++"), ("I write C++ daily", "c++"), ("ファイルを開く", "ファイル")],
+)
+def test_search_finds_cjk_emoji_and_symbols(store: ChatStore, text: str, query: str) -> None:
+    other = store.create_conversation(title="Other")
+    store.add_message(other.id, None, "user", "I write C daily, no apples")
+    conv = store.create_conversation(title="Words")
+    store.add_message(conv.id, None, "user", text)
+    results = store.search(query)
+    assert [c.id for c, _ in results] == [conv.id]
+    assert f"«{query}»".casefold() in results[0][1].casefold()
+
+
+def test_search_finds_words_spread_over_messages_and_title(store: ChatStore) -> None:
+    conv = store.create_conversation(title="Trip planning")
+    first = store.add_message(conv.id, None, "user", "We fly to Lisbon in May.")
+    store.add_message(conv.id, first.id, "assistant", "Pack a raincoat for the ferry.")
+    lone = store.create_conversation(title="Lisbon only")
+    store.add_message(lone.id, None, "user", "Lisbon has trams.")
+    assert [c.id for c, _ in store.search("lisbon raincoat")] == [conv.id]
+    assert [c.id for c, _ in store.search("trip ferry")] == [conv.id]  # title + message
+    assert store.search("lisbon submarine") == []
+    assert {c.id for c, _ in store.search("lisbon")} == {conv.id, lone.id}
 
 
 # -- token ids ------------------------------------------------------------------
@@ -554,12 +582,12 @@ def test_pragmas(store: ChatStore, db_path: Path) -> None:
 def test_migrations_run_once(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with ChatStore(db_path) as store:
         conv = store.create_conversation(title="Before")
-    assert chat_schema.MIGRATIONS and len(chat_schema.MIGRATIONS) == 1
+    assert chat_schema.MIGRATIONS and len(chat_schema.MIGRATIONS) == 2
 
     def must_not_run(conn: sqlite3.Connection) -> None:
-        raise AssertionError("migration 1 ran again")
+        raise AssertionError("a migration ran again")
 
-    monkeypatch.setattr(chat_schema, "MIGRATIONS", [must_not_run])
+    monkeypatch.setattr(chat_schema, "MIGRATIONS", [must_not_run, must_not_run])
     with ChatStore(db_path) as store:
         assert store.get_conversation(conv.id).title == "Before"
 
@@ -569,13 +597,13 @@ def test_migrations_run_once(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         calls.append(1)
         conn.execute("ALTER TABLE conversations ADD COLUMN color TEXT")
 
-    monkeypatch.setattr(chat_schema, "MIGRATIONS", [must_not_run, add_column])
+    monkeypatch.setattr(chat_schema, "MIGRATIONS", [must_not_run, must_not_run, add_column])
     for _ in range(2):
         with ChatStore(db_path) as store:
             assert store.get_conversation(conv.id).title == "Before"
     assert calls == [1]
     with sqlite3.connect(db_path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
         columns = [row[1] for row in conn.execute("PRAGMA table_info(conversations)")]
     assert "color" in columns
 
@@ -591,7 +619,7 @@ def test_failed_migration_leaves_old_version(db_path: Path, monkeypatch: pytest.
     with pytest.raises(RuntimeError, match="boom"):
         ChatStore(db_path)
     with sqlite3.connect(db_path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
     assert "half_done" not in tables
 
