@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import errno
+import shutil
 import sqlite3
 import struct
 import subprocess
 import sys
 import threading
 import textwrap
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -682,3 +684,50 @@ def test_threads_share_one_store(store: ChatStore) -> None:
     for conv in conversations:
         path = store.active_path(conv.id)
         assert [m.content for m in path] == [f"m{n}!" for n in range(50)]
+
+
+# -- migration from schema 1 (the schema Branchwise shipped before trigram search) ------
+
+FIXTURE_V1 = Path(__file__).parent / "fixtures" / "chats_schema1.sqlite3"
+"""Made by the schema-1 code (commit b7abd8c's storage/chats.py): three conversations,
+one with two sibling replies, a CJK/emoji/C++ one and a pinned one."""
+
+
+def _rows(path: Path) -> tuple[list, list]:
+    with closing(sqlite3.connect(path)) as conn:
+        return (conn.execute("SELECT * FROM conversations ORDER BY id").fetchall(),
+                conn.execute("SELECT * FROM messages ORDER BY id").fetchall())
+
+
+def test_schema_1_database_migrates_with_everything_intact(tmp_path: Path) -> None:
+    path = tmp_path / "chats.sqlite3"
+    shutil.copyfile(FIXTURE_V1, path)
+    with closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    before = _rows(path)
+    assert len(before[0]) == 3 and len(before[1]) == 6
+    with ChatStore(path) as store:
+        assert [c.title for c in store.list_conversations()][0] == "Pinned notes"
+        hits = {q: [(c.id, s) for c, s in store.search(q)] for q in
+                ("prefixes", "quantization", "苹果", "🍎", "C++", "café", "shared answer")}
+        conv = store.get_conversation(1)
+        assert [m.content for m in store.active_path(1)] == [
+            "How does the KV cache reuse shared prefixes?", "Reused KV for shared prefixes."]
+        assert list(store.active_path(1)[-1].token_ids) == [1, 2, 3]
+        assert conv.system_prompt == "Be brief."
+    assert _rows(path) == before  # every conversation and message, byte for byte
+    assert hits["prefixes"] == [(1, "Reused KV for shared «prefixes».")]  # as schema 1 found it
+    assert hits["quantization"] == [(1, "A second answer about «quantization».")]
+    assert [i for i, _ in hits["苹果"]] == [2]  # title and message
+    assert [i for i, _ in hits["🍎"]] == [2] and [i for i, _ in hits["C++"]] == [2]
+    assert [i for i, _ in hits["café"]] == [3]
+    assert [i for i, _ in hits["shared answer"]] == [1]  # words in two sibling messages
+    with closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(chat_schema.MIGRATIONS)
+        triggers = sorted(r[0] for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'trigger'"))
+        fts_sql = [r[0] for r in conn.execute(
+            "SELECT sql FROM sqlite_master WHERE name IN ('messages_fts', 'conversations_fts')")]
+    assert triggers == ["conversations_ad", "conversations_ai", "conversations_au",
+                        "messages_ad", "messages_ai", "messages_au"]
+    assert len(fts_sql) == 2 and all("tokenize='trigram'" in sql for sql in fts_sql)
