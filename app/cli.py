@@ -60,6 +60,8 @@ def _ctx_size(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from app.cli_storage import add_delete_parser, add_message_arguments
+
     common = _Parser(add_help=False)
     common.add_argument("--data-dir", help="where chats and the KV cache live (default: the user data folder; env BRANCHWISE_DATA_DIR)")
     common.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -97,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--conversation", type=int, help="continue this conversation (default: a new one)")
     chat.add_argument("--parent", type=int, help="reply under this message instead of the active leaf (a branch)")
     chat.add_argument("--system", help="system prompt (for a new conversation, or to change it)")
-    chat.add_argument("text", help="the message")
+    add_message_arguments(chat)
 
     regen = sub.add_parser("regenerate", parents=[common, engine], help="a new sibling reply for an assistant message")
     regen.add_argument("message_id", type=int)
@@ -111,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
                                  help="json: the whole tree, every branch; markdown: the active branch")
     export.add_argument("id", type=int)
     export.add_argument("--format", choices=["json", "markdown"], default="markdown")
+    export.add_argument("--all-branches", action="store_true", help="markdown: every message, not only the active branch")
+    add_delete_parser(conv_sub, common)
 
     cache = sub.add_parser("cache", help="the KV prefix store")
     cache_sub = cache.add_subparsers(dest="action", required=True, parser_class=_Parser)
@@ -163,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     except (EngineError, StorageError, StoreError, ValueError) as exc:
         log.debug("command failed", exc_info=True)
         print(f"branchwise: {exc}", file=sys.stderr)
+        if getattr(args, "json", False):
+            from app.cli_storage import error_json
+
+            print(error_json(exc))
         return EXIT_ERROR
     except sqlite3.DatabaseError as exc:
         log.debug("database error", exc_info=True)
@@ -217,10 +225,12 @@ def _open_store(args):
 
 
 def _open_engine(args):
+    from app.cli_storage import check_model_path
     from engine.core import Engine
     from engine.model_file import default_model_path
     from engine.settings import EngineSettings
 
+    check_model_path(args.model)
     settings = EngineSettings.for_kv_type(args.kv_type, n_ctx=args.ctx_size, n_threads=args.threads,
                                           flash_attn=args.flash_attn)
     store = None
@@ -256,6 +266,14 @@ class _StreamSaver:
         self._last = 0.0
 
     def progress(self, text: str) -> None:
+        from storage.errors import StorageFullError
+
+        try:
+            self._progress(text)
+        except StorageFullError as exc:  # keep generating; finish() tries once more
+            log.warning("a streamed part of the reply was not saved: %s", exc)
+
+    def _progress(self, text: str) -> None:
         now = time.monotonic()
         if self.message_id is None:
             self.message_id = self.chats.add_message(self.conversation_id, self.parent_id, "assistant", text,
@@ -291,12 +309,15 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
             sys.stdout.flush()
 
     use_cache = not args.no_cache
+    from app.cli_storage import Saved
     from engine.chat_template import conversation_messages
     from engine.errors import ContextOverflowError
+    from storage.errors import StorageFullError
 
+    saved = Saved(user_message=True)
+    messages = conversation_messages(conversation.system_prompt, path)
     try:
-        result = engine.generate(conversation_messages(conversation.system_prompt, path),
-                                 _sampling(args, conversation),
+        result = engine.generate(messages, _sampling(args, conversation),
                                  use_cache=use_cache, on_token=on_token, snapshot=False)
     except KeyboardInterrupt:
         if parts:
@@ -304,17 +325,39 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
         raise
     except ContextOverflowError as exc:
         raise _overflow_error(exc.prompt_tokens, exc.n_ctx) from exc
+    except StorageFullError as exc:  # a streamed part could not be saved
+        exc.saved = saved
+        raise
     status = "stopped" if result.stats.finish_reason == "cancelled" else "complete"
-    msg_id = saver.finish(result.text, status, token_ids=result.token_ids, stats=result.stats.to_dict())
-    if use_cache:  # after the reply is safe: storing the KV is an optimisation
-        engine.snapshot(result.stats)
-        chats.update_message(msg_id, stats=result.stats.to_dict())
+    try:
+        msg_id = saver.finish(result.text, status, token_ids=result.token_ids, stats=result.stats.to_dict())
+    except StorageFullError as exc:
+        exc.saved = saved
+        raise
+    saved.reply = saved.stats = True
+    if use_cache and engine.store is not None:  # after the reply is safe: storing the KV is an optimisation
+        engine.snapshot(result.stats)  # never raises; a full disk only means no cache
+        try:
+            prompt = engine.prompt_tokens(messages)
+            saved.kv_cache = engine.store.coverage(engine.fingerprint, prompt) == len(prompt)
+        except Exception:  # noqa: BLE001 - the cache is optional
+            saved.kv_cache = False
+        try:
+            chats.update_message(msg_id, stats=result.stats.to_dict())
+        except StorageFullError as exc:
+            saved.stats = False
+            saved.problems.append(str(exc))
+    if use_cache and not saved.kv_cache:
+        saved.problems.append("the KV cache was not saved (the next turn prefills instead; see the log)")
     engine.close()
+    for problem in saved.problems:
+        print(f"branchwise: {problem}", file=sys.stderr)
     if args.json:
         user_id = parent_id if chats.get_message(parent_id).role == "user" else None
         print(json.dumps({
             "conversation_id": conversation.id, "user_message_id": user_id,
             "assistant_message_id": msg_id, "text": result.text, "stats": _public_stats(result.stats),
+            "saved": saved.to_dict(),
         }))
     else:
         s = result.stats
@@ -331,12 +374,12 @@ def _overflow_error(prompt_tokens: int, n_ctx: int) -> ValueError:
         "pass a larger --ctx-size, or start a new conversation.")
 
 
-def _check_fits(engine, conversation, path, text: str) -> None:
+def _check_fits(engine, system_prompt: str, path, text: str) -> None:
     """Refuse a message that would not fit the context window before it is stored, so a
     failed turn leaves no unanswered message on the branch."""
     from engine.chat_template import ChatMessage, conversation_messages
 
-    messages = conversation_messages(conversation.system_prompt, path) + [ChatMessage("user", text)]
+    messages = conversation_messages(system_prompt, path) + [ChatMessage("user", text)]
     n = len(engine.prompt_tokens(messages))
     if n + 1 > engine.llama.n_ctx():
         raise _overflow_error(n, engine.llama.n_ctx())
@@ -359,6 +402,9 @@ def _model_label(args) -> str:
 def cmd_chat(args) -> int:
     from storage.errors import NotFoundError
 
+    from app.cli_storage import message_text
+
+    args.text = message_text(args)
     if not args.text.strip():
         raise ValueError("The message is empty; type something to send.")
     chats = _open_chats(args)
@@ -378,12 +424,16 @@ def cmd_chat(args) -> int:
         conversation = chats.get_conversation(args.conversation)
         parent_id = conversation.active_leaf_id
     else:
-        conversation = chats.create_conversation(system_prompt=args.system or "")
+        conversation = None
         parent_id = None
+    system = args.system if args.system is not None else (conversation.system_prompt if conversation else "")
+    # Refuse an overflowing message before anything is written: no empty "New chat" is left.
+    _check_fits(engine, system, chats.path_to(parent_id) if parent_id else [], args.text)
+    if conversation is None:
+        conversation = chats.create_conversation(system_prompt=system)
     if args.system is not None and args.system != conversation.system_prompt:
         chats.set_system_prompt(conversation.id, args.system)
         conversation = chats.get_conversation(conversation.id)
-    _check_fits(engine, conversation, chats.path_to(parent_id) if parent_id else [], args.text)
     user = chats.add_message(conversation.id, parent_id, "user", args.text)
     return _reply(args, engine, chats, conversation, user.id, _model_label(args))
 
@@ -418,11 +468,18 @@ def cmd_conversations(args) -> int:
         else:
             print(conversation_markdown(data, active_only=True))
         return 0
+    if args.action == "delete":
+        from app.cli_storage import cmd_delete
+
+        return cmd_delete(args, chats, lambda: _open_store(args))
     data = conversation_json(chats, args.id)
     if args.format == "json":
         print(json.dumps(data, ensure_ascii=False, indent=2))
     else:
-        print(conversation_markdown(data, active_only=True))
+        from app.cli_storage import branch_note
+
+        print(branch_note(data, args.all_branches) + "\n")
+        print(conversation_markdown(data, active_only=not args.all_branches))
     return 0
 
 
@@ -448,21 +505,10 @@ def cmd_cache(args) -> int:
         print("prefix store cleared")
     if store.recovered_from:
         print(f"the cache file was damaged ({store.recovered_from}) and has been replaced by an empty one")
-    print(_stats_text(result))
+    from app.cli_storage import stats_text
+
+    print(stats_text(result))
     return 0
-
-
-def _stats_text(s: dict) -> str:
-    hit_rate = f"{100 * s['hits'] / s['lookups']:.0f}%" if s["lookups"] else "n/a"
-    return "\n".join([
-        f"blocks           {s['blocks']:,} ({s['tail_blocks']:,} tails, {s['block_size']} tokens per full block)",
-        f"tokens stored    {s['tokens']:,}",
-        f"size             {s['bytes'] / 1e6:,.1f} MB of KV (file {s['file_bytes'] / 1e6:,.1f} MB), "
-        f"budget {s['budget_bytes'] / 2**30:,.2f} GiB",
-        f"lookups          {s['lookups']:,} ({s['hits']:,} hits, {s['misses']:,} misses, hit rate {hit_rate})",
-        f"tokens restored  {s['tokens_restored']:,}; prefilled {s['tokens_prefilled']:,}",
-        f"evicted          {s['evicted_blocks']:,} blocks, {s['evicted_bytes'] / 1e6:,.1f} MB",
-    ])
 
 
 if __name__ == "__main__":
