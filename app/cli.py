@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)
     common.add_argument("--data-dir", help="where chats and the KV cache live (default: the user data folder; env BRANCHWISE_DATA_DIR)")
     common.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    common.add_argument("--quiet", action="store_true", help="no progress bars on the terminal")
 
     engine = _Parser(add_help=False)
     engine.add_argument("--model", help="a GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
@@ -241,7 +242,11 @@ def _open_engine(args):
             store = _open_store(args)
         except StoreError as exc:
             print(f"branchwise: running without the KV cache: {exc}", file=sys.stderr)
-    return Engine(args.model or default_model_path(), settings, store)
+    from app.terminal_progress import TerminalProgress
+
+    args.progress = TerminalProgress.for_args(args)
+    with args.progress.loading():
+        return Engine(args.model or default_model_path(), settings, store, progress=args.progress.hashing)
 
 
 def _sampling(args, conversation):
@@ -301,7 +306,11 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     parts: list[str] = []
     saver = _StreamSaver(chats, conversation.id, parent_id, model_label)
 
+    progress = getattr(args, "progress", None)
+
     def on_token(text: str, _tok: int) -> None:
+        if progress is not None and not parts:
+            progress.stop()  # erase the bars before the reply is printed
         parts.append(text)
         saver.progress("".join(parts))
         if stream:
@@ -318,7 +327,8 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     messages = conversation_messages(conversation.system_prompt, path)
     try:
         result = engine.generate(messages, _sampling(args, conversation),
-                                 use_cache=use_cache, on_token=on_token, snapshot=False)
+                                 use_cache=use_cache, on_token=on_token, snapshot=False,
+                                 on_progress=progress.on_progress if progress is not None else None)
     except KeyboardInterrupt:
         if parts:
             saver.finish("".join(parts), "stopped")
@@ -328,6 +338,9 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     except StorageFullError as exc:  # a streamed part could not be saved
         exc.saved = saved
         raise
+    finally:
+        if progress is not None:
+            progress.stop()
     status = "stopped" if result.stats.finish_reason == "cancelled" else "complete"
     try:
         msg_id = saver.finish(result.text, status, token_ids=result.token_ids, stats=result.stats.to_dict())

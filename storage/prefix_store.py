@@ -409,7 +409,7 @@ class PrefixStore:
         bytes written. Raises StorageFullError when the disk is full (nothing is written).
         """
         now = time.time()
-        written = 0
+        written = dropped = 0
         with self._guard():
             with _tx(self._db):
                 for b in blocks:
@@ -430,21 +430,25 @@ class PrefixStore:
                         "UPDATE blocks SET n_children = n_children + 1 WHERE key=?", (b.parent,)
                     )
                     written += len(b.payload)
-                    self._drop_covered_tails(b)
+                    dropped += self._drop_covered_tails(b)
                 self._touch(active_path, now)
-            self._evict(set(active_path))
+            if not self._evict(set(active_path)) and dropped:
+                self._vacuum()  # give the dropped tails' pages back (eviction does it otherwise)
         return written
 
-    def _drop_covered_tails(self, new: NewBlock) -> None:
-        """Delete tails under ``new.parent`` whose tokens are a prefix of ``new``'s."""
+    def _drop_covered_tails(self, new: NewBlock) -> int:
+        """Delete tails under ``new.parent`` whose tokens are a prefix of ``new``'s;
+        returns how many blocks went."""
         rows = self._db.execute(
             "SELECT key, tokens FROM blocks WHERE parent=? AND n_tokens < ? AND key != ?",
             (new.parent, new.n_tokens, new.key),
         ).fetchall()
+        n = 0
         for key, tok in rows:
             t = np.frombuffer(tok, dtype="<i4")
             if np.array_equal(t, new.tokens[: len(t)]):
-                self._delete_subtree(key)
+                n += self._delete_subtree(key)
+        return n
 
     # -- eviction --------------------------------------------------------------------
 
