@@ -570,9 +570,11 @@ class PrefixStore:
 
         For each fingerprint (default: every one in the store; the same tokens under
         another KV type or flash-attention setting of one model have other keys), each
-        sequence of ``forget`` is matched like a lookup (full blocks, then the best
-        partial child); the first matched block that no sequence of ``keep`` passes
-        through is deleted with everything below it. Blocks ``keep`` uses stay: they
+        sequence of ``forget`` is matched like a lookup (full blocks, then the child
+        with the longest common prefix), counting only blocks whose every token is in
+        the sequence (a block that merely starts the same way, such as another chat
+        after a shared system prompt, is someone else's); the first such block that no
+        sequence of ``keep`` passes through is deleted with everything below it. Blocks ``keep`` uses stay: they
         are shared with what is kept. Then free pages are zeroed (secure_delete) and
         returned to the file system. Returns the number of blocks deleted.
 
@@ -589,6 +591,8 @@ class PrefixStore:
                 with _tx(self._db):
                     for tokens in forget:
                         for ref in self.lookup(fp, tokens, count=False).blocks:
+                            if ref.use < ref.n_tokens:
+                                break  # a block that only starts like ours holds other text
                             if ref.key not in kept:
                                 deleted += self._delete_subtree(ref.key)
                                 break

@@ -280,3 +280,30 @@ def test_forget_drops_unshared_blocks_and_keeps_shared_ones(tmp_path):
     assert store.forget([secret]) == 4 + 2  # nothing kept: each root's whole subtree
     assert store.stats()["blocks"] == 0
     store.close()
+
+
+def test_forget_leaves_a_block_that_only_starts_the_same_way(tmp_path):
+    store = PrefixStore(tmp_path / "kv.sqlite3", budget_bytes=10**9, block_size=B)
+    secret = [1, 2, 3, 4, 5]  # shorter than a block: stored as a tail
+    other = [1, 2, 3, 9, 9, 9]  # shares a "system prompt" of three tokens
+    store_tokens(store, secret)
+    store_tokens(store, other)
+    assert store.forget([secret, secret + [6, 7]]) == 1
+    assert restored_tokens(store, other) == other and restored_tokens(store, secret) == [1, 2, 3]
+    store.close()
+
+
+def test_evicted_blocks_leave_no_bytes_in_the_file(tmp_path):
+    path = tmp_path / "kv.sqlite3"
+    store = PrefixStore(path, budget_bytes=10**9, block_size=B)
+    marker = [987_654_321] * 8
+    store_tokens(store, marker)
+    store_tokens(store, seq(16, start=300))
+    needle = np.asarray([987_654_321] * 4, dtype="<i4").tobytes()
+    assert needle in path.read_bytes()
+    store.lookup(FP, seq(16, start=300))  # the marker is now least recently used
+    store.budget_bytes = 16 * BPT
+    store.evict()
+    assert restored_tokens(store, marker) == [] and restored_tokens(store, seq(16, start=300))
+    store.close()
+    assert needle not in path.read_bytes()
