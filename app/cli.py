@@ -413,9 +413,8 @@ def _model_label(args) -> str:
 
 
 def cmd_chat(args) -> int:
-    from storage.errors import NotFoundError
-
     from app.cli_storage import message_text
+    from storage.errors import NotFoundError
 
     args.text = message_text(args)
     if not args.text.strip():

@@ -225,3 +225,19 @@ def test_markdown_export_names_its_branch_and_offers_all_branches(tmp_path):
     r = bw(tmp_path, "conversations", "export", conv.id, "--all-branches")
     text = r.stdout.decode()
     assert "all 4 messages" in text and "first answer" in text and "follow-up" in text
+
+
+# -- item 3: cache stats in human units ---------------------------------------------------
+
+
+def test_cache_stats_shows_the_budget_in_human_units(tmp_path):
+    from storage.paths import human_bytes
+
+    assert [human_bytes(n) for n in (812, 40 * 1024, 5 * 1024**2, 5 * 1024**3 // 2)] == [
+        "812 bytes", "40.0 KB", "5.0 MB", "2.50 GB"]
+    r = bw(tmp_path, "cache", "stats", "--cache-budget", "5M")
+    text = r.stdout.decode()
+    assert r.returncode == 0 and "budget 5.0 MB" in text and "GiB" not in text
+    s = json.loads(bw(tmp_path, "cache", "stats", "--json", "--cache-budget", "5M").stdout)
+    assert s["budget_bytes"] == 5 * 1024**2
+    assert s["file_bytes"] == (tmp_path / KVCACHE_DB).stat().st_size == s["overhead_bytes"]
