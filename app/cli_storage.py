@@ -145,42 +145,35 @@ def add_delete_parser(conv_sub, common: argparse.ArgumentParser) -> None:
 
 
 def cmd_delete(args, chats, open_store) -> int:
-    """Delete conversation ``args.id`` and forget its KV blocks (engine.forget).
+    """Delete conversation ``args.id`` and forget its KV blocks (``engine.forget``).
 
     ``open_store()`` opens the prefix store. The model is loaded only when the cache
-    holds blocks. Prints what was removed; exit code 0 when the conversation is gone.
+    holds blocks. Prints what was removed; exit code 0 when the conversation is gone,
+    even if the optional cache could not be cleaned (that is then said).
     """
+    from engine.forget import delete_and_forget
+
     chats.get_conversation(args.id)  # NotFoundError before anything is loaded
-    forget: list[list[int]] = []
-    keep: list[list[int]] = []
-    store = None
-    note = ""
+    store, build, note = None, None, ""
     try:
         store = open_store()
         if store.stats()["blocks"]:
-            from engine.forget import conversation_token_paths, sharing_token_paths
             from engine.model import LoadedModel
             from engine.model_file import default_model_path
             from engine.settings import EngineSettings
 
             check_model_path(args.model)
-            model = LoadedModel(args.model or default_model_path(), EngineSettings(n_ctx=512))
-            build = model.prompts.build
-            forget = conversation_token_paths(chats, args.id, build)
-            keep = sharing_token_paths(chats, args.id, forget, build, store.block_size)
-    except Exception as exc:  # the cache is optional: the conversation is deleted anyway
-        note = f"the KV cache was not cleaned: {exc}"
-        store = None
-    chats.delete_conversation(args.id)
-    dropped = 0
-    if store is not None and forget:
-        try:
-            dropped = store.forget(forget, keep)
-        except Exception as exc:
-            note = f"the KV cache was not cleaned: {exc}"
+            build = LoadedModel(args.model or default_model_path(), EngineSettings(n_ctx=512)).prompts.build
+    except Exception as exc:  # noqa: BLE001 - the cache is optional: delete the conversation anyway
+        note, store = f"the KV cache was not cleaned: {exc}", None
+    from storage.prefix_store import StoreError
+
+    try:
+        dropped = delete_and_forget(chats, store, args.id, build)
+    except StoreError as exc:  # the conversation is gone; only cleaning the cache failed
+        dropped, note = 0, f"the KV cache was not cleaned: {exc}"
     if args.json:
-        print(json.dumps({"deleted": args.id, "kv_blocks_dropped": dropped,
-                          "problem": note or None}))
+        print(json.dumps({"deleted": args.id, "kv_blocks_dropped": dropped, "problem": note or None}))
     else:
         print(f"deleted conversation {args.id}; dropped {dropped} KV cache blocks it did not share")
         if note:

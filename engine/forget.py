@@ -92,3 +92,24 @@ def sharing_token_paths(
 
 def _may_share(head: tuple[int, ...], heads: set[tuple[int, ...]]) -> bool:
     return head in heads or any(h[: len(head)] == head or head[: len(h)] == h for h in heads)
+
+
+def delete_and_forget(chats, store, conversation_id: int, build: Build | None) -> int:
+    """Delete a conversation for good: its rows and search words (``chats``), then its
+    unshared KV blocks (``store``, a ``PrefixStore`` or None). Returns blocks dropped.
+
+    ``build`` is the loaded model's ``prompts.build`` (None: no model, so no blocks are
+    matched). The token sequences are computed before the rows go. Call it off the UI
+    thread (``ChatStore.delete_conversation`` merges the search index). Errors of the
+    store are the caller's to report: the conversation is deleted by then.
+
+    Raises:
+        NotFoundError: unknown conversation (nothing is deleted).
+    """
+    forget: list[list[int]] = []
+    keep: list[list[int]] = []
+    if store is not None and build is not None:
+        forget = conversation_token_paths(chats, conversation_id, build)
+        keep = sharing_token_paths(chats, conversation_id, forget, build, store.block_size)
+    chats.delete_conversation(conversation_id)
+    return store.forget(forget, keep) if store is not None and forget else 0

@@ -202,7 +202,7 @@ class ChatStore:
         the conversation and calling this only when the undo time has passed
         (``app/sidebar.py``), so Undo never needs anything back from here. The KV
         blocks of the conversation live in the other database: see
-        ``engine.forget.forget_conversation``.
+        ``engine.forget`` (``branchwise conversations delete`` does both).
 
         Raises NotFoundError if unknown; StorageFullError on a full disk (nothing
         is deleted then).

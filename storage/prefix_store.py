@@ -574,7 +574,9 @@ class PrefixStore:
         with the longest common prefix), counting only blocks whose every token is in
         the sequence (a block that merely starts the same way, such as another chat
         after a shared system prompt, is someone else's); the first such block that no
-        sequence of ``keep`` passes through is deleted with everything below it. Blocks ``keep`` uses stay: they
+        sequence of ``keep`` passes through whole is deleted with everything below it.
+        A block a kept sequence uses only in part goes too (privacy over a few tokens
+        of prefill). Blocks ``keep`` uses stay: they
         are shared with what is kept. Then free pages are zeroed (secure_delete) and
         returned to the file system. Returns the number of blocks deleted.
 
@@ -586,8 +588,9 @@ class PrefixStore:
         with self._guard():
             for fp in (self.fingerprints() if fingerprints is None else list(fingerprints)):
                 kept: set[bytes] = set()
-                for tokens in keep:
-                    kept.update(b.key for b in self.lookup(fp, tokens, count=False).blocks)
+                for tokens in keep:  # a block kept text uses only in part may hold ours
+                    kept.update(b.key for b in self.lookup(fp, tokens, count=False).blocks
+                                if b.use == b.n_tokens)
                 with _tx(self._db):
                     for tokens in forget:
                         for ref in self.lookup(fp, tokens, count=False).blocks:

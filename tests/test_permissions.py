@@ -159,3 +159,47 @@ def test_delete_leaves_no_marker_in_either_database(tmp_path):
     again = json.loads(bw(data, "chat", "--json", *ENGINE, "--parent", keep["assistant_message_id"],
                           "And at night?").stdout)
     assert again["stats"]["restored_tokens"] > 0  # the kept conversation still resumes
+
+
+def _char_build(messages, add_generation_prompt: bool) -> list[int]:
+    """A stand-in for PromptBuilder.build: one token per character, a header per turn."""
+    ids: list[int] = []
+    for m in messages:
+        ids += [1, {"system": 2, "user": 3, "assistant": 4}[m.role]]
+        ids += list(m.token_ids) if m.token_ids else [ord(ch) for ch in m.content]
+    return ids + ([1, 4] if add_generation_prompt else [])
+
+
+def test_delete_and_forget_keeps_what_a_fork_shares(tmp_path):
+    from engine.forget import conversation_token_paths, delete_and_forget
+    from storage.prefix_store import NewBlock, PrefixStore
+
+    fp = b"K" * 32
+    with ChatStore(tmp_path / CHATS_DB) as chats:
+        store = PrefixStore(tmp_path / KVCACHE_DB, block_size=8)
+        conv = chats.create_conversation(system_prompt="Be brief and kind.")
+        u = chats.add_message(conv.id, None, "user", "A long shared opening question?")
+        a = chats.add_message(conv.id, u.id, "assistant", "ok", token_ids=[900, 901, 902])
+        u2 = chats.add_message(conv.id, a.id, "user", "Secret follow-up 7391")
+        fork = chats.fork(a.id)  # shares the first turn only
+        unrelated = chats.create_conversation(title="Other")
+        chats.add_message(unrelated.id, None, "user", "Hello")
+        for cid in (conv.id, fork.id, unrelated.id):
+            for tokens in conversation_token_paths(chats, cid, _char_build):
+                missing, chain = store.plan(fp, tokens)
+                store.put(fp, [NewBlock(b.key, b.parent, b.start, b.tokens, b"p" * len(b.tokens))
+                               for b in missing], active_path=chain)
+        secret = conversation_token_paths(chats, conv.id, _char_build)[-1]
+        shared = conversation_token_paths(chats, fork.id, _char_build)[-1]
+        before = store.coverage(fp, secret)
+        assert before == len(secret)
+        dropped = delete_and_forget(chats, store, conv.id, _char_build)
+        assert dropped >= 1
+        assert store.coverage(fp, shared) == len(shared)  # the fork's blocks stay
+        assert store.coverage(fp, secret) < len(secret)
+        assert store.coverage(fp, secret) <= len(shared) + 1
+        other = conversation_token_paths(chats, unrelated.id, _char_build)[-1]
+        assert store.coverage(fp, other) == len(other)
+        assert [c.id for c in chats.list_conversations()] == [unrelated.id, fork.id]
+        assert u2.id not in {m.id for c in chats.list_conversations() for m in chats.tree(c.id)}
+        store.close()
