@@ -458,8 +458,8 @@ class ChatStore:
         finds "apple", "苹果" finds "我喜欢苹果", "C++" and "🍎" are found too. The
         words may be spread over the title and different messages of one
         conversation. Returns up to ``limit`` (conversation, snippet) pairs:
-        conversations whose title holds every word first, then the others, each
-        group most recently updated first. The snippet is an excerpt of the message
+        conversations whose title holds every word first, then the others; within
+        each group pinned ones first, then the most recently updated. The snippet is an excerpt of the message
         holding the most of the words (the title if none does), words between
         ``marks``.
 
