@@ -3,14 +3,25 @@
 The schema version is ``PRAGMA user_version``: the number of migrations
 applied. ``MIGRATIONS[i]`` takes a database from version ``i`` to ``i + 1``;
 to change the schema, append a function, never edit one that has shipped.
-Each migration runs in the same transaction as the ``user_version`` bump, so
-a crash leaves the database at the old version or the new one, never between.
+All pending migrations run in one ``BEGIN IMMEDIATE`` transaction together with
+the ``user_version`` bump, so a crash leaves the database at the old version or the
+new one, never between. The version is read again after the write lock is taken:
+any number of processes may open a new data folder at once, the first one migrates
+and the others find the work done.
+
+Tables are written as SQL because sqlite-utils cannot express their CHECK
+constraints and ``ON DELETE`` actions; full-text search (the FTS5 tables, their
+triggers, rebuilding them when the tokenizer changes) and schema inspection use
+sqlite-utils (https://sqlite-utils.datasette.io/en/stable/python-api.html#full-text-search).
 """
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
+from typing import Final
+
+import sqlite_utils
 
 from storage.errors import StorageError
 
@@ -50,7 +61,9 @@ _SCHEMA_1 = (
     "CREATE INDEX messages_by_parent ON messages(parent_id)",
     "CREATE INDEX conversations_by_activity ON conversations(pinned, updated_at)",
     # Full-text search: external-content FTS5 tables kept in sync by triggers
-    # (https://sqlite.org/fts5.html#external_content_tables).
+    # (https://sqlite.org/fts5.html#external_content_tables). These hand-written
+    # triggers remain only because migration 1 has shipped: migration 2 drops them
+    # and lets sqlite-utils create the search tables and triggers.
     """
     CREATE VIRTUAL TABLE messages_fts USING fts5(
         content, content='messages', content_rowid='id',
@@ -108,7 +121,70 @@ def _migration_1(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
-MIGRATIONS: list[Migration] = [_migration_1]
+SEARCH_TOKENIZER: Final = "trigram"
+"""FTS5 tokenizer of both search tables. ``trigram`` indexes every run of three
+characters, so words in scripts without spaces (Chinese "苹果" inside "我喜欢苹果"),
+emoji and symbols ("C++") are found; case is folded (https://sqlite.org/fts5.html,
+"The Trigram Tokenizer"). Terms shorter than three characters fall back to a scan
+(``storage.chats``). Changing it needs a migration that calls ``_enable_search``."""
+
+SEARCHED_COLUMNS: Final = {"messages": "content", "conversations": "title"}
+"""Each searchable table and its text column; the FTS5 table is ``<table>_fts``."""
+
+
+class _Database(sqlite_utils.Database):
+    """sqlite-utils on a connection inside our transaction.
+
+    ``Database.executescript`` calls ``sqlite3.Connection.executescript``, which on
+    Python < 3.12 first COMMITs the open transaction; that would end the
+    ``BEGIN IMMEDIATE`` that makes migrations safe under concurrent openers. Here a
+    script runs statement by statement in the transaction instead.
+    """
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        super().__init__(conn, recursive_triggers=False)
+
+    def executescript(self, sql: str) -> sqlite3.Cursor:  # type: ignore[override]
+        cursor = self.conn.cursor()
+        statement = ""
+        for line in sql.splitlines(keepends=True):
+            statement += line
+            if sqlite3.complete_statement(statement):
+                cursor.execute(statement)
+                statement = ""
+        if statement.strip():
+            cursor.execute(statement)
+        return cursor
+
+
+def _enable_search(db: sqlite_utils.Database) -> None:
+    """(Re)create the FTS5 tables with SEARCH_TOKENIZER, their triggers, and fill them.
+
+    sqlite-utils' ``enable_fts(replace=True)`` keeps an index whose SQL already
+    matches and otherwise drops and rebuilds it, so this is also the way to change
+    the tokenizer. Old hand-written triggers (migration 1's) are dropped first.
+    """
+    for table, column in SEARCHED_COLUMNS.items():
+        for trigger in db[table].triggers:
+            if trigger.name.startswith(f"{table}_fts_"):
+                db.execute(f"DROP TRIGGER {sqlite_utils.db.quote_identifier(trigger.name)}")
+        fts = db[f"{table}_fts"]
+        # sqlite-utils replaces an index it made itself; migration 1's (content='table'
+        # in quotes) it does not recognise, so that one is dropped here.
+        if fts.exists() and f"tokenize='{SEARCH_TOKENIZER}'" not in (fts.schema or ""):
+            fts.drop()
+        db[table].enable_fts(
+            [column], fts_version="FTS5", create_triggers=True, tokenize=SEARCH_TOKENIZER,
+            replace=True,
+        )
+
+
+def _migration_2(conn: sqlite3.Connection) -> None:
+    """Search with the trigram tokenizer, tables and triggers made by sqlite-utils."""
+    _enable_search(_Database(conn))
+
+
+MIGRATIONS: list[Migration] = [_migration_1, _migration_2]
 """Ordered migrations; ``MIGRATIONS[i]`` moves the schema from version i to i + 1."""
 
 
@@ -118,29 +194,40 @@ def schema_version(conn: sqlite3.Connection) -> int:
 
 
 def migrate(conn: sqlite3.Connection, where: str) -> int:
-    """Apply the migrations ``conn`` has not seen yet, one transaction each.
+    """Apply the migrations ``conn`` has not seen yet, in one write transaction.
 
-    ``conn`` must be in autocommit mode (``isolation_level=None``); ``where``
-    names the file in error messages. Returns the schema version afterwards.
+    ``conn`` must be in autocommit mode (``isolation_level=None``) with a busy
+    timeout; ``where`` names the file in error messages. Safe when many processes
+    open the same file at once: the version is read again under ``BEGIN
+    IMMEDIATE`` (the write lock), so only one of them migrates. Returns the schema
+    version afterwards.
 
     Raises:
         StorageError: the file was written by a newer Branchwise (its version
             is higher than ``len(MIGRATIONS)``).
+        sqlite3.OperationalError: the lock was not granted within the busy timeout.
     """
+    if _checked_version(conn, where) == len(MIGRATIONS):
+        return len(MIGRATIONS)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = _checked_version(conn, where)  # another opener may have migrated meanwhile
+        for target in range(version + 1, len(MIGRATIONS) + 1):
+            MIGRATIONS[target - 1](conn)
+            conn.execute(f"PRAGMA user_version = {int(target)}")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return schema_version(conn)
+
+
+def _checked_version(conn: sqlite3.Connection, where: str) -> int:
     version = schema_version(conn)
     if version > len(MIGRATIONS):
         raise StorageError(
             f"{where} was saved by a newer version of Branchwise (schema {version}; "
             f"this version knows up to {len(MIGRATIONS)}). Update Branchwise to open it."
         )
-    for target in range(version + 1, len(MIGRATIONS) + 1):
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            MIGRATIONS[target - 1](conn)
-            conn.execute(f"PRAGMA user_version = {int(target)}")
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-    return schema_version(conn)
+    return version

@@ -10,11 +10,25 @@ chosen in this order:
    ``~/.local/share/Branchwise`` on Linux,
    ``~/Library/Application Support/Branchwise`` on macOS,
    ``%LOCALAPPDATA%\\Branchwise`` on Windows.
+
+Who can read it: the conversations are private, so the folder is made 0700 and
+everything in it 0600 (directories inside it 0700), as ssh and gpg do with their
+folders. :func:`resolve_data_dir` sets the process umask to 077 so every file the
+app creates afterwards (the databases and SQLite's ``-wal``/``-shm``/``-journal``
+sidecars, which SQLite creates with the mode of the database file,
+``settings.json``, ``logs/`` and the rotated log files) starts private, and
+tightens what an older install left group- or world-readable. On Windows POSIX
+modes mean little (``os.chmod`` only toggles read-only); there Branchwise relies
+on the ACLs of the user profile: ``%LOCALAPPDATA%`` is readable only by its owner,
+SYSTEM and administrators, and files created in it inherit that ACL.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import stat
+import sys
 import tempfile
 from pathlib import Path
 
@@ -28,6 +42,12 @@ CHATS_DB = "chats.sqlite3"
 """File name of the conversation database (precious) inside the data folder."""
 KVCACHE_DB = "kvcache.sqlite3"
 """File name of the KV prefix store (disposable) inside the data folder."""
+DIR_MODE = 0o700
+"""Mode of the data folder and of the folders inside it (owner only)."""
+FILE_MODE = 0o600
+"""Mode of every file inside the data folder (owner read and write)."""
+PRIVATE_UMASK = 0o077
+"""The umask set by :func:`resolve_data_dir`: new files 0600, new folders 0700."""
 
 
 def resolve_data_dir(cli_value: str | None) -> Path:
@@ -53,6 +73,7 @@ def resolve_data_dir(cli_value: str | None) -> Path:
     else:
         raw, source = platformdirs.user_data_dir(APP_NAME, appauthor=False), "the default"
     path = Path(raw).expanduser().absolute()
+    make_private()
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError as exc:
@@ -60,7 +81,91 @@ def resolve_data_dir(cli_value: str | None) -> Path:
     except OSError as exc:
         raise DataDirError(_message(path, source, _reason(exc))) from exc
     _check_writable(path, source)
+    tighten_permissions(path)
     return path
+
+
+def make_private() -> None:
+    """Set the process umask to :data:`PRIVATE_UMASK` (077), so that every file and
+    folder created from now on is readable by its owner only. A no-op on Windows."""
+    if sys.platform != "win32":
+        os.umask(PRIVATE_UMASK)
+
+
+def tighten_permissions(folder: Path) -> list[Path]:
+    """Make ``folder`` 0700 and everything below it 0600 (sub-folders 0700).
+
+    Walks the folder's entries iteratively (no recursion), never follows symbolic
+    links, and only ever removes permission bits (a file the owner made read-only
+    stays read-only). Entries that vanish meanwhile or cannot be changed (another
+    owner) are skipped. Returns the paths whose mode changed. A no-op on Windows,
+    where the profile's ACLs apply (see the module docstring).
+    """
+    if sys.platform == "win32":
+        return []
+    changed: list[Path] = []
+    pending = [Path(folder)]
+    while pending:
+        current = pending.pop()
+        if _restrict(current, DIR_MODE):
+            changed.append(current)
+        try:
+            entries = list(os.scandir(current))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(Path(entry.path))
+                elif entry.is_file(follow_symlinks=False) and _restrict(Path(entry.path), FILE_MODE):
+                    changed.append(Path(entry.path))
+            except OSError:
+                continue
+    return changed
+
+
+def _restrict(path: Path, allowed: int) -> bool:
+    """Clear the permission bits of ``path`` outside ``allowed``; True if any were set."""
+    try:
+        mode = stat.S_IMODE(os.lstat(path).st_mode)
+        if mode & ~allowed:
+            os.chmod(path, mode & allowed, follow_symlinks=False)
+            return True
+    except (OSError, NotImplementedError):
+        pass
+    return False
+
+
+def free_space(folder: Path) -> int | None:
+    """Bytes free for this user on the file system holding ``folder`` (None if unknown)."""
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
+
+
+def human_bytes(n: float) -> str:
+    """``n`` bytes in the unit that keeps the number short: ``"812 bytes"``,
+    ``"40.0 KB"``, ``"5.0 MB"``, ``"2.50 GB"``. Units are powers of 1024, like the
+    sizes the command line accepts (``--cache-budget 5M`` is 5 x 1024**2 bytes)."""
+    n = float(n)
+    if abs(n) < 1024:
+        return f"{int(n)} bytes"
+    for unit in ("KB", "MB", "GB", "TB"):
+        n /= 1024
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.2f} {unit}" if unit in ("GB", "TB") else f"{n:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def disk_full_message(folder: Path, not_saved: str) -> str:
+    """A sentence naming a full disk, its free space and the folder, e.g. "The disk
+    holding /home/a/.local/share/Branchwise is full (40.0 KB free), so the reply was
+    not saved. Free some space and try again." ``not_saved`` says what was lost."""
+    free = free_space(folder)
+    room = "" if free is None else f" ({human_bytes(free)} free)"
+    return (f"The disk holding {folder} is full{room}, so {not_saved}. "
+            "Free some space and try again.")
 
 
 def _check_writable(path: Path, source: str) -> None:

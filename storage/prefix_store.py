@@ -15,6 +15,22 @@ ids it covers. The rules it keeps:
 * every payload carries an xxh3-64 checksum that :meth:`PrefixStore.read` verifies; a bad
   block is deleted with its descendants and the match stops before it. A database file
   SQLite itself reports as malformed is replaced by an empty one.
+
+Faults: only a file SQLite reports as damaged (SQLITE_CORRUPT, SQLITE_NOTADB) is ever
+replaced. A full disk, a lock or an I/O error leaves the file alone and raises
+:class:`StoreFull` or :class:`StoreUnavailable` (both :class:`StoreError`), which the
+engine treats as "no cache this time"; statistics and last-use stamps written by a
+lookup are best effort and never fail it.
+
+Budget: ``budget_bytes`` bounds what the cache takes on disk (the file plus any WAL),
+beyond the fixed size of an empty store (its schema pages, a few hundred KB at 64 KB
+pages). After an eviction ``PRAGMA incremental_vacuum`` returns every free page to the
+file system, so the file shrinks with its contents.
+
+Deletion: ``PRAGMA secure_delete=ON`` overwrites freed content with zeros, and the
+vacuum truncates the freed pages, so an evicted or forgotten block leaves no bytes in
+the file. :meth:`PrefixStore.forget` drops the blocks of token sequences that no other
+sequence needs (the engine computes them: ``engine.forget``).
 """
 
 from __future__ import annotations
@@ -34,7 +50,8 @@ import numpy as np
 import xxhash
 
 from storage.block_hash import block_key, chain_keys, tokens_from_bytes, tokens_to_bytes
-from storage.errors import StorageError
+from storage.errors import StorageError, StorageFullError, is_disk_full
+from storage.paths import disk_full_message, free_space
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +133,10 @@ class PrefixStore:
         budget_bytes: the most payload bytes kept after any :meth:`put`.
         block_size: tokens per full block; part of every model fingerprint.
 
-    Thread-safe (one connection behind a lock). Errors: ``sqlite3.OperationalError``
-    from a full disk is raised by :meth:`put` as :class:`storage.errors.StorageFullError`;
-    a malformed file is replaced by an empty store and logged.
+    Thread-safe (one connection behind a lock). Errors: a full disk raises
+    :class:`StoreFull` (also a :class:`storage.errors.StorageFullError`) naming the
+    folder and its free space; a locked or unwritable file :class:`StoreUnavailable`;
+    a malformed file is replaced by an empty store and logged (``recovered_from``).
     """
 
     def __init__(
@@ -142,12 +160,26 @@ class PrefixStore:
             db.execute("SELECT count(*) FROM blocks").fetchone()
             return db
         except (sqlite3.DatabaseError, ValueError) as exc:
-            if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
-                raise StoreUnavailable(f"the KV cache {self.path} is locked by another process") from exc
+            if isinstance(exc, sqlite3.OperationalError):
+                # Full, locked, read-only, I/O error: the file may well be valid. Never
+                # delete it for that; run without the cache this time.
+                raise self._unavailable(exc, "the KV cache is not used this time") from exc
             log.warning("prefix store %s is unreadable (%s); starting an empty one", self.path, exc)
             self.recovered_from = str(exc)
             self._remove_files()
             return self._connect()
+
+    def _unavailable(self, exc: BaseException, consequence: str) -> "StoreUnavailable":
+        """The StoreError for an OperationalError: StoreFull for a full disk (SQLITE_FULL,
+        ENOSPC, or an I/O error with under 1 MB free), else StoreUnavailable."""
+        folder = self.path.parent
+        io_error = "disk I/O error" in str(exc)
+        free = free_space(folder)
+        if is_disk_full(exc) or (io_error and free is not None and free < 1024**2):
+            return StoreFull(disk_full_message(folder, consequence))
+        if "locked" in str(exc) or "busy" in str(exc):
+            return StoreUnavailable(f"the KV cache {self.path} is locked by another process")
+        return StoreUnavailable(f"the KV cache {self.path} could not be used: {exc}")
 
     def _connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -171,8 +203,25 @@ class PrefixStore:
         db.execute("PRAGMA synchronous=OFF")
         db.execute("PRAGMA mmap_size=1073741824")
         db.execute("PRAGMA foreign_keys=ON")
+        # Freed pages are overwritten with zeros: an evicted or forgotten block leaves
+        # no token ids or KV bytes behind (https://sqlite.org/pragma.html#pragma_secure_delete).
+        db.execute("PRAGMA secure_delete=ON")
         if db.execute("PRAGMA user_version").fetchone()[0] != _SCHEMA_VERSION:
-            db.executescript(f"BEGIN; {_SCHEMA}; PRAGMA user_version={_SCHEMA_VERSION}; COMMIT;")
+            # Under the write lock, read the version again: another process opening the
+            # same new folder may have created the schema meanwhile.
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                if db.execute("PRAGMA user_version").fetchone()[0] != _SCHEMA_VERSION:
+                    for statement in _SCHEMA.split(";"):
+                        if statement.strip():
+                            db.execute(statement)
+                    db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                db.close()
+                raise
         return db
 
     def _remove_files(self) -> None:
@@ -187,21 +236,14 @@ class PrefixStore:
     @contextlib.contextmanager
     def _guard(self):
         """Run under the lock and turn SQLite's failures into the store's own errors: a
-        full disk is StorageFullError, a busy or unwritable file StoreUnavailable, and a
+        full disk is StoreFull, a busy or unwritable file StoreUnavailable, and a
         malformed file is replaced by an empty one (StoreReset)."""
         with self._lock:
             try:
                 yield
             except sqlite3.DatabaseError as exc:
                 if isinstance(exc, sqlite3.OperationalError):
-                    if "full" in str(exc):
-                        from storage.errors import StorageFullError
-
-                        raise StorageFullError(
-                            f"The disk holding {self.path.parent} is full, so the KV cache "
-                            "could not be saved. Free some space or lower the cache budget."
-                        ) from exc
-                    raise StoreUnavailable(f"the KV cache could not be used: {exc}") from exc
+                    raise self._unavailable(exc, "the KV cache could not be saved") from exc
                 log.error("prefix store damaged (%s); replacing it with an empty one", exc)
                 self.recovered_from = str(exc)
                 self._reset_file()
@@ -282,10 +324,13 @@ class PrefixStore:
                     blocks.append(best)
             match = PrefixMatch(blocks)
             if count:
-                with _tx(self._db):
-                    self._bump(lookups=1, hits=int(bool(blocks)), misses=int(not blocks),
-                               tokens_queried=len(arr))
-                    self._touch([b.key for b in blocks])
+                try:
+                    with _tx(self._db):
+                        self._bump(lookups=1, hits=int(bool(blocks)), misses=int(not blocks),
+                                   tokens_queried=len(arr))
+                        self._touch([b.key for b in blocks])
+                except sqlite3.OperationalError as exc:  # full disk, lock: the match stands
+                    log.warning("KV cache statistics not updated: %s", exc)
         return match
 
     def coverage(self, fingerprint: bytes, tokens: Sequence[int] | np.ndarray) -> int:
@@ -366,7 +411,7 @@ class PrefixStore:
         bytes written. Raises StorageFullError when the disk is full (nothing is written).
         """
         now = time.time()
-        written = 0
+        written = dropped = 0
         with self._guard():
             with _tx(self._db):
                 for b in blocks:
@@ -387,21 +432,25 @@ class PrefixStore:
                         "UPDATE blocks SET n_children = n_children + 1 WHERE key=?", (b.parent,)
                     )
                     written += len(b.payload)
-                    self._drop_covered_tails(b)
+                    dropped += self._drop_covered_tails(b)
                 self._touch(active_path, now)
-            self._evict(set(active_path))
+            if not self._evict(set(active_path)) and dropped:
+                self._vacuum()  # give the dropped tails' pages back (eviction does it otherwise)
         return written
 
-    def _drop_covered_tails(self, new: NewBlock) -> None:
-        """Delete tails under ``new.parent`` whose tokens are a prefix of ``new``'s."""
+    def _drop_covered_tails(self, new: NewBlock) -> int:
+        """Delete tails under ``new.parent`` whose tokens are a prefix of ``new``'s;
+        returns how many blocks went."""
         rows = self._db.execute(
             "SELECT key, tokens FROM blocks WHERE parent=? AND n_tokens < ? AND key != ?",
             (new.parent, new.n_tokens, new.key),
         ).fetchall()
+        n = 0
         for key, tok in rows:
             t = np.frombuffer(tok, dtype="<i4")
             if np.array_equal(t, new.tokens[: len(t)]):
-                self._delete_subtree(key)
+                n += self._delete_subtree(key)
+        return n
 
     # -- eviction --------------------------------------------------------------------
 
@@ -411,9 +460,29 @@ class PrefixStore:
             return self._evict(set(protect))
 
     def _evict(self, protect: set[bytes]) -> int:
+        """Evict leaves until the payload fits the budget and the file (plus WAL) fits the
+        budget beyond the empty store's overhead; then give the free pages back."""
+        freed = self._evict_payload_to(self.budget_bytes, protect)
+        if freed:
+            self._vacuum()
+        for _ in range(64):  # each pass evicts at least the overshoot; blocks run out fast
+            over = self.disk_bytes() - self.fixed_overhead_bytes() - self.budget_bytes
+            total = self._total_bytes()
+            if over <= 0 or total == 0:
+                break
+            more = self._evict_payload_to(max(0, total - over), protect)
+            if not more:
+                break
+            freed += more
+            self._vacuum()
+        return freed
+
+    def _evict_payload_to(self, target: int, protect: set[bytes]) -> int:
+        """Delete leaves, least recently used first, the protected ones last, until the
+        payload bytes are at most ``target``. Returns the payload bytes freed."""
         total = self._total_bytes()
         freed = 0
-        while total > self.budget_bytes:
+        while total > target:
             leaves = self._db.execute(
                 "SELECT key, nbytes FROM blocks WHERE n_children = 0 ORDER BY last_access, start DESC"
             ).fetchall()
@@ -423,15 +492,42 @@ class PrefixStore:
             order = [r for r in leaves if r[0] not in protect] or leaves
             with _tx(self._db):
                 for key, nbytes in order:
-                    if total <= self.budget_bytes:
+                    if total <= target:
                         break
                     self._delete_subtree(key)
                     total -= nbytes
                     freed += nbytes
                     self._bump(evicted_blocks=1, evicted_bytes=nbytes)
-        if freed:
-            self._db.execute("PRAGMA incremental_vacuum")
         return freed
+
+    def _vacuum(self) -> None:
+        """Return every free page to the file system (outside any transaction).
+
+        ``PRAGMA incremental_vacuum`` frees one page per step of the statement. The
+        sqlite3 module steps a statement without result columns once, so ``execute``
+        (even with ``fetchall``) frees a single page: measured here, 259 free pages
+        became 258. ``executescript`` steps each statement to the end."""
+        assert not self._db.in_transaction
+        self._db.executescript("PRAGMA incremental_vacuum;")
+
+    def disk_bytes(self) -> int:
+        """Bytes the cache takes on disk: the file, its WAL and its rollback journal."""
+        total = 0
+        for suffix in ("", "-wal", "-journal"):
+            with contextlib.suppress(OSError):
+                total += os.path.getsize(f"{self.path}{suffix}")
+        return total
+
+    def fixed_overhead_bytes(self) -> int:
+        """The size of this store when empty: page 1, a root page per table and index,
+        and the pointer-map pages of auto-vacuum (one per page_size/5 pages;
+        https://sqlite.org/fileformat2.html#pointer_map_or_ptrmap_pages)."""
+        page_size = self._db.execute("PRAGMA page_size").fetchone()[0]
+        roots = self._db.execute(
+            "SELECT count(*) FROM sqlite_master WHERE rootpage > 0").fetchone()[0]
+        pages = self._db.execute("PRAGMA page_count").fetchone()[0]
+        ptrmaps = -(-pages // (page_size // 5))
+        return page_size * (1 + roots + ptrmaps)
 
     def _delete_subtree(self, key: bytes) -> int:
         """Delete a block and every block below it; returns how many were deleted."""
@@ -457,6 +553,57 @@ class PrefixStore:
                 "UPDATE blocks SET n_children = n_children - 1 WHERE key=?", (row[0],)
             )
         return len(keys) if row else 0
+
+    # -- deletion --------------------------------------------------------------------
+
+    def fingerprints(self) -> list[bytes]:
+        """Every model fingerprint that has blocks in the store."""
+        with self._guard():
+            return [r[0] for r in self._db.execute(
+                "SELECT DISTINCT fingerprint FROM blocks")]
+
+    def forget(
+        self,
+        forget: Iterable[Sequence[int] | np.ndarray],
+        keep: Iterable[Sequence[int] | np.ndarray] = (),
+        fingerprints: Iterable[bytes] | None = None,
+    ) -> int:
+        """Delete the blocks holding ``forget``'s token sequences that ``keep`` does not use.
+
+        For each fingerprint (default: every one in the store; the same tokens under
+        another KV type or flash-attention setting of one model have other keys), each
+        sequence of ``forget`` is matched like a lookup (full blocks, then the child
+        with the longest common prefix), counting only blocks whose every token is in
+        the sequence (a block that merely starts the same way, such as another chat
+        after a shared system prompt, is someone else's); the first such block that no
+        sequence of ``keep`` passes through whole is deleted with everything below it.
+        A block a kept sequence uses only in part goes too (privacy over a few tokens
+        of prefill). Blocks ``keep`` uses stay: they
+        are shared with what is kept. Then free pages are zeroed (secure_delete) and
+        returned to the file system. Returns the number of blocks deleted.
+
+        Shapes: sequences of int32 token ids. Raises StoreFull / StoreUnavailable.
+        """
+        forget = [np.asarray(t, dtype=np.int32) for t in forget]
+        keep = [np.asarray(t, dtype=np.int32) for t in keep]
+        deleted = 0
+        with self._guard():
+            for fp in (self.fingerprints() if fingerprints is None else list(fingerprints)):
+                kept: set[bytes] = set()
+                for tokens in keep:  # a block kept text uses only in part may hold ours
+                    kept.update(b.key for b in self.lookup(fp, tokens, count=False).blocks
+                                if b.use == b.n_tokens)
+                with _tx(self._db):
+                    for tokens in forget:
+                        for ref in self.lookup(fp, tokens, count=False).blocks:
+                            if ref.use < ref.n_tokens:
+                                break  # a block that only starts like ours holds other text
+                            if ref.key not in kept:
+                                deleted += self._delete_subtree(ref.key)
+                                break
+            if deleted:
+                self._vacuum()
+        return deleted
 
     # -- maintenance -----------------------------------------------------------------
 
@@ -488,7 +635,7 @@ class PrefixStore:
                         log.warning("dropping the KV layout of %s: it is damaged", fp.hex()[:12])
                         self._db.execute("DELETE FROM models WHERE fingerprint=?", (fp,))
             if removed:
-                self._db.execute("PRAGMA incremental_vacuum")
+                self._vacuum()
         return VerifyReport(len(ids), len(bad_keys), removed)
 
     def clear(self) -> None:
@@ -498,7 +645,9 @@ class PrefixStore:
 
     def stats(self) -> dict:
         """Counters and sizes: lookups, hits, misses, tokens_restored, tokens_prefilled,
-        blocks, tail_blocks, tokens, bytes (payload), file_bytes, budget_bytes, models."""
+        blocks, tail_blocks, tokens, bytes (payload), file_bytes (file + WAL + journal on
+        disk), overhead_bytes (an empty store's size, not counted against the budget),
+        budget_bytes, models. Sizes are in bytes."""
         with self._guard():
             out = {name: value for name, value in self._db.execute("SELECT name, value FROM counters")}
             blocks, tails, tokens, nbytes = self._db.execute(
@@ -507,14 +656,13 @@ class PrefixStore:
                 (self.block_size,),
             ).fetchone()
             models = self._db.execute("SELECT count(*) FROM models").fetchone()[0]
-        file_bytes = sum(
-            os.path.getsize(f"{self.path}{s}") for s in ("", "-wal") if os.path.exists(f"{self.path}{s}")
-        )
+            overhead = self.fixed_overhead_bytes()
+        file_bytes = self.disk_bytes()
         for name in ("lookups", "hits", "misses", "tokens_queried", "tokens_restored",
                      "tokens_prefilled", "evicted_blocks", "evicted_bytes"):
             out.setdefault(name, 0)
         out.update(blocks=blocks, tail_blocks=tails, tokens=tokens, bytes=nbytes,
-                   file_bytes=file_bytes, budget_bytes=self.budget_bytes,
+                   file_bytes=file_bytes, overhead_bytes=overhead, budget_bytes=self.budget_bytes,
                    block_size=self.block_size, models=models)
         return out
 
@@ -560,6 +708,13 @@ class StoreUnavailable(StoreError):
     """The store file is locked by another process, unwritable, or otherwise unusable now."""
 
 
+class StoreFull(StoreUnavailable, StorageFullError):
+    """The disk holding the store is full: nothing was written, the file is intact.
+
+    The message names the folder and its free space. It is both a StoreError (the
+    engine goes on without the cache) and a StorageFullError."""
+
+
 @contextlib.contextmanager
 def _tx(db: sqlite3.Connection):
     """A transaction on an autocommit connection (nested calls join the outer one)."""
@@ -582,6 +737,11 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if len(diff) else n
 
 
+# Raw sqlite3, not sqlite-utils, in this module: the store is the engine's hot path (a
+# lookup and a put per turn, a row per 64 tokens). Measured on this project's machine
+# (2 shared cores, other jobs running, so noisy): inserting a block row took 82 us with
+# a prepared INSERT and 981 us with sqlite-utils' ``Table.insert`` (12x, it inspects
+# the table's columns on every call). The schema is small and fixed, so it stays SQL.
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS models(
     fingerprint BLOB PRIMARY KEY,
@@ -615,7 +775,7 @@ CREATE TABLE IF NOT EXISTS file_digests(
 """
 
 __all__ = [
-    "BlockRef", "NewBlock", "PrefixMatch", "PrefixStore", "StoreError", "StoreReset",
+    "BlockRef", "NewBlock", "PrefixMatch", "PrefixStore", "StoreError", "StoreFull", "StoreReset",
     "StoreUnavailable", "VerifyReport",
     "checksum", "tokens_from_bytes", "DEFAULT_BLOCK_SIZE", "DEFAULT_BUDGET_BYTES",
 ]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import errno
+import shutil
 import sqlite3
 import struct
 import subprocess
 import sys
 import threading
 import textwrap
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,7 @@ from storage.chats import (
     Conversation,
     Message,
     auto_title,
-    fts_query,
+    search_terms,
 )
 from storage.errors import (
     NotFoundError,
@@ -437,13 +439,41 @@ def test_search_with_syntax_characters_still_matches(store: ChatStore) -> None:
     store.add_message(conv.id, None, "user", "foo and bar: cafe")
     assert [c.id for c, _ in store.search('"foo AND (')] == [conv.id]
     assert [c.id for c, _ in store.search("bar:")] == [conv.id]
-    assert [c.id for c, _ in store.search("café")] == [conv.id]  # diacritics folded
+    assert [c.id for c, _ in store.search("CAFE")] == [conv.id]  # case folded
 
 
-def test_fts_query_quotes_terms_and_prefixes_the_last() -> None:
-    assert fts_query('"foo AND (') == '"""foo" "AND"*'
-    assert fts_query("kv cache") == '"kv" "cache"*'
-    assert fts_query(" ( ) * ") == ""
+def test_search_terms_drop_punctuation_and_keep_symbols() -> None:
+    assert search_terms('"foo AND (') == ['"foo', "AND"]
+    assert search_terms("kv cache KV") == ["kv", "cache"]
+    assert search_terms(" ( ) * -- ") == ["*"] or search_terms(" ( ) * -- ") == []
+    assert search_terms("C++ 🍎 苹果") == ["C++", "🍎", "苹果"]
+
+
+@pytest.mark.parametrize(
+    ("text", "query"),
+    [("我喜欢苹果", "苹果"), ("我喜欢苹果和香蕉", "喜欢苹果"), ("an 🍎 a day", "🍎"),
+     ("I write C++ daily", "C++"), ("I write C++ daily", "c++"), ("ファイルを開く", "ファイル")],
+)
+def test_search_finds_cjk_emoji_and_symbols(store: ChatStore, text: str, query: str) -> None:
+    other = store.create_conversation(title="Other")
+    store.add_message(other.id, None, "user", "I write C daily, no apples")
+    conv = store.create_conversation(title="Words")
+    store.add_message(conv.id, None, "user", text)
+    results = store.search(query)
+    assert [c.id for c, _ in results] == [conv.id]
+    assert f"«{query}»".casefold() in results[0][1].casefold()
+
+
+def test_search_finds_words_spread_over_messages_and_title(store: ChatStore) -> None:
+    conv = store.create_conversation(title="Trip planning")
+    first = store.add_message(conv.id, None, "user", "We fly to Lisbon in May.")
+    store.add_message(conv.id, first.id, "assistant", "Pack a raincoat for the ferry.")
+    lone = store.create_conversation(title="Lisbon only")
+    store.add_message(lone.id, None, "user", "Lisbon has trams.")
+    assert [c.id for c, _ in store.search("lisbon raincoat")] == [conv.id]
+    assert [c.id for c, _ in store.search("trip ferry")] == [conv.id]  # title + message
+    assert store.search("lisbon submarine") == []
+    assert {c.id for c, _ in store.search("lisbon")} == {conv.id, lone.id}
 
 
 # -- token ids ------------------------------------------------------------------
@@ -554,12 +584,12 @@ def test_pragmas(store: ChatStore, db_path: Path) -> None:
 def test_migrations_run_once(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with ChatStore(db_path) as store:
         conv = store.create_conversation(title="Before")
-    assert chat_schema.MIGRATIONS and len(chat_schema.MIGRATIONS) == 1
+    assert chat_schema.MIGRATIONS and len(chat_schema.MIGRATIONS) == 2
 
     def must_not_run(conn: sqlite3.Connection) -> None:
-        raise AssertionError("migration 1 ran again")
+        raise AssertionError("a migration ran again")
 
-    monkeypatch.setattr(chat_schema, "MIGRATIONS", [must_not_run])
+    monkeypatch.setattr(chat_schema, "MIGRATIONS", [must_not_run, must_not_run])
     with ChatStore(db_path) as store:
         assert store.get_conversation(conv.id).title == "Before"
 
@@ -569,13 +599,13 @@ def test_migrations_run_once(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         calls.append(1)
         conn.execute("ALTER TABLE conversations ADD COLUMN color TEXT")
 
-    monkeypatch.setattr(chat_schema, "MIGRATIONS", [must_not_run, add_column])
+    monkeypatch.setattr(chat_schema, "MIGRATIONS", [must_not_run, must_not_run, add_column])
     for _ in range(2):
         with ChatStore(db_path) as store:
             assert store.get_conversation(conv.id).title == "Before"
     assert calls == [1]
     with sqlite3.connect(db_path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
         columns = [row[1] for row in conn.execute("PRAGMA table_info(conversations)")]
     assert "color" in columns
 
@@ -591,7 +621,7 @@ def test_failed_migration_leaves_old_version(db_path: Path, monkeypatch: pytest.
     with pytest.raises(RuntimeError, match="boom"):
         ChatStore(db_path)
     with sqlite3.connect(db_path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
     assert "half_done" not in tables
 
@@ -654,3 +684,50 @@ def test_threads_share_one_store(store: ChatStore) -> None:
     for conv in conversations:
         path = store.active_path(conv.id)
         assert [m.content for m in path] == [f"m{n}!" for n in range(50)]
+
+
+# -- migration from schema 1 (the schema Branchwise shipped before trigram search) ------
+
+FIXTURE_V1 = Path(__file__).parent / "fixtures" / "chats_schema1.sqlite3"
+"""Made by the schema-1 code (commit b7abd8c's storage/chats.py): three conversations,
+one with two sibling replies, a CJK/emoji/C++ one and a pinned one."""
+
+
+def _rows(path: Path) -> tuple[list, list]:
+    with closing(sqlite3.connect(path)) as conn:
+        return (conn.execute("SELECT * FROM conversations ORDER BY id").fetchall(),
+                conn.execute("SELECT * FROM messages ORDER BY id").fetchall())
+
+
+def test_schema_1_database_migrates_with_everything_intact(tmp_path: Path) -> None:
+    path = tmp_path / "chats.sqlite3"
+    shutil.copyfile(FIXTURE_V1, path)
+    with closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    before = _rows(path)
+    assert len(before[0]) == 3 and len(before[1]) == 6
+    with ChatStore(path) as store:
+        assert [c.title for c in store.list_conversations()][0] == "Pinned notes"
+        hits = {q: [(c.id, s) for c, s in store.search(q)] for q in
+                ("prefixes", "quantization", "苹果", "🍎", "C++", "café", "shared answer")}
+        conv = store.get_conversation(1)
+        assert [m.content for m in store.active_path(1)] == [
+            "How does the KV cache reuse shared prefixes?", "Reused KV for shared prefixes."]
+        assert list(store.active_path(1)[-1].token_ids) == [1, 2, 3]
+        assert conv.system_prompt == "Be brief."
+    assert _rows(path) == before  # every conversation and message, byte for byte
+    assert hits["prefixes"] == [(1, "Reused KV for shared «prefixes».")]  # as schema 1 found it
+    assert hits["quantization"] == [(1, "A second answer about «quantization».")]
+    assert [i for i, _ in hits["苹果"]] == [2]  # title and message
+    assert [i for i, _ in hits["🍎"]] == [2] and [i for i, _ in hits["C++"]] == [2]
+    assert [i for i, _ in hits["café"]] == [3]
+    assert [i for i, _ in hits["shared answer"]] == [1]  # words in two sibling messages
+    with closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(chat_schema.MIGRATIONS)
+        triggers = sorted(r[0] for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'trigger'"))
+        fts_sql = [r[0] for r in conn.execute(
+            "SELECT sql FROM sqlite_master WHERE name IN ('messages_fts', 'conversations_fts')")]
+    assert triggers == ["conversations_ad", "conversations_ai", "conversations_au",
+                        "messages_ad", "messages_ai", "messages_au"]
+    assert len(fts_sql) == 2 and all("tokenize='trigram'" in sql for sql in fts_sql)

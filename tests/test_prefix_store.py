@@ -215,3 +215,95 @@ def test_clear_removes_every_block(store):
     store.clear()
     assert store.stats()["blocks"] == 0
     assert store.lookup(FP, seq(40)).n_tokens == 0
+
+
+# -- the file shrinks to its budget (issue 11.3) -----------------------------------------
+
+BIG_BPT = 64 * 1024  # payload bytes per token: an 8-token block is 512 KB, like real KV
+
+
+def big_payload(tokens) -> bytes:
+    return np.repeat(np.asarray(tokens, dtype="<i4"), BIG_BPT // 4).tobytes()
+
+
+def store_big(store: PrefixStore, tokens) -> None:
+    missing, chain = store.plan(FP, tokens)
+    store.put(FP, [NewBlock(b.key, b.parent, b.start, b.tokens, big_payload(b.tokens))
+                   for b in missing], active_path=chain)
+
+
+@pytest.mark.parametrize("budget", [5 * 1024**2, 12 * 1024**2, 1024])
+def test_file_on_disk_shrinks_to_the_budget(tmp_path, budget):
+    path = tmp_path / "kv.sqlite3"
+    store = PrefixStore(path, budget_bytes=10**10, block_size=B)
+    for i in range(8):  # 8 conversations of 32 tokens: 16 MB of blocks
+        store_big(store, seq(32, start=10_000 * (i + 1)))
+    assert path.stat().st_size > 16 * 1024**2
+    store.budget_bytes = budget
+    store.evict()
+    s = store.stats()
+    block = B * BIG_BPT
+    on_disk = path.stat().st_size
+    assert s["file_bytes"] == on_disk  # no WAL or journal is left behind
+    assert on_disk <= budget + s["overhead_bytes"]
+    assert on_disk >= budget - block  # it did not evict more than needed
+    assert s["bytes"] <= budget and s["bytes"] >= budget - 2 * block
+    store.close()
+
+
+def test_overhead_is_the_size_of_an_empty_store(tmp_path):
+    store = PrefixStore(tmp_path / "kv.sqlite3", block_size=B)
+    assert store.stats()["overhead_bytes"] == (tmp_path / "kv.sqlite3").stat().st_size
+    store.close()
+
+
+# -- forgetting a conversation's blocks (issue 16.4) ---------------------------------------
+
+
+def test_forget_drops_unshared_blocks_and_keeps_shared_ones(tmp_path):
+    path = tmp_path / "kv.sqlite3"
+    store = PrefixStore(path, budget_bytes=10**9, block_size=B)
+    shared = seq(16, start=100)
+    secret = shared + [987_654_321] * 12  # a marker token id nobody else has
+    other = shared + seq(12, start=500)
+    store_tokens(store, secret)
+    store_tokens(store, other)
+    store_tokens(store, secret, fp=OTHER_FP)  # the same tokens under another KV setting
+    # Under each fingerprint: secret's block 16-24 and its tail; the shared 16 tokens stay.
+    assert store.forget([secret], keep=[other]) == 2 + 2
+    assert restored_tokens(store, other) == other
+    assert restored_tokens(store, secret) == shared
+    assert restored_tokens(store, secret, fp=OTHER_FP) == shared
+    marker = np.asarray([987_654_321], dtype="<i4").tobytes()
+    raw = b"".join(p.read_bytes() for p in tmp_path.iterdir())
+    assert marker not in raw and np.asarray([500], dtype="<i4").tobytes() * 4 in raw
+    assert store.forget([secret]) == 4 + 2  # nothing kept: each root's whole subtree
+    assert store.stats()["blocks"] == 0
+    store.close()
+
+
+def test_forget_leaves_a_block_that_only_starts_the_same_way(tmp_path):
+    store = PrefixStore(tmp_path / "kv.sqlite3", budget_bytes=10**9, block_size=B)
+    secret = [1, 2, 3, 4, 5]  # shorter than a block: stored as a tail
+    other = [1, 2, 3, 9, 9, 9]  # shares a "system prompt" of three tokens
+    store_tokens(store, secret)
+    store_tokens(store, other)
+    assert store.forget([secret, secret + [6, 7]]) == 1
+    assert restored_tokens(store, other) == other and restored_tokens(store, secret) == [1, 2, 3]
+    store.close()
+
+
+def test_evicted_blocks_leave_no_bytes_in_the_file(tmp_path):
+    path = tmp_path / "kv.sqlite3"
+    store = PrefixStore(path, budget_bytes=10**9, block_size=B)
+    marker = [987_654_321] * 8
+    store_tokens(store, marker)
+    store_tokens(store, seq(16, start=300))
+    needle = np.asarray([987_654_321] * 4, dtype="<i4").tobytes()
+    assert needle in path.read_bytes()
+    store.lookup(FP, seq(16, start=300))  # the marker is now least recently used
+    store.budget_bytes = 16 * BPT
+    store.evict()
+    assert restored_tokens(store, marker) == [] and restored_tokens(store, seq(16, start=300))
+    store.close()
+    assert needle not in path.read_bytes()

@@ -59,12 +59,14 @@ def _ctx_size(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from app.cli_storage import add_delete_parser, add_message_arguments
     from engine.settings import KV_TYPES, EngineSettings  # no llama_cpp: only the defaults
 
     defaults = EngineSettings()
     common = _Parser(add_help=False)
     common.add_argument("--data-dir", help="where chats and the KV cache live (default: the user data folder; env BRANCHWISE_DATA_DIR)")
     common.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    common.add_argument("--quiet", action="store_true", help="no progress bars on the terminal")
 
     engine = _Parser(add_help=False)
     engine.add_argument("--model", help="a GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
@@ -104,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--conversation", type=int, help="continue this conversation (default: a new one)")
     chat.add_argument("--parent", type=int, help="reply under this message instead of the active leaf (a branch)")
     chat.add_argument("--system", help="system prompt (for a new conversation, or to change it)")
-    chat.add_argument("text", help="the message")
+    add_message_arguments(chat)
 
     regen = sub.add_parser("regenerate", parents=[common, engine],
                            help="a new sibling reply for an assistant message, or a reply to an unanswered "
@@ -120,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
                                  help="json: the whole tree, every branch; markdown: the active branch")
     export.add_argument("id", type=int)
     export.add_argument("--format", choices=["json", "markdown"], default="markdown")
+    export.add_argument("--all-branches", action="store_true", help="markdown: every message, not only the active branch")
+    add_delete_parser(conv_sub, common)
 
     cache = sub.add_parser("cache", help="the KV prefix store")
     cache_sub = cache.add_subparsers(dest="action", required=True, parser_class=_Parser)
@@ -199,6 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     except (EngineError, StorageError, ValueError) as exc:
         log.debug("command failed", exc_info=True)
         print(f"branchwise: {exc}", file=sys.stderr)
+        if getattr(args, "json", False):
+            from app.cli_storage import error_json
+
+            print(error_json(exc))
         return EXIT_ERROR
     except sqlite3.DatabaseError as exc:
         log.debug("database error", exc_info=True)
@@ -279,11 +287,13 @@ def _open_store(args):
 
 
 def _open_engine(args):
+    from app.cli_storage import check_model_path
     from engine.core import Engine
     from engine.cpu import CrashVerdict
     from engine.model_file import default_model_path
     from engine.settings import EngineSettings
 
+    check_model_path(args.model)
     settings = EngineSettings.for_kv_type(args.kv_type, n_ctx=args.ctx_size, n_threads=args.threads,
                                           flash_attn=args.flash_attn, repack=args.repack)
     store = None
@@ -294,8 +304,12 @@ def _open_engine(args):
             store = _open_store(args)
         except StorageError as exc:
             print(f"branchwise: running without the KV cache: {exc}", file=sys.stderr)
-    return Engine(args.model or default_model_path(), settings, store,
-                  crash_verdict=CrashVerdict.applies(_data_dir(args)))
+    from app.terminal_progress import TerminalProgress
+
+    args.progress = TerminalProgress.for_args(args)
+    with args.progress.loading():
+        return Engine(args.model or default_model_path(), settings, store, progress=args.progress.hashing,
+                      crash_verdict=CrashVerdict.applies(_data_dir(args)))
 
 
 def _sampling(args, conversation):
@@ -311,17 +325,29 @@ def _sampling(args, conversation):
 
 def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> int:
     """Generate the reply to the path ending at ``parent_id``, stream it, save it (through
-    ``app.session``'s recorder, the same rules as the window)."""
-    from app.session import ConversationSession, ReplyState
+    ``app.session``'s recorder, the same rules as the window). A full disk while the reply
+    streams does not stop it; what was and was not saved is reported (``saved``)."""
     from app.cli.terminal_text import for_stream
+    from app.cli_storage import Saved
+    from app.session import ConversationSession, ReplyState
     from engine.errors import ContextOverflowError
+    from storage.errors import StorageFullError
 
     session = ConversationSession(chats)
     stream = not args.json
     recorder = session.start_reply(parent_id, model_label)
+    progress = getattr(args, "progress", None)
+    first = True
 
     def on_token(text: str, _tok: int) -> None:
-        recorder.add_text(text)
+        nonlocal first
+        if progress is not None and first:
+            progress.stop()  # erase the bars before the reply is printed
+        first = False
+        try:
+            recorder.add_text(text)
+        except StorageFullError as exc:  # keep generating; complete() tries once more
+            log.warning("a streamed part of the reply was not saved: %s", exc)
         if stream:
             sys.stdout.write(for_stream(text))  # control characters escaped on a terminal
             sys.stdout.flush()
@@ -330,19 +356,43 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     if engine.model.facts.chat_template_note and stream:  # e.g. no chat template: ChatML fallback
         print(f"branchwise: note: {engine.model.facts.chat_template_note}", file=sys.stderr)
 
+    saved = Saved(user_message=True)
+    messages = session.prompt(parent_id)
     try:
-        result = engine.generate(session.prompt(parent_id), _sampling(args, conversation),
-                                 use_cache=use_cache, on_token=on_token, snapshot=False)
+        result = engine.generate(messages, _sampling(args, conversation),
+                                 use_cache=use_cache, on_token=on_token, snapshot=False,
+                                 on_progress=progress.on_progress if progress is not None else None)
     except KeyboardInterrupt:
         recorder.abandon(ReplyState.STOPPED)
         raise
     except ContextOverflowError as exc:
         raise _overflow_error(exc.prompt_tokens, exc.n_ctx) from exc
-    msg_id = recorder.complete(result.text, result.token_ids, result.stats.to_dict())
-    if use_cache:  # after the reply is safe: storing the KV is an optimisation
-        engine.snapshot(result.stats)
-        recorder.add_snapshot(result.stats.snapshot_ms, result.stats.snapshot_bytes_written)
+    finally:
+        if progress is not None:
+            progress.stop()
+    try:
+        msg_id = recorder.complete(result.text, result.token_ids, result.stats.to_dict())
+    except StorageFullError as exc:
+        exc.saved = saved
+        raise
+    saved.reply = saved.stats = True
+    if use_cache and engine.store is not None:  # after the reply is safe: storing the KV is an optimisation
+        engine.snapshot(result.stats)  # never raises; a full disk only means no cache
+        try:
+            prompt = engine.prompt_tokens(messages)
+            saved.kv_cache = engine.store.coverage(engine.fingerprint, prompt) == len(prompt)
+        except Exception:  # noqa: BLE001 - the cache is optional
+            saved.kv_cache = False
+        try:
+            recorder.add_snapshot(result.stats.snapshot_ms, result.stats.snapshot_bytes_written)
+        except StorageFullError as exc:
+            saved.stats = False
+            saved.problems.append(str(exc))
+    if use_cache and not saved.kv_cache:
+        saved.problems.append("the KV cache was not saved (the next turn prefills instead; see the log)")
     engine.close()
+    for problem in saved.problems:
+        print(f"branchwise: {problem}", file=sys.stderr)
     if args.json:
         user_id = parent_id if chats.get_message(parent_id).role == "user" else None
         print(json.dumps({
@@ -350,6 +400,7 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
             "assistant_message_id": msg_id, "text": result.text, "stats": _public_stats(result.stats),
             "model": {k: getattr(engine.model.facts, k) for k in ("name", "chat_template", "prompt_format",
                                                                   "chat_template_note")},
+            "saved": saved.to_dict(),
         }))
     else:
         s = result.stats
@@ -366,12 +417,12 @@ def _overflow_error(prompt_tokens: int, n_ctx: int) -> ValueError:
         "pass a larger --ctx-size, or start a new conversation.")
 
 
-def _check_fits(engine, conversation, path, text: str) -> None:
+def _check_fits(engine, system_prompt: str, path, text: str) -> None:
     """Refuse a message that would not fit the context window before it is stored, so a
     failed turn leaves no unanswered message on the branch."""
     from engine.chat_template import ChatMessage, conversation_messages
 
-    messages = conversation_messages(conversation.system_prompt, path) + [ChatMessage("user", text)]
+    messages = conversation_messages(system_prompt, path) + [ChatMessage("user", text)]
     n = len(engine.prompt_tokens(messages))
     if n + 1 > engine.llama.n_ctx():
         raise _overflow_error(n, engine.llama.n_ctx())
@@ -395,8 +446,10 @@ def _model_label(args) -> str:
 
 
 def cmd_chat(args) -> int:
+    from app.cli_storage import message_text
     from storage.errors import NotFoundError
 
+    args.text = message_text(args)
     if not args.text.strip():
         raise ValueError("The message is empty; type something to send.")
     chats = _open_chats(args)
@@ -416,12 +469,16 @@ def cmd_chat(args) -> int:
         conversation = chats.get_conversation(args.conversation)
         parent_id = conversation.active_leaf_id
     else:
-        conversation = chats.create_conversation(system_prompt=args.system or "")
+        conversation = None
         parent_id = None
+    system = args.system if args.system is not None else (conversation.system_prompt if conversation else "")
+    # Refuse an overflowing message before anything is written: no empty "New chat" is left.
+    _check_fits(engine, system, chats.path_to(parent_id) if parent_id else [], args.text)
+    if conversation is None:
+        conversation = chats.create_conversation(system_prompt=system)
     if args.system is not None and args.system != conversation.system_prompt:
         chats.set_system_prompt(conversation.id, args.system)
         conversation = chats.get_conversation(conversation.id)
-    _check_fits(engine, conversation, chats.path_to(parent_id) if parent_id else [], args.text)
     from app.session import ConversationSession
 
     user = ConversationSession(chats).send(conversation.id, args.text, parent_id)
@@ -464,11 +521,18 @@ def cmd_conversations(args) -> int:
         else:
             echo(conversation_markdown(data, active_only=True))
         return 0
+    if args.action == "delete":
+        from app.cli_storage import cmd_delete
+
+        return cmd_delete(args, chats, lambda: _open_store(args))
     data = conversation_json(chats, args.id)
     if args.format == "json":
         print(json.dumps(data, ensure_ascii=False, indent=2))
     else:
-        echo(conversation_markdown(data, active_only=True))
+        from app.cli_storage import branch_note
+
+        echo(branch_note(data, args.all_branches) + "\n")
+        echo(conversation_markdown(data, active_only=not args.all_branches))
     return 0
 
 
@@ -494,21 +558,10 @@ def cmd_cache(args) -> int:
         print("prefix store cleared")
     if store.recovered_from:
         print(f"the cache file was damaged ({store.recovered_from}) and has been replaced by an empty one")
-    print(_stats_text(result))
+    from app.cli_storage import stats_text
+
+    print(stats_text(result))
     return 0
-
-
-def _stats_text(s: dict) -> str:
-    hit_rate = f"{100 * s['hits'] / s['lookups']:.0f}%" if s["lookups"] else "n/a"
-    return "\n".join([
-        f"blocks           {s['blocks']:,} ({s['tail_blocks']:,} tails, {s['block_size']} tokens per full block)",
-        f"tokens stored    {s['tokens']:,}",
-        f"size             {s['bytes'] / 1e6:,.1f} MB of KV (file {s['file_bytes'] / 1e6:,.1f} MB), "
-        f"budget {s['budget_bytes'] / 2**30:,.2f} GiB",
-        f"lookups          {s['lookups']:,} ({s['hits']:,} hits, {s['misses']:,} misses, hit rate {hit_rate})",
-        f"tokens restored  {s['tokens_restored']:,}; prefilled {s['tokens_prefilled']:,}",
-        f"evicted          {s['evicted_blocks']:,} blocks, {s['evicted_bytes'] / 1e6:,.1f} MB",
-    ])
 
 
 if __name__ == "__main__":
