@@ -232,6 +232,13 @@ def partial_tokens(kind: StateKind, partial: bytes | memoryview) -> int:
     raise UnsupportedStateError(f"a {kind} state has no partial part")
 
 
+def partial_start(kind: StateKind, partial: bytes | memoryview) -> int:
+    """Position of the first cell of an ISWA checkpoint's window (0 for other kinds)."""
+    if kind != StateKind.ISWA:
+        return 0
+    return _parse_kv(_Reader(memoryview(partial).cast("B")), window=True).pos0
+
+
 def _header(r: _Reader) -> None:
     magic, _seq_id = r.take("<Ii")
     if magic != STATE_MAGIC:
