@@ -508,6 +508,8 @@ class Engine:
         if use_cache:
             held = self.llama.input_ids[: self.llama.n_tokens]
             live = min(_common_prefix(held, prompt), limit, self._exact_upto)
+            if live and not self._can_rewind(live):
+                live = 0
         ref: CheckpointRef | None = None
         match = PrefixMatch()
         if use_cache and self.store is not None and not self.cache_note:
@@ -553,21 +555,21 @@ class Engine:
             except (StoreError, StorageFullError):
                 pass
 
-    def _rewind_live(self, n: int) -> bool:
-        """Cut the live context back to ``n`` tokens if that keeps it exact: a recurrent
-        state cannot be rewound at all; a sliding window only while the cells the next
-        token attends to are still there and are not the zero padding of a restore."""
+    def _can_rewind(self, n: int) -> bool:
+        """Whether cutting the live context back to ``n`` tokens keeps it exact: a
+        recurrent state cannot be rewound at all; a sliding window only while the cells the
+        next token attends to are still there and are not the zero padding of a restore."""
         if n == self.llama.n_tokens:
             return True
         if self.kind != kv_codec.StateKind.ISWA:
             return False
         need_from = max(0, n - self.model.n_swa + 1)
-        if need_from < self._swa_valid_from:
-            return False
-        if not self._truncate(n):
-            return False
         mem = llama_cpp.llama_get_memory(self.llama.ctx)
-        return llama_cpp.llama_memory_seq_pos_min(mem, 0) <= need_from
+        return need_from >= self._swa_valid_from and llama_cpp.llama_memory_seq_pos_min(mem, 0) <= need_from
+
+    def _rewind_live(self, n: int) -> bool:
+        """Cut the live context back to ``n`` tokens when :meth:`_can_rewind` allows it."""
+        return self._can_rewind(n) and (n == self.llama.n_tokens or self._truncate(n))
 
     def _restore_checkpoint(self, match: PrefixMatch, ref: CheckpointRef) -> tuple[int, int]:
         """Restore the blocks of ``match`` and the checkpoint ``ref`` after them into
