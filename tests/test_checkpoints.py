@@ -75,17 +75,25 @@ def test_resume_branch_and_regenerate_equal_no_cache(model, tmp_path):
     e2 = _engine(path, store_path)
     follow = history + [ChatMessage("user", "Which one is quiet?")]
     cold = e2.generate(follow, SP, use_cache=False)
+    e2.reset_context()
     warm = e2.generate(follow, SP)
     assert warm.stats.restore_source == "store"
     assert warm.stats.restored_tokens == _evaluated(r1)
     assert warm.stats.restored_tokens + warm.stats.prefilled_tokens == warm.stats.prompt_tokens
     assert warm.token_ids == cold.token_ids
+    # The same prompt again: the live context is cut back where that is exact (a sliding
+    # window while its cells are there), else the prompt's checkpoint is restored.
+    again = e2.generate(follow, SP)
+    assert again.stats.restore_source == ("context" if name == "gemma" else "store")
+    assert again.stats.restored_tokens == warm.stats.prompt_tokens - 2
+    assert again.token_ids == cold.token_ids
     e2.close()
 
     # A branch under the same reply (another follow-up), in a fresh Engine.
     e3 = _engine(path, store_path)
     branch = history + [ChatMessage("user", "Name the second word, please.")]
     b_cold = e3.generate(branch, SP, use_cache=False)
+    e3.reset_context()
     b_warm = e3.generate(branch, SP)
     assert b_warm.stats.restored_tokens == _evaluated(r1)
     assert b_warm.token_ids == b_cold.token_ids
