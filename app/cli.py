@@ -457,11 +457,14 @@ def _stats_text(s: dict) -> str:
     return "\n".join([
         f"blocks           {s['blocks']:,} ({s['tail_blocks']:,} tails, {s['block_size']} tokens per full block)",
         f"tokens stored    {s['tokens']:,}",
+        f"checkpoints      {s.get('checkpoints', 0):,} ({s.get('checkpoint_bytes', 0) / 1e6:,.1f} MB of "
+        "sliding-window or recurrent state)",
         f"size             {s['bytes'] / 1e6:,.1f} MB of KV (file {s['file_bytes'] / 1e6:,.1f} MB), "
         f"budget {s['budget_bytes'] / 2**30:,.2f} GiB",
         f"lookups          {s['lookups']:,} ({s['hits']:,} hits, {s['misses']:,} misses, hit rate {hit_rate})",
         f"tokens restored  {s['tokens_restored']:,}; prefilled {s['tokens_prefilled']:,}",
-        f"evicted          {s['evicted_blocks']:,} blocks, {s['evicted_bytes'] / 1e6:,.1f} MB",
+        f"evicted          {s['evicted_blocks']:,} blocks, {s.get('evicted_checkpoints', 0):,} checkpoints, "
+        f"{s['evicted_bytes'] / 1e6:,.1f} MB",
     ])
 
 

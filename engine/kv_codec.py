@@ -22,6 +22,16 @@ single sequence the engine uses they are always ``pos = i, seq_id = 0`` and are
 re-created by :func:`join`. The per-layer types and sizes form a :class:`KvLayout`,
 which depends only on the model and the context settings.
 
+Other memories write their sections one after the other (:class:`StateKind`):
+``llama_kv_cache_iswa`` the full-attention section, then the sliding-window one, which
+holds only the cells still inside the window (``state_write`` skips SWA-masked cells even
+with ``swa_full``, ``src/llama-kv-cache.cpp``); ``llama_memory_recurrent`` one recurrent
+section (``src/llama-memory-recurrent.cpp``); ``llama_memory_hybrid`` the attention
+section, then the recurrent one (``src/llama-memory-hybrid.cpp``). With
+``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY`` they write only the second part. :func:`split`
+cuts a whole state into the first section (blocks, as above) and the *partial* rest,
+stored whole as a checkpoint; :func:`assemble` puts blocks and a checkpoint back together.
+
 The format is not a stable public contract, so :func:`parse` refuses anything it does
 not recognise (M-RoPE cell extensions, several streams, layers without V, positions
 that are not ``0..n-1``) with :class:`UnsupportedStateError`, and the caller falls back
