@@ -343,7 +343,7 @@ class Engine:
         rest = prompt[start:]
         stats.prefilled_tokens = len(rest)
         hold_at = None
-        if self.mode.checkpoints and self.store is not None and self._want_checkpoints:
+        if self.mode.checkpoints and self.store is not None and self._want_checkpoints and not self.cache_note:
             at = max(len(prompt) - MIN_BATCH, 0)
             hold_at = at if (at - start >= MIN_BATCH or at == start) else len(prompt)
         k = len(rest) if hold_at is None else hold_at - start
@@ -673,6 +673,8 @@ class Engine:
 
     def _snapshot_checkpointed(self, stats: GenerationStats | None) -> int:
         assert self.store is not None
+        if self.cache_note:  # this model's state cannot be stored (see _not_storable)
+            return 0
         t = time.perf_counter()
         written = 0
         cp = self._pending
