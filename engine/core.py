@@ -18,6 +18,14 @@ attention breaks even the former, so it is off by default). Decoding is one toke
 time, so the KV of a reply is recomputed in a batch before anyone reuses it, and no
 prefill batch is ever a single token. Then a restored prefix holds exactly the bytes a
 from-scratch prefill would compute, and the reply after it is the same.
+
+Sliding-window, recurrent and hybrid models (:class:`engine.model.CacheMode`) keep a part
+of their state that cannot be cut back to a shorter prefix. The engine holds that part in
+memory at ``len(prompt) - MIN_BATCH`` while prefilling (so a regenerate restores there and
+the reply's KV can be recomputed in one batch from a state before the reply: a recurrent
+state cannot be rewound), and stores it as a checkpoint there and after the recomputed
+reply. A restored sliding window is padded with zero cells from position 0, so every cell
+sits at the index a from-scratch prefill gives it (see ``kv_codec.assemble``).
 """
 
 from __future__ import annotations
