@@ -49,7 +49,7 @@ from engine import kv_codec
 from engine.chat_template import ChatMessage
 from engine.errors import ContextOverflowError, EngineError
 from engine.fingerprint import cached_file_digest, fingerprint
-from engine.model import CacheMode, LoadedModel
+from engine.model import LoadedModel
 from engine.settings import EngineSettings, SamplingParams
 from storage.errors import StorageFullError
 from storage.prefix_store import CheckpointRef, NewBlock, PrefixMatch, PrefixStore, StoreError
