@@ -21,7 +21,8 @@ N_LAYER = 4
 CTX = 2048
 
 
-def _copy_tokenizer(writer, source: Path) -> None:
+def _copy_tokenizer(writer, source: Path) -> int:
+    """Copy the tokenizer and chat template of ``source``; returns the vocabulary size."""
     import gguf
 
     r = gguf.GGUFReader(str(source))

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from engine.chat_template import ChatMessage
 from engine.core import Engine
 from engine.model import CacheMode
 from engine.settings import EngineSettings, SamplingParams
-from storage.prefix_store import PrefixStore
+from storage.block_hash import chain_keys
+from storage.prefix_store import NewBlock, PrefixStore
 
 SP = SamplingParams(temperature=0, max_tokens=8)
 
@@ -133,8 +135,6 @@ def test_a_checkpoint_the_codec_does_not_know_falls_back_to_prefill(tiny_models,
 
 
 def test_checkpoints_count_against_the_budget_and_go_with_their_blocks(tmp_path):
-    from storage.block_hash import chain_keys
-
     store = PrefixStore(tmp_path / "kv.sqlite3", budget_bytes=10_000)
     fp = b"f" * 32
     tokens = list(range(200))
@@ -151,9 +151,6 @@ def test_checkpoints_count_against_the_budget_and_go_with_their_blocks(tmp_path)
     assert s["checkpoints"] == 2 and s["checkpoint_bytes"] == 8000 and s["evicted_checkpoints"] == 1
     assert store.lookup_checkpoint(fp, tokens[:150]).n_tokens == 20
     # A checkpoint goes with the block it hangs off.
-    from storage.prefix_store import NewBlock
-    import numpy as np
-
     k0 = chain_keys(fp, tokens, 64)[0]
     store.put(fp, [NewBlock(k0, fp, 0, np.asarray(tokens[:64], dtype=np.int32), b"b" * 640)])
     store.put_checkpoint(fp, tokens[:70], b"w" * 100)
