@@ -1,4 +1,6 @@
-"""``branchwise bench``: the figures the prefix store exists for, on the default model.
+"""``branchwise bench [--model PATH]``: the figures the prefix store exists for, on the
+default model or any GGUF (for sliding-window, recurrent and hybrid models the restore
+includes a checkpoint; see engine/core.py).
 
 1. Resume: a conversation whose first turn is about N tokens (N = 500, 1,000, 2,000) is
    continued by a *new process*, once with ``--no-cache`` (cold prefill) and once through
@@ -54,22 +56,27 @@ def _cli(data_dir: Path, *args) -> dict:
     return json.loads(r.stdout)
 
 
-def bench_resume(engine, data_dir: Path, sizes: list[int]) -> list[dict]:
+def bench_resume(engine, data_dir: Path, sizes: list[int], model: Path | None = None) -> list[dict]:
     rows = []
+    chat = ("chat", "--json", "--temperature", 0, "--max-tokens", 16, *(("--model", model) if model else ()))
     for n in sizes:
         text = filler(engine, n, seed=n) + "\n\nWhich word appears most often above?"
-        first = _cli(data_dir, "chat", "--json", "--temperature", 0, "--max-tokens", 16, text)
+        first = _cli(data_dir, *chat, text)
         parent = first["assistant_message_id"]
         follow = "Answer again in one short sentence."
-        cold = _cli(data_dir, "chat", "--json", "--temperature", 0, "--max-tokens", 16, "--parent", parent,
-                    "--no-cache", follow)
-        warm = _cli(data_dir, "chat", "--json", "--temperature", 0, "--max-tokens", 16, "--parent", parent, follow)
+        cold = _cli(data_dir, *chat, "--parent", parent, "--no-cache", follow)
+        warm = _cli(data_dir, *chat, "--parent", parent, follow)
         rows.append({
             "first_turn_tokens": first["stats"]["prompt_tokens"] + first["stats"]["generated_tokens"],
             "prompt_tokens": warm["stats"]["prompt_tokens"],
             "cold_ttft_ms": cold["stats"]["ttft_ms"],
             "resume_ttft_ms": warm["stats"]["ttft_ms"],
             "restored_tokens": warm["stats"]["restored_tokens"],
+            "first_turn_computed": first["stats"]["prompt_tokens"] + first["stats"]["generated_tokens"]
+            - (first["stats"]["finish_reason"] == "length"),
+            "restored_pct": round(100 * warm["stats"]["restored_tokens"] / max(
+                first["stats"]["prompt_tokens"] + first["stats"]["generated_tokens"]
+                - (first["stats"]["finish_reason"] == "length"), 1), 1),
             "prefilled_tokens": warm["stats"]["prefilled_tokens"],
             "restore_ms": warm["stats"]["restore_ms"],
             "speedup": round(cold["stats"]["ttft_ms"] / max(warm["stats"]["ttft_ms"], 1e-6), 1),
@@ -83,7 +90,8 @@ def bench_resume(engine, data_dir: Path, sizes: list[int]) -> list[dict]:
 
 
 def bench_restore(engine, prompt: list[int], repeats: int = 7) -> dict:
-    """Restore the stored prefix of ``prompt`` repeatedly; medians in ms, MB/s of KV."""
+    """Restore the stored prefix of ``prompt`` repeatedly; medians in ms, MB/s of KV.
+    For a model with checkpoints the restore is blocks plus the deepest checkpoint."""
     import ctypes
 
     import llama_cpp
@@ -91,14 +99,29 @@ def bench_restore(engine, prompt: list[int], repeats: int = 7) -> dict:
     from engine import kv_codec
 
     store = engine.store
-    match = store.lookup(engine.fingerprint, prompt[:-1], count=False)
+    checkpointed = engine.mode.checkpoints
+    recurrent = engine.kind == kv_codec.StateKind.RECURRENT
+    match = store.lookup(engine.fingerprint, prompt[:-1], count=False) if not recurrent else None
+    ref = None
+    if checkpointed:
+        bound = len(prompt) - 1 if recurrent else match.n_tokens
+        ref = store.lookup_checkpoint(engine.fingerprint, prompt, bound, count=False)
+        if ref is None:
+            return {"tokens": 0}
+        if match is not None:
+            match = match.truncated(ref.n_tokens)
     reads, joins, sets, totals = [], [], [], []
     nbytes = 0
     for _ in range(repeats):
         t0 = time.perf_counter()
-        payloads, _bad = store.read(match)
+        payloads = store.read(match)[0] if match is not None else []
+        data = store.read_checkpoint(ref) if ref is not None else None
         t1 = time.perf_counter()
-        blob = kv_codec.join(engine.layout, payloads, buffer=engine._buffer if engine._buffer.nbytes else None)
+        buf = engine._buffer if engine._buffer.nbytes else None
+        if checkpointed:
+            blob = kv_codec.assemble(engine.kind, engine.layout, payloads, data, buffer=buf)
+        else:
+            blob = kv_codec.join(engine.layout, payloads, buffer=buf)
         t2 = time.perf_counter()
         ptr = blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
         assert llama_cpp.llama_state_seq_set_data(engine.llama.ctx, ptr, blob.nbytes, 0) == blob.nbytes
@@ -107,10 +130,12 @@ def bench_restore(engine, prompt: list[int], repeats: int = 7) -> dict:
         joins.append(t2 - t1)
         sets.append(t3 - t2)
         totals.append(t3 - t0)
-        nbytes = sum(len(p) * use // count for p, count, use in payloads)
+        nbytes = sum(len(p) * use // count for p, count, use in payloads) + (len(data) if data else 0)
     med = statistics.median
     return {
-        "tokens": match.n_tokens, "kv_mb": round(nbytes / 1e6, 1),
+        "tokens": ref.n_tokens if ref is not None else match.n_tokens, "kv_mb": round(nbytes / 1e6, 1),
+        "checkpoint_mb": round(ref.nbytes / 1e6, 2) if ref is not None else 0.0,
+        "blob_mb": round(blob.nbytes / 1e6, 1),
         "read_verify_ms": round(med(reads) * 1000, 2), "join_ms": round(med(joins) * 1000, 2),
         "set_data_ms": round(med(sets) * 1000, 2), "total_ms": round(med(totals) * 1000, 2),
         "mb_per_s": round(nbytes / 1e6 / med(totals), 0),
@@ -155,13 +180,14 @@ def bench_sharing(model_path, workdir: Path, branches: int = 10, prefix_tokens: 
         t_branch.append(r.stats.ttft_ms)
         sequences.append(list(engine.llama.input_ids[: engine.llama.n_tokens]))
     stats = store.stats()
-    per_token = engine.layout.bytes_per_token
+    per_token = engine.layout.bytes_per_token if engine.layout is not None else 0
     distinct = _distinct_tokens(sequences)
     result = {
         "prefix_tokens": first.stats.prompt_tokens, "branches": branches,
         "distinct_tokens": distinct, "stored_tokens": stats["tokens"],
         "stored_bytes": stats["bytes"], "distinct_bytes": distinct * per_token,
-        "ratio": round(stats["bytes"] / (distinct * per_token), 3),
+        "ratio": round(stats["bytes"] / (distinct * per_token), 3) if per_token else None,
+        "checkpoints": stats["checkpoints"], "checkpoint_bytes": stats["checkpoint_bytes"],
         "branch_ttft_ms_median": round(statistics.median(t_branch), 1),
         "file_bytes": stats["file_bytes"],
     }
@@ -208,8 +234,9 @@ def run_bench(model: str | None = None, as_json: bool = False, quick: bool = Fal
         work = Path(tmp)
         log = (lambda *a: None) if as_json else (lambda *a: print(*a, file=sys.stderr, flush=True))
         counter = Engine(model_path, EngineSettings(n_ctx=4096), None)
-        log("resume: cold prefill vs new-process resume ...")
-        out["resume"] = bench_resume(counter, work, sizes)
+        out["cache_mode"] = counter.mode.value
+        log(f"resume: cold prefill vs new-process resume ({counter.mode.value}) ...")
+        out["resume"] = bench_resume(counter, work, sizes, model_path if model else None)
         counter.close()
         store = PrefixStore(work / KVCACHE_DB)
         engine = Engine(model_path, EngineSettings(n_ctx=4096), store)
@@ -237,23 +264,31 @@ def run_bench(model: str | None = None, as_json: bool = False, quick: bool = Fal
 
 
 def format_table(r: dict) -> str:
-    lines = [f"Branchwise bench · {r['model']} · {r['cpu_count']} CPU threads", ""]
+    lines = [f"Branchwise bench · {r['model']} · {r['cpu_count']} CPU threads · "
+             f"prefix store: {r.get('cache_mode', 'blocks')}", ""]
     lines.append("Resume in a new process (TTFT, ms)")
     lines.append(f"{'turn-1 tokens':>14} {'cold':>9} {'resume':>9} {'ratio':>7} {'restored':>9} "
-                 f"{'prefilled':>9} {'same reply':>10} {'snapshot':>9}")
+                 f"{'of turn 1':>9} {'prefilled':>9} {'same reply':>10} {'snapshot':>9}")
     for row in r["resume"]:
         lines.append(f"{row['first_turn_tokens']:>14,} {row['cold_ttft_ms']:>9,.0f} {row['resume_ttft_ms']:>9,.1f} "
-                     f"{row['ttft_ratio_pct']:>6.1f}% {row['restored_tokens']:>9,} {row['prefilled_tokens']:>9,} "
+                     f"{row['ttft_ratio_pct']:>6.1f}% {row['restored_tokens']:>9,} {row['restored_pct']:>8.1f}% "
+                     f"{row['prefilled_tokens']:>9,} "
                      f"{'yes' if row['same_reply'] else 'NO':>10} {row['next_turn_snapshot_ms']:>7.1f}ms")
     x = r["restore"]
-    lines += ["", f"Restore from the store: {x['tokens']:,} tokens, {x['kv_mb']} MB of KV in {x['total_ms']} ms "
-              f"= {x['mb_per_s']:,.0f} MB/s (read+verify {x['read_verify_ms']} ms, join {x['join_ms']} ms, "
-              f"set_data {x['set_data_ms']} ms)"]
+    if x.get("tokens"):
+        ckpt = (f"; of it a {x['checkpoint_mb']} MB checkpoint, handed over as a {x['blob_mb']} MB state"
+                if x.get("checkpoint_mb") else "")
+        lines += ["", f"Restore from the store: {x['tokens']:,} tokens, {x['kv_mb']} MB of KV in {x['total_ms']} ms "
+                  f"= {x['mb_per_s']:,.0f} MB/s (read+verify {x['read_verify_ms']} ms, join {x['join_ms']} ms, "
+                  f"set_data {x['set_data_ms']} ms){ckpt}"]
     s, d = r["sharing"], r["llama_disk_cache"]
+    ratio = f"ratio {s['ratio']:.3f}" if s.get("ratio") else "no blocks"
+    ckpts = (f"; {s['checkpoints']} checkpoints, {s['checkpoint_bytes'] / 1e6:.1f} MB"
+             if s.get("checkpoints") else "")
     lines += ["", f"Sharing: {s['branches']} branches off a {s['prefix_tokens']:,}-token prefix",
               f"  prefix store     {s['stored_bytes'] / 1e6:8.1f} MB for {s['stored_tokens']:,} tokens; "
               f"distinct tokens {s['distinct_tokens']:,} = {s['distinct_bytes'] / 1e6:.1f} MB; "
-              f"ratio {s['ratio']:.3f}",
+              f"{ratio}{ckpts}",
               f"  LlamaDiskCache   {d['bytes'] / 1e6:8.1f} MB for {d['states']} whole states; "
               f"save {d['save_ms_median']} ms each, find+load {d['load_ms']} ms"]
     return "\n".join(lines)

@@ -110,12 +110,15 @@ def stats_text(s: dict) -> str:
     return "\n".join([
         f"blocks           {s['blocks']:,} ({s['tail_blocks']:,} tails, {s['block_size']} tokens per full block)",
         f"tokens stored    {s['tokens']:,}",
+        f"checkpoints      {s.get('checkpoints', 0):,} ({human_bytes(s.get('checkpoint_bytes', 0))} of "
+        "sliding-window or recurrent state)",
         f"size on disk     {human_bytes(s['file_bytes'])} (KV {human_bytes(s['bytes'])}; "
         f"budget {human_bytes(s['budget_bytes'])} plus {human_bytes(s.get('overhead_bytes', 0))} "
         "for an empty cache file)",
         f"lookups          {s['lookups']:,} ({s['hits']:,} hits, {s['misses']:,} misses, hit rate {hit_rate})",
         f"tokens restored  {s['tokens_restored']:,}; prefilled {s['tokens_prefilled']:,}",
-        f"evicted          {s['evicted_blocks']:,} blocks, {human_bytes(s['evicted_bytes'])}",
+        f"evicted          {s['evicted_blocks']:,} blocks, {s.get('evicted_checkpoints', 0):,} checkpoints, "
+        f"{human_bytes(s['evicted_bytes'])}",
     ])
 
 

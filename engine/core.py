@@ -20,6 +20,14 @@ attention breaks even the former, so it is off by default). Decoding is one toke
 time, so the KV of a reply is recomputed in a batch before anyone reuses it, and no
 prefill batch is ever a single token. Then a restored prefix holds exactly the bytes a
 from-scratch prefill would compute, and the reply after it is the same.
+
+Sliding-window, recurrent and hybrid models (:class:`engine.model.CacheMode`) keep a part
+of their state that cannot be cut back to a shorter prefix. The engine holds that part in
+memory at ``len(prompt) - MIN_BATCH`` while prefilling (so a regenerate restores there and
+the reply's KV can be recomputed in one batch from a state before the reply: a recurrent
+state cannot be rewound), and stores it as a checkpoint there and after the recomputed
+reply. A restored sliding window is padded with zero cells from position 0, so every cell
+sits at the index a from-scratch prefill gives it (see ``kv_codec.assemble``).
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ from engine.fingerprint import cached_file_digest, fingerprint
 from engine.model import LoadedModel
 from engine.settings import EngineSettings, SamplingParams
 from storage.errors import StorageFullError
-from storage.prefix_store import NewBlock, PrefixMatch, PrefixStore, StoreError
+from storage.prefix_store import CheckpointRef, NewBlock, PrefixMatch, PrefixStore, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +68,16 @@ MIN_RESTORE_TOKENS = 16
 
 ProgressFn = Callable[[str, int, int], None]  # (phase, done, total); phase "restore" | "prefill"
 TokenFn = Callable[[str, int], None]  # (text delta, token id)
+PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY (include/llama.h)
+
+
+@dataclass
+class _Checkpoint:
+    """A partial state held in memory: after the first ``n`` tokens of the live context."""
+
+    n: int
+    tokens: list[int]
+    data: bytes
 
 
 def _keep_large_allocations_mapped() -> None:
@@ -101,6 +119,8 @@ class GenerationStats:
     recompute_ms: float = 0.0  # re-prefilling the reply in one batch before it is reused
     restore_source: str = "none"
     cache_blocks_dropped: int = 0
+    checkpoint_tokens: int = 0  # position of the checkpoint restored (models with checkpoints)
+    cache_note: str = ""  # why the store could not be used for this request, in words
     finish_reason: str = ""  # "stop" (end of turn), "length" (max tokens), "context", "cancelled"
 
     def to_dict(self) -> dict:
@@ -175,6 +195,12 @@ class Engine:
         # Leading live-context tokens whose KV was computed in batches of >= 2 tokens
         # (and so may be reused or stored); decoded tokens are not, until recomputed.
         self._exact_upto = 0
+        self.mode = self.model.cache_mode
+        self.kind = self.mode.state_kind
+        self._pending: _Checkpoint | None = None  # the checkpoint the reply's recompute starts from
+        self._swa_valid_from = 0  # sliding-window KV below this position is zero padding
+        self.cache_note = ""  # set when the model's state turned out not to be storable
+        self._want_checkpoints = True
 
     # -- prompts ---------------------------------------------------------------------
 
@@ -189,7 +215,11 @@ class Engine:
         if self.store is None or not ids:
             return 0, len(ids)
         try:
-            return self.store.coverage(self.fingerprint, ids), len(ids)
+            if not self.mode.checkpoints:
+                return self.store.coverage(self.fingerprint, ids), len(ids)
+            bound = len(ids) if self.kind == kv_codec.StateKind.RECURRENT else self.store.coverage(self.fingerprint, ids)
+            ref = self.store.lookup_checkpoint(self.fingerprint, ids, bound, count=False)
+            return (ref.n_tokens if ref else 0), len(ids)
         except StoreError:
             return 0, len(ids)
 
@@ -228,6 +258,7 @@ class Engine:
             if not prompt:
                 raise EngineError("There is nothing to answer: the conversation is empty.")
 
+            self._want_checkpoints = use_cache
             self._position(prompt, use_cache, stats, on_progress)
             if not self._prefill(prompt, stats, on_progress, cancel):
                 stats.finish_reason = "cancelled"  # stopped while reading the prompt
@@ -240,6 +271,8 @@ class Engine:
     def _position(self, prompt: list[int], use_cache: bool, stats: GenerationStats, on_progress) -> None:
         """Bring the context to the longest known prefix of ``prompt`` (all but its last
         ``MIN_BATCH`` tokens): the live context or the prefix store, whichever is longer."""
+        if self.mode.checkpoints:
+            return self._position_checkpointed(prompt, use_cache, stats, on_progress)
         t = time.perf_counter()
         # A snapshot has no logits, and no batch may be a single token: leave at least
         # MIN_BATCH prompt tokens to prefill.
@@ -312,21 +345,35 @@ class Engine:
 
     def _prefill(self, prompt: list[int], stats: GenerationStats, on_progress, cancel) -> bool:
         """Evaluate the prompt tokens after the restored prefix, a batch at a time.
-        Returns False when ``cancel`` was set between batches (the prompt is unfinished)."""
+        Returns False when ``cancel`` was set between batches (the prompt is unfinished).
+
+        For a model with checkpoints the partial state is held in memory (for the store,
+        and for recomputing the reply) at ``len(prompt) - MIN_BATCH``, where a regenerate
+        restores, or at ``len(prompt)`` when stopping there would need a one-token batch."""
         t = time.perf_counter()
-        rest = prompt[self.llama.n_tokens :]
+        start = self.llama.n_tokens
+        rest = prompt[start:]
         stats.prefilled_tokens = len(rest)
+        hold_at = None
+        if self.mode.checkpoints and self.store is not None and self._want_checkpoints and not self.cache_note:
+            at = max(len(prompt) - MIN_BATCH, 0)
+            hold_at = at if (at - start >= MIN_BATCH or at == start) else len(prompt)
+        k = len(rest) if hold_at is None else hold_at - start
+        segments = [rest[:k], rest[k:]]
         done = 0
-        for chunk in _batches(rest, self.llama.n_batch):
-            if cancel is not None and cancel.is_set():
-                self._exact_upto = self.llama.n_tokens
-                stats.prefilled_tokens = done
-                stats.prefill_ms = (time.perf_counter() - t) * 1000
-                return False
-            if on_progress:
-                on_progress("prefill", done, len(rest))
-            self.llama.eval(chunk)
-            done += len(chunk)
+        for i, segment in enumerate(segments):
+            if i == 1 and hold_at is not None:
+                self._hold_checkpoint()
+            for chunk in _batches(segment, self.llama.n_batch):
+                if cancel is not None and cancel.is_set():
+                    self._exact_upto = self.llama.n_tokens
+                    stats.prefilled_tokens = done
+                    stats.prefill_ms = (time.perf_counter() - t) * 1000
+                    return False
+                if on_progress:
+                    on_progress("prefill", done, len(rest))
+                self.llama.eval(chunk)
+                done += len(chunk)
         if on_progress and rest:
             on_progress("prefill", len(rest), len(rest))
         self._exact_upto = self.llama.n_tokens if len(prompt) >= MIN_BATCH else 0
@@ -413,6 +460,8 @@ class Engine:
             return self._snapshot(stats)
 
     def _snapshot(self, stats: GenerationStats | None) -> int:
+        if self.mode.checkpoints:
+            return self._snapshot_checkpointed(stats)
         t = time.perf_counter()
         self._recompute_decoded()
         if stats is not None:
@@ -479,6 +528,245 @@ class Engine:
             raise kv_codec.UnsupportedStateError(f"llama_state_seq_get_data wrote {got} of {size} bytes")
         return buf
 
+    # -- models with checkpoints (sliding-window, recurrent, hybrid) -------------------
+    # Their state is two parts (engine/kv_codec.py StateKind): KV that can be cut at any
+    # token goes into the shared blocks as for a dense model; the rest (a sliding window,
+    # a recurrent state) is stored whole as a checkpoint at message boundaries, keyed by
+    # the block chain's hash there. A request restores the deepest checkpoint at or before
+    # the longest stored prefix with the blocks below it, then prefills the rest.
+
+    def _position_checkpointed(self, prompt: list[int], use_cache: bool, stats: GenerationStats,
+                               on_progress) -> None:
+        t = time.perf_counter()
+        limit = max(len(prompt) - MIN_BATCH, 0)
+        live = 0
+        if use_cache:
+            held = self.llama.input_ids[: self.llama.n_tokens]
+            live = min(_common_prefix(held, prompt), limit, self._exact_upto)
+            if live and not self._can_rewind(live):
+                live = 0
+        ref: CheckpointRef | None = None
+        match = PrefixMatch()
+        if use_cache and self.store is not None and not self.cache_note:
+            try:
+                if self.kind == kv_codec.StateKind.RECURRENT:
+                    bound = limit
+                elif self.layout is not None:
+                    match = self.store.lookup(self.fingerprint, prompt[:limit])
+                    bound = match.n_tokens
+                else:
+                    bound = 0
+                if bound > live:
+                    ref = self.store.lookup_checkpoint(self.fingerprint, prompt, bound)
+            except StoreError:
+                ref = None
+        restored = 0
+        if ref is not None and ref.n_tokens >= max(live + 1, MIN_RESTORE_TOKENS):
+            if on_progress:
+                on_progress("restore", 0, ref.n_tokens)
+            restored, dropped = self._restore_checkpoint(match.truncated(ref.n_tokens), ref)
+            stats.cache_blocks_dropped = dropped
+            if not restored and self.llama.n_tokens == 0:
+                live = 0
+        if restored > live:
+            stats.restore_source = "store"
+            stats.checkpoint_tokens = restored
+            self._set_tokens(prompt[:restored])
+            self._exact_upto = restored
+        elif live > 0 and self._rewind_live(live):
+            restored = live
+            stats.restore_source = "context"
+            self.llama.n_tokens = live
+            self._exact_upto = live
+        else:
+            restored = 0
+            self._clear()
+        stats.restored_tokens = restored
+        stats.restore_ms = (time.perf_counter() - t) * 1000
+        stats.cache_note = self.cache_note
+        if self.store is not None and use_cache:
+            try:
+                self.store.record_restore(restored, len(prompt) - restored)
+            except (StoreError, StorageFullError):
+                pass
+
+    def _can_rewind(self, n: int) -> bool:
+        """Whether cutting the live context back to ``n`` tokens keeps it exact: a
+        recurrent state cannot be rewound at all; a sliding window only while the cells the
+        next token attends to are still there and are not the zero padding of a restore."""
+        if n == self.llama.n_tokens:
+            return True
+        if self.kind != kv_codec.StateKind.ISWA:
+            return False
+        need_from = max(0, n - self.model.n_swa + 1)
+        mem = llama_cpp.llama_get_memory(self.llama.ctx)
+        return need_from >= self._swa_valid_from and llama_cpp.llama_memory_seq_pos_min(mem, 0) <= need_from
+
+    def _rewind_live(self, n: int) -> bool:
+        """Cut the live context back to ``n`` tokens when :meth:`_can_rewind` allows it."""
+        return self._can_rewind(n) and (n == self.llama.n_tokens or self._truncate(n))
+
+    def _restore_checkpoint(self, match: PrefixMatch, ref: CheckpointRef) -> tuple[int, int]:
+        """Restore the blocks of ``match`` and the checkpoint ``ref`` after them into
+        sequence 0. Returns ``(tokens restored, blocks dropped)``; ``(0, n)`` on failure."""
+        assert self.store is not None
+        try:
+            data = self.store.read_checkpoint(ref)
+            payloads, dropped = ([], 0) if self.kind == kv_codec.StateKind.RECURRENT else self.store.read(match)
+        except StoreError:
+            return 0, 0
+        if data is None:
+            return 0, 0
+        n = ref.n_tokens
+        try:
+            if self.kind != kv_codec.StateKind.RECURRENT and sum(u for _, _, u in payloads) != n:
+                return 0, dropped
+            if kv_codec.partial_tokens(self.kind, data) != n:
+                raise kv_codec.UnsupportedStateError("the checkpoint is not at the position it is stored under")
+            blob = kv_codec.assemble(self.kind, self.layout, payloads, data, buffer=self._buffer)
+        except (ValueError, kv_codec.UnsupportedStateError) as exc:
+            log.warning("a stored checkpoint does not fit (%s); prefilling instead", exc)
+            return 0, dropped
+        if blob.base is not self._buffer and blob is not self._buffer:
+            self._buffer = blob
+        self._clear()
+        if not self._set_state(blob):
+            log.warning("llama_state_seq_set_data rejected a %d-byte state; prefilling instead", blob.nbytes)
+            self._clear()
+            return 0, dropped
+        self._pending = _Checkpoint(n, [], data)
+        if self.kind == kv_codec.StateKind.ISWA:
+            self._swa_valid_from = kv_codec.partial_start(self.kind, data)
+        return n, dropped
+
+    def _set_state(self, blob: np.ndarray) -> bool:
+        ptr = blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        return llama_cpp.llama_state_seq_set_data(self.llama.ctx, ptr, blob.nbytes, 0) == blob.nbytes
+
+    def _partial_state(self) -> bytes:
+        """The live sequence's partial state (``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``),
+        without its 8-byte header: a checkpoint's payload."""
+        ctx = self.llama.ctx
+        size = llama_cpp.llama_state_seq_get_size_ext(ctx, 0, PARTIAL_ONLY)
+        buf = np.empty(size, dtype=np.uint8)
+        got = llama_cpp.llama_state_seq_get_data_ext(
+            ctx, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, 0, PARTIAL_ONLY)
+        if got != size or size < 8:
+            raise kv_codec.UnsupportedStateError(f"llama_state_seq_get_data_ext wrote {got} of {size} bytes")
+        return buf[8:].tobytes()
+
+    def _hold_checkpoint(self) -> None:
+        """Keep the partial state at the live context's end (before decoding moves it on)."""
+        n = self.llama.n_tokens
+        if self._pending is not None and self._pending.n == n:
+            self._pending.tokens = list(self.llama.input_ids[:n])
+            return
+        try:
+            data = self._partial_state()
+            if kv_codec.partial_tokens(self.kind, data) != n:
+                raise kv_codec.UnsupportedStateError(
+                    f"the partial state stands for {kv_codec.partial_tokens(self.kind, data)} tokens, not {n}")
+        except kv_codec.UnsupportedStateError as exc:
+            self._not_storable(exc)
+            return
+        self._pending = _Checkpoint(n, list(self.llama.input_ids[:n]), data)
+
+    def _not_storable(self, exc: Exception) -> None:
+        self.cache_note = (f"the prefix store is off for this model: its state has a layout "
+                           f"this version does not know ({exc}); every prompt is prefilled")
+        log.warning("%s", self.cache_note)
+        self._pending = None
+
+    def _rewind(self, cp: _Checkpoint) -> bool:
+        """Bring the live context back to the held checkpoint ``cp`` (for recomputing the
+        reply in one batch): by cutting the sliding window when that is exact, else by
+        re-assembling the state from the live blocks below ``cp.n`` and ``cp``'s data."""
+        if self._rewind_live(cp.n):
+            self.llama.n_tokens = cp.n
+            return True
+        try:
+            payloads: list = []
+            layout = None
+            if self.kind != kv_codec.StateKind.RECURRENT:
+                state = kv_codec.split(self._state_blob(), self.kind).blocks
+                payloads = [(kv_codec.block_payload(state, 0, cp.n), cp.n, cp.n)]
+                layout = state.layout
+            blob = kv_codec.assemble(self.kind, layout, payloads, cp.data)
+        except (ValueError, kv_codec.UnsupportedStateError) as exc:
+            log.warning("cannot rewind to the checkpoint: %s", exc)
+            return False
+        tokens = list(self.llama.input_ids[: cp.n])
+        self._clear()
+        if not self._set_state(blob):
+            self._clear()
+            return False
+        self._set_tokens(tokens)
+        self._pending = cp
+        if self.kind == kv_codec.StateKind.ISWA:
+            self._swa_valid_from = kv_codec.partial_start(self.kind, cp.data)
+        return True
+
+    def _snapshot_checkpointed(self, stats: GenerationStats | None) -> int:
+        assert self.store is not None
+        if self.cache_note:  # this model's state cannot be stored (see _not_storable)
+            return 0
+        t = time.perf_counter()
+        written = 0
+        cp = self._pending
+        n = self.llama.n_tokens
+        if cp is not None and (cp.n > self._exact_upto or cp.tokens and list(self.llama.input_ids[: cp.n]) != cp.tokens):
+            cp = None  # not from this context
+        try:
+            # Recompute the decoded reply in one batch from the held checkpoint.
+            if n > self._exact_upto and cp is not None and n - cp.n >= MIN_BATCH:
+                tokens = list(self.llama.input_ids[cp.n : n])
+                if self._rewind(cp):
+                    for chunk in _batches(tokens, self.llama.n_batch):
+                        self.llama.eval(chunk)
+                    self._exact_upto = self.llama.n_tokens
+            if stats is not None:
+                stats.recompute_ms = (time.perf_counter() - t) * 1000
+            t = time.perf_counter()
+            exact = self._exact_upto
+            tokens = np.asarray(self.llama.input_ids[:exact], dtype=np.int32)
+            at_end = exact == self.llama.n_tokens and exact >= MIN_RESTORE_TOKENS
+            if not at_end and not len(tokens):
+                return written
+            state = kv_codec.split(self._state_blob(), self.kind)
+            if state.n_tokens != self.llama.n_tokens:
+                raise kv_codec.UnsupportedStateError(
+                    f"state holds {state.n_tokens} tokens, expected {self.llama.n_tokens}")
+            chain: list[bytes] = []
+            if self.kind != kv_codec.StateKind.RECURRENT:
+                missing, chain = self.store.plan(self.fingerprint, tokens)
+                if self.layout != state.blocks.layout:
+                    self.layout = state.blocks.layout
+                    self.store.register_model(
+                        self.fingerprint, json.dumps(state.blocks.layout.to_json()), self.model.facts.name)
+                blocks = [
+                    NewBlock(b.key, b.parent, b.start, b.tokens,
+                             kv_codec.block_payload(state.blocks, b.start, b.start + b.n_tokens))
+                    for b in missing
+                ]
+                written += self.store.put(self.fingerprint, blocks, active_path=chain)
+            keys = list(chain)
+            if cp is not None and cp.n >= MIN_RESTORE_TOKENS and cp.n <= exact:
+                key, w = self.store.put_checkpoint(self.fingerprint, tokens[: cp.n], cp.data, active_path=keys)
+                keys.append(key)
+                written += w
+            if at_end:
+                data = bytes(state.partial)
+                self._pending = _Checkpoint(exact, tokens.tolist(), data)
+                written += self.store.put_checkpoint(self.fingerprint, tokens, data, active_path=keys)[1]
+        except kv_codec.UnsupportedStateError as exc:
+            self._not_storable(exc)
+        except (StorageFullError, StoreError) as exc:
+            log.warning("KV state not stored: %s", exc)
+        if stats is not None:
+            stats.snapshot_ms = (time.perf_counter() - t) * 1000
+            stats.snapshot_bytes_written = written
+        return written
+
     # -- context helpers ---------------------------------------------------------------
 
     def _set_tokens(self, tokens: list[int]) -> None:
@@ -494,6 +782,8 @@ class Engine:
         llama_cpp.llama_memory_clear(mem, True)
         self.llama.n_tokens = 0
         self._exact_upto = 0
+        self._pending = None
+        self._swa_valid_from = 0
 
     def reset_context(self) -> None:
         """Forget the live context (the next request restores from the store or prefills)."""

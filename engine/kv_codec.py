@@ -22,6 +22,16 @@ single sequence the engine uses they are always ``pos = i, seq_id = 0`` and are
 re-created by :func:`join`. The per-layer types and sizes form a :class:`KvLayout`,
 which depends only on the model and the context settings.
 
+Other memories write their sections one after the other (:class:`StateKind`):
+``llama_kv_cache_iswa`` the full-attention section, then the sliding-window one, which
+holds only the cells still inside the window (``state_write`` skips SWA-masked cells even
+with ``swa_full``, ``src/llama-kv-cache.cpp``); ``llama_memory_recurrent`` one recurrent
+section (``src/llama-memory-recurrent.cpp``); ``llama_memory_hybrid`` the attention
+section, then the recurrent one (``src/llama-memory-hybrid.cpp``). With
+``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY`` they write only the second part. :func:`split`
+cuts a whole state into the first section (blocks, as above) and the *partial* rest,
+stored whole as a checkpoint; :func:`assemble` puts blocks and a checkpoint back together.
+
 The format is not a stable public contract, so :func:`parse` refuses anything it does
 not recognise (M-RoPE cell extensions, several streams, layers without V, positions
 that are not ``0..n-1``) with :class:`UnsupportedStateError`, and the caller falls back
@@ -32,6 +42,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 
@@ -103,6 +114,30 @@ class ParsedState:
     n_tokens: int
     k: list[np.ndarray]
     v: list[np.ndarray]
+    pos0: int = 0  # position of the first cell (non-zero only for a sliding-window section)
+
+
+class StateKind(StrEnum):
+    """Which memory llama.cpp keeps for a model, and so how its state blob is laid out
+    (``src/llama-model.cpp`` ``create_memory``; each class's ``state_write``)."""
+
+    DENSE = "dense"  # llama_kv_cache: one KV section
+    ISWA = "iswa"  # llama_kv_cache_iswa: the full-attention section, then the sliding-window one
+    RECURRENT = "recurrent"  # llama_memory_recurrent: one recurrent section
+    HYBRID = "hybrid"  # llama_memory_hybrid: the attention section, then the recurrent one
+
+
+@dataclass(frozen=True)
+class SplitState:
+    """A whole-state blob cut in two: ``blocks``, the KV that can be cut at any token
+    (empty for a recurrent model), and ``partial``, the rest (a sliding-window section or
+    a recurrent state): what ``llama_state_seq_get_data_ext`` writes with
+    ``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``, without its 8-byte header. It stands for the
+    state after ``n_tokens`` tokens."""
+
+    blocks: ParsedState
+    partial: memoryview
+    n_tokens: int
 
 
 class _Reader:
@@ -137,19 +172,105 @@ def parse(blob: bytes | bytearray | memoryview | np.ndarray) -> ParsedState:
         UnsupportedStateError: the layout is not the one documented in this module.
     """
     r = _Reader(memoryview(blob).cast("B"))
-    magic, _seq_id, n_stream = r.take("<IiI")
+    _header(r)
+    state = _parse_kv(r)
+    if r.off != len(r.buf):
+        raise UnsupportedStateError(
+            f"{len(r.buf) - r.off} unexpected bytes at the end of the KV state"
+        )
+    return state
+
+
+def split(blob: bytes | bytearray | memoryview | np.ndarray, kind: StateKind) -> SplitState:
+    """Cut a whole-state blob into its block part and its partial part.
+
+    Raises:
+        UnsupportedStateError: the blob is not laid out as ``kind`` says, or the two parts
+            do not stand for the same number of tokens.
+    """
+    r = _Reader(memoryview(blob).cast("B"))
+    _header(r)
+    if kind == StateKind.RECURRENT:
+        blocks = ParsedState(KvLayout(0, (), (), (), (), (), ()), 0, [], [])
+    else:
+        blocks = _parse_kv(r)
+    partial = r.buf[r.off :]
+    if kind == StateKind.DENSE:
+        if len(partial):
+            raise UnsupportedStateError(f"{len(partial)} unexpected bytes at the end of the KV state")
+        return SplitState(blocks, partial, blocks.n_tokens)
+    n = partial_tokens(kind, partial)
+    if kind != StateKind.RECURRENT and n != blocks.n_tokens:
+        raise UnsupportedStateError(
+            f"the {kind} state's two parts stand for {blocks.n_tokens} and {n} tokens"
+        )
+    return SplitState(blocks, partial, n)
+
+
+def partial_tokens(kind: StateKind, partial: bytes | memoryview) -> int:
+    """How many tokens a partial state (a checkpoint) stands for: one past the position of
+    its last cell. Checks the fields this codec relies on and refuses anything else.
+
+    * ISWA: one ``llama_kv_cache::state_write`` section whose cells are a consecutive run
+      of positions (the unmasked window).
+    * RECURRENT / HYBRID: ``llama_memory_recurrent::state_write``
+      (``src/llama-memory-recurrent.cpp``): u32 cell_count (0 or 1 for one sequence); per
+      cell i32 pos, u32 n_seq_id (0 when one sequence is written); u32 s_trans (0),
+      u32 n_layer, then per-layer R and S rows, kept as opaque bytes.
+
+    Raises:
+        UnsupportedStateError: anything else.
+    """
+    r = _Reader(memoryview(partial).cast("B"))
+    if kind == StateKind.ISWA:
+        state = _parse_kv(r, window=True)
+        if r.off != len(r.buf):
+            raise UnsupportedStateError("unexpected bytes after the sliding-window KV section")
+        return state.pos0 + state.n_tokens
+    if kind in (StateKind.RECURRENT, StateKind.HYBRID):
+        (cells,) = r.take("<I")
+        if cells == 0:
+            return 0
+        if cells != 1:
+            raise UnsupportedStateError(f"{cells} recurrent cells for one sequence")
+        pos, n_seq_id, s_trans, n_layer = r.take("<iIII")
+        if n_seq_id != 0 or s_trans != 0 or n_layer == 0 or pos < 0:
+            raise UnsupportedStateError(
+                f"unknown recurrent state (n_seq_id={n_seq_id}, s_trans={s_trans}, n_layer={n_layer})"
+            )
+        return pos + 1
+    raise UnsupportedStateError(f"a {kind} state has no partial part")
+
+
+def partial_start(kind: StateKind, partial: bytes | memoryview) -> int:
+    """Position of the first cell of an ISWA checkpoint's window (0 for other kinds)."""
+    if kind != StateKind.ISWA:
+        return 0
+    return _parse_kv(_Reader(memoryview(partial).cast("B")), window=True).pos0
+
+
+def _header(r: _Reader) -> None:
+    magic, _seq_id = r.take("<Ii")
     if magic != STATE_MAGIC:
         raise UnsupportedStateError(f"unknown KV state magic {magic:#x}")
+
+
+def _parse_kv(r: _Reader, window: bool = False) -> ParsedState:
+    """One ``llama_kv_cache::state_write`` section. Cells must be one sequence at positions
+    ``0..n-1``; with ``window`` any contiguous run ``a..a+n-1`` (the cells a sliding-window
+    cache writes: ``src/llama-kv-cache.cpp`` skips SWA-masked cells), kept in ``pos0``."""
+    (n_stream,) = r.take("<I")
     if n_stream != 1:
         raise UnsupportedStateError(f"{n_stream} KV streams (only 1 is supported)")
     (n,) = r.take("<I")
     if n == 0:
-        if r.off != len(r.buf):
-            raise UnsupportedStateError("trailing bytes after an empty KV state")
         return ParsedState(KvLayout(0, (), (), (), (), (), ()), 0, [], [])
     cells = r.array(n * _CELL_RECORD.itemsize).view(_CELL_RECORD)
-    if not (np.all(cells["n_seq_id"] == 1) and np.array_equal(cells["pos"], np.arange(n))):
-        raise UnsupportedStateError("KV cells are not one sequence at positions 0..n-1")
+    pos0 = int(cells["pos"][0]) if window else 0
+    if not (np.all(cells["n_seq_id"] == 1) and np.array_equal(cells["pos"], np.arange(pos0, pos0 + n))):
+        raise UnsupportedStateError("KV cells are not one sequence at consecutive positions")
+    if pos0 < 0:
+        raise UnsupportedStateError(f"KV cells start at position {pos0}")
     v_trans, n_layer = r.take("<II")
     if v_trans not in (0, 1) or n_layer == 0:
         raise UnsupportedStateError(f"unknown KV layout (v_trans={v_trans}, n_layer={n_layer})")
@@ -171,15 +292,11 @@ def parse(blob: bytes | bytearray | memoryview | np.ndarray) -> ParsedState:
             v_dims.append(dims)
             v.append(r.array(dims * n * elem).reshape(dims, n, elem))
         v_types.append(t)
-    if r.off != len(r.buf):
-        raise UnsupportedStateError(
-            f"{len(r.buf) - r.off} unexpected bytes at the end of the KV state"
-        )
     layout = KvLayout(
         v_trans, tuple(k_types), tuple(k_rows), tuple(v_types),
         tuple(v_rows), tuple(v_elems), tuple(v_dims),
     )
-    return ParsedState(layout, n, k, v)
+    return ParsedState(layout, n, k, v, pos0)
 
 
 def block_payload(state: ParsedState, start: int, stop: int) -> bytes:
@@ -199,7 +316,7 @@ def block_payload(state: ParsedState, start: int, stop: int) -> bytes:
 
 def join(
     layout: KvLayout,
-    payloads: list[tuple[bytes | memoryview, int, int]],
+    payloads: list[tuple[bytes | memoryview | None, int, int]],
     seq_id: int = 0,
     buffer: np.ndarray | None = None,
 ) -> np.ndarray:
@@ -209,7 +326,8 @@ def join(
         layout: the layout the payloads were cut with.
         payloads: ``(payload, n_tokens_in_payload, n_tokens_to_use)`` in token order;
             ``n_tokens_to_use <= n_tokens_in_payload`` takes only the first tokens of a
-            block (a longest-common-prefix match that ends inside a block).
+            block (a longest-common-prefix match that ends inside a block). A payload of
+            None stands for zeros.
         seq_id: the sequence id written into the cell records.
         buffer: a uint8 array to write into when it is large enough (reusing memory that
             is already paged in saves ~2 ms per 10 MB on a first restore).
@@ -218,20 +336,86 @@ def join(
     Raises:
         ValueError: a payload's size does not match ``n_tokens * layout.bytes_per_token``.
     """
+    return assemble(StateKind.DENSE, layout, payloads, None, seq_id, buffer)
+
+
+def kv_section_bytes(layout: KvLayout, n: int) -> int:
+    """Bytes of one ``llama_kv_cache::state_write`` section holding ``n`` cells."""
+    L = layout.n_layer
+    return 8 + n * _CELL_RECORD.itemsize + 8 + L * 12 + L * 12 + n * layout.bytes_per_token
+
+
+def assemble(
+    kind: "StateKind",
+    layout: KvLayout | None,
+    payloads: list[tuple[bytes | memoryview | None, int, int]],
+    partial: bytes | memoryview | None,
+    seq_id: int = 0,
+    buffer: np.ndarray | None = None,
+) -> np.ndarray:
+    """A whole-state blob for ``llama_state_seq_set_data``: the blocks (as :func:`join`)
+    followed by a checkpoint's partial state (:func:`partial_tokens` describes it).
+
+    For :attr:`StateKind.ISWA` the sliding-window section of the checkpoint holds only
+    the cells of the window; it is written back padded with zero cells from position 0, so
+    llama.cpp places every cell at the same index as a from-scratch prefill would (masked
+    cells weigh exactly 0 in attention, and equal cell indices keep the summation order,
+    hence the bits, of the attention output). :attr:`StateKind.RECURRENT` has no blocks.
+
+    Raises:
+        ValueError / UnsupportedStateError: the pieces do not fit together.
+    """
     n = sum(use for _, _, use in payloads)
+    swa: ParsedState | None = None
+    tail = b""
+    if partial is not None:
+        if kind == StateKind.ISWA:
+            r = _Reader(memoryview(partial).cast("B"))
+            swa = _parse_kv(r, window=True)
+            if r.off != len(r.buf) or swa.pos0 + swa.n_tokens != n or swa.n_tokens == 0:
+                raise UnsupportedStateError("the sliding-window checkpoint does not end where the blocks do")
+        else:
+            if kind == StateKind.HYBRID and partial_tokens(kind, partial) != n:
+                raise UnsupportedStateError("the recurrent checkpoint does not end where the blocks do")
+            tail = partial
+    total = 8
+    if kind != StateKind.RECURRENT:
+        assert layout is not None
+        total += kv_section_bytes(layout, n)
+    if swa is not None:
+        total += kv_section_bytes(swa.layout, n)
+    total += len(tail)
+    if buffer is not None and buffer.nbytes >= total:
+        out = buffer[:total]
+    else:
+        out = np.empty(total, dtype=np.uint8)
+    struct.pack_into("<Ii", out, 0, STATE_MAGIC, seq_id)
+    off = 8
+    if kind != StateKind.RECURRENT:
+        off = _write_kv(out, off, layout, payloads, n, seq_id)
+    if swa is not None:
+        front = [(None, swa.pos0, swa.pos0)] if swa.pos0 else []
+        body = block_payload(swa, 0, swa.n_tokens)
+        off = _write_kv(out, off, swa.layout, [*front, (body, swa.n_tokens, swa.n_tokens)], n, seq_id)
+    if len(tail):
+        out[off:] = np.frombuffer(tail, dtype=np.uint8)
+        off += len(tail)
+    assert off == total
+    return out
+
+
+def _write_kv(out: np.ndarray, off: int, layout: KvLayout, payloads, n: int, seq_id: int) -> int:
+    """Write one KV section of ``n`` cells (positions 0..n-1) at ``out[off:]``; returns
+    the offset after it."""
     L = layout.n_layer
     k_rows = layout.k_row_bytes
     if layout.v_trans == 0:
         v_sizes = layout.v_row_bytes
     else:
         v_sizes = tuple(e * d for e, d in zip(layout.v_elem_bytes, layout.v_dims))
-    total = 16 + n * _CELL_RECORD.itemsize + 8 + L * 12 + L * 12 + n * layout.bytes_per_token
-    if buffer is not None and buffer.nbytes >= total:
-        out = buffer[:total]
-    else:
-        out = np.empty(total, dtype=np.uint8)
-    struct.pack_into("<IiII", out, 0, STATE_MAGIC, seq_id, 1, n)
-    off = 16
+    start = off
+    struct.pack_into("<II", out, off, 1, n)
+    off += 8
     cells = out[off : off + n * _CELL_RECORD.itemsize].view(_CELL_RECORD)
     cells["pos"] = np.arange(n, dtype=np.int32)
     cells["n_seq_id"] = 1
@@ -261,7 +445,7 @@ def join(
             off += 12
             v_dst.append(out[off : off + dims * n * elem].reshape(dims, n, elem))
             off += dims * n * elem
-    assert off == total
+    assert off - start == kv_section_bytes(layout, n)
 
     if layout._uniform():
         # Every layer has the same size, so the per-layer sections sit at a constant
@@ -270,6 +454,16 @@ def join(
         v_all = _stacked(out, v_dst)
     pos = 0
     for payload, count, use in payloads:
+        if payload is None:  # zero cells (the masked front of a sliding window)
+            for d in k_dst:
+                d[pos : pos + use] = 0
+            for d in v_dst:
+                if layout.v_trans == 0:
+                    d[pos : pos + use] = 0
+                else:
+                    d[:, pos : pos + use] = 0
+            pos += use
+            continue
         src = np.frombuffer(payload, dtype=np.uint8)
         if src.size != count * layout.bytes_per_token or use > count:
             raise ValueError(
@@ -300,7 +494,9 @@ def join(
                     v_dst[i][:, pos : pos + use] = src[o : o + size].reshape(d, count, e)[:, :use]
                 o += size
         pos += use
-    return out
+    if pos != n:
+        raise ValueError(f"payloads hold {pos} tokens, expected {n}")
+    return off
 
 
 def _stacked(out: np.ndarray, views: list[np.ndarray]) -> np.ndarray:

@@ -7,6 +7,7 @@ import ctypes
 import logging
 import os
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from pathlib import Path
 
 import llama_cpp
@@ -14,6 +15,7 @@ import llama_cpp
 from engine import cpu
 from engine.chat_template import PromptBuilder, disable_library_chat_templates, template_from_metadata
 from engine.errors import ModelLoadError
+from engine.kv_codec import StateKind
 from engine.model_file import check_gguf
 from engine.settings import KV_TYPES, EngineSettings
 
@@ -61,6 +63,7 @@ class ModelFacts:
     repack: str = ""  # whether weights were repacked for this CPU, and why (engine/cpu.py)
     prompt_format: str = "model template"  # engine.chat_template.PromptFormat
     chat_template_note: str = ""  # why the model's own template is not used ("" when it is)
+    cache_mode: str = "blocks"  # a CacheMode value: how the prefix store keeps this model's state
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -123,11 +126,14 @@ class LoadedModel:
             add_bos=model.add_bos_token(),
             missing_reason=template_missing,
         )
-        self.cache_policy = cache_policy(
+        kind = dict(
             n_swa=llama_cpp.llama_model_n_swa(self.llama.model),
             recurrent=llama_cpp.llama_model_is_recurrent(self.llama.model),
             hybrid=llama_cpp.llama_model_is_hybrid(self.llama.model),
         )
+        self.cache_policy = cache_policy(**kind)
+        self.cache_mode = cache_mode(**kind)
+        self.n_swa = kind["n_swa"]
         ftype = int(meta.get("general.file_type", -1)) if meta.get("general.file_type", "").isdigit() else -1
         self.facts = ModelFacts(
             path=str(p),
@@ -144,6 +150,7 @@ class LoadedModel:
             kv_bytes_per_token=0,
             cache_policy=self.cache_policy,
             repack=("on" if self.repack.repack else "off") + f" ({self.repack.reason})",
+            cache_mode=self.cache_mode.value,
         )
 
         self._warm_up()
@@ -199,20 +206,55 @@ class LoadedModel:
         self.llama.close()
 
 
-def cache_policy(n_swa: int, recurrent: bool, hybrid: bool) -> str:
-    """"full" when any stored prefix can be restored and the rest prefilled, else why not.
+class CacheMode(StrEnum):
+    """How the prefix store keeps a model's state (README "Which models get which
+    treatment"). Blocks hold KV that can be cut at any token; a checkpoint holds the part
+    that cannot (a sliding window, a recurrent state) whole, at message boundaries."""
 
-    Sliding-window attention drops KV older than the window, recurrent state cannot be
-    rewound, and hybrids have both problems: the KV of such a model cannot be cut back to
-    an arbitrary prefix, so restoring a stored prefix would change the output, and the
-    prefix store is off for them.
-    """
-    if recurrent:
-        return "off: recurrent models cannot be cut back to a shorter prefix"
+    BLOCKS = "blocks"  # dense attention: every layer's KV in shared token blocks
+    SWA_CHECKPOINTS = "blocks + sliding-window checkpoints"  # iSWA (Gemma 2/3, gpt-oss, Llama 4)
+    RECURRENT_CHECKPOINTS = "recurrent-state checkpoints"  # Mamba, RWKV
+    HYBRID_CHECKPOINTS = "blocks + recurrent-state checkpoints"  # LFM2, Granite 4, Falcon-H1, Jamba
+    OFF = "off"
+
+    @property
+    def state_kind(self) -> StateKind | None:
+        """The state blob's layout for :mod:`engine.kv_codec` (None when off)."""
+        return {
+            CacheMode.BLOCKS: StateKind.DENSE, CacheMode.SWA_CHECKPOINTS: StateKind.ISWA,
+            CacheMode.RECURRENT_CHECKPOINTS: StateKind.RECURRENT,
+            CacheMode.HYBRID_CHECKPOINTS: StateKind.HYBRID,
+        }.get(self)
+
+    @property
+    def checkpoints(self) -> bool:
+        return self not in (CacheMode.BLOCKS, CacheMode.OFF)
+
+
+def cache_mode(n_swa: int, recurrent: bool, hybrid: bool) -> CacheMode:
+    """The treatment for a model, from ``llama_model_n_swa`` / ``_is_recurrent`` /
+    ``_is_hybrid``. A hybrid with sliding-window attention (``llama_memory_hybrid_iswa``)
+    writes three sections the codec does not know yet: off."""
     if hybrid:
-        return "off: hybrid (attention + recurrent) models cannot be cut back to a shorter prefix"
+        return CacheMode.OFF if n_swa > 0 else CacheMode.HYBRID_CHECKPOINTS
+    if recurrent:
+        return CacheMode.RECURRENT_CHECKPOINTS
     if n_swa > 0:
-        return "off: sliding-window attention drops old KV, so a prefix cannot be restored exactly"
+        return CacheMode.SWA_CHECKPOINTS
+    return CacheMode.BLOCKS
+
+
+def cache_policy(n_swa: int, recurrent: bool, hybrid: bool) -> str:
+    """"full" when the prefix store serves this model (see :func:`cache_mode` for how),
+    else why not, in words for the window's banner.
+
+    Dense KV is cut into blocks at any token. Sliding-window attention drops KV older than
+    the window and a recurrent state cannot be rewound, so for them the part that cannot
+    be cut is stored whole as checkpoints at message boundaries.
+    """
+    if cache_mode(n_swa, recurrent, hybrid) == CacheMode.OFF:
+        return ("off: hybrid models with sliding-window attention keep a state this version "
+                "cannot store yet")
     return "full"
 
 

@@ -60,7 +60,7 @@ DEFAULT_BUDGET_BYTES = 4 * 1024**3
 """The prefix store's byte budget when the user chose none (4 GiB): the one default for the
 window, the CLI, the engine process and the README."""
 _PAGE_SIZE = 65536  # large pages keep the overflow chains of megabyte blobs short
-_SCHEMA_VERSION = 2  # a file with another version is replaced: the store is disposable
+_SCHEMA_VERSION = 3  # a file with another version is replaced: the store is disposable
 
 
 def checksum(data: bytes | memoryview) -> int:
@@ -114,6 +114,18 @@ class NewBlock:
     @property
     def n_tokens(self) -> int:
         return len(self.tokens)
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    """A stored checkpoint: the state that cannot be cut back (a sliding window, a
+    recurrent state) after the first ``n_tokens`` tokens. ``key`` is the block chain's
+    hash at that position: :func:`storage.block_hash.block_key` of the last full block's
+    key (the fingerprint below one block) and the tokens after it."""
+
+    key: bytes
+    n_tokens: int
+    nbytes: int
 
 
 @dataclass(frozen=True)
@@ -452,6 +464,110 @@ class PrefixStore:
                 n += self._delete_subtree(key)
         return n
 
+    # -- checkpoints -------------------------------------------------------------------
+    # The part of a model's state that cannot be cut back to a shorter prefix (a sliding
+    # window, a recurrent state) is stored whole at chosen positions. A checkpoint hangs
+    # off the block chain: its anchor is the key of the last full block at or before its
+    # position (the fingerprint below one block), and it keeps the tokens after that.
+
+    def _checkpoint_key(self, fingerprint: bytes, tokens: np.ndarray) -> tuple[bytes, bytes, np.ndarray]:
+        keys = chain_keys(fingerprint, tokens, self.block_size)
+        anchor = keys[-1] if keys else fingerprint
+        tail = tokens[len(keys) * self.block_size :]
+        return block_key(anchor, tail), anchor, tail
+
+    def has_checkpoint(self, fingerprint: bytes, tokens: Sequence[int] | np.ndarray) -> bool:
+        """Whether a checkpoint after exactly ``tokens`` is stored."""
+        key, _, _ = self._checkpoint_key(fingerprint, np.asarray(tokens, dtype=np.int32))
+        with self._guard():
+            return self._db.execute("SELECT 1 FROM checkpoints WHERE key=?", (key,)).fetchone() is not None
+
+    def put_checkpoint(
+        self,
+        fingerprint: bytes,
+        tokens: Sequence[int] | np.ndarray,
+        data: bytes | memoryview,
+        active_path: Sequence[bytes] = (),
+    ) -> tuple[bytes, int]:
+        """Store the checkpoint taken after ``tokens``, then evict to the budget.
+
+        Returns ``(key, payload bytes written)`` (0 when it was stored already). Raises
+        StorageFullError when the disk is full (nothing is written).
+        """
+        arr = np.asarray(tokens, dtype=np.int32)
+        key, anchor, tail = self._checkpoint_key(fingerprint, arr)
+        now = time.time()
+        with self._guard():
+            with _tx(self._db):
+                cur = self._db.execute(
+                    "INSERT OR IGNORE INTO checkpoints(key, fingerprint, anchor, n_tokens, tail, nbytes,"
+                    " checksum, last_access, data) VALUES (?,?,?,?,?,?,?,?,?)",
+                    (key, fingerprint, anchor, len(arr), tokens_to_bytes(tail), len(data),
+                     checksum(data), now, data),
+                )
+                written = len(data) if cur.rowcount else 0
+                self._touch_checkpoints([key], now)
+            self._evict({key, *active_path})
+        return key, written
+
+    def lookup_checkpoint(
+        self, fingerprint: bytes, tokens: Sequence[int] | np.ndarray, max_tokens: int | None = None,
+        *, count: bool = True,
+    ) -> CheckpointRef | None:
+        """The deepest stored checkpoint after a prefix of ``tokens`` of at most
+        ``max_tokens`` tokens (all of them by default), or None."""
+        arr = np.asarray(tokens, dtype=np.int32)
+        if max_tokens is not None:
+            arr = arr[:max_tokens]
+        B = self.block_size
+        keys = chain_keys(fingerprint, arr, B)
+        anchors = {fingerprint: 0, **{k: (i + 1) * B for i, k in enumerate(keys)}}
+        best: CheckpointRef | None = None
+        with self._guard():
+            items = list(anchors)
+            for i in range(0, len(items), 500):
+                chunk = items[i : i + 500]
+                for key, anchor, n, tail, nbytes in self._db.execute(
+                    "SELECT key, anchor, n_tokens, tail, nbytes FROM checkpoints WHERE anchor IN"
+                    f" ({','.join('?' * len(chunk))}) AND fingerprint=? AND n_tokens<=?",
+                    (*chunk, fingerprint, len(arr)),
+                ):
+                    start = anchors[anchor]
+                    t = np.frombuffer(tail, dtype="<i4")
+                    if start + len(t) != n or not np.array_equal(t, arr[start:n]):
+                        continue
+                    if best is None or n > best.n_tokens:
+                        best = CheckpointRef(key, n, nbytes)
+            if best is not None and count:
+                with _tx(self._db):
+                    self._touch_checkpoints([best.key])
+        return best
+
+    def read_checkpoint(self, ref: CheckpointRef) -> bytes | None:
+        """The verified payload of ``ref``; None when it is gone or fails its checksum (it
+        is then deleted)."""
+        with self._guard():
+            row = self._db.execute("SELECT id, checksum FROM checkpoints WHERE key=?", (ref.key,)).fetchone()
+            if row is None:
+                return None
+            with self._db.blobopen("checkpoints", "data", row[0], readonly=True) as blob:
+                data = blob.read()
+            if checksum(data) != row[1] or len(data) != ref.nbytes:
+                log.warning("checkpoint %s failed its checksum; dropping it", ref.key.hex()[:12])
+                with _tx(self._db):
+                    self._db.execute("DELETE FROM checkpoints WHERE id=?", (row[0],))
+                return None
+        return data
+
+    def _touch_checkpoints(self, keys: Sequence[bytes], now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        self._db.executemany("UPDATE checkpoints SET last_access=? WHERE key=?", [(now, k) for k in keys])
+
+    def _drop_checkpoints(self, anchors: Sequence[bytes]) -> None:
+        """Checkpoints go with the block they hang off (eviction, a bad checksum)."""
+        marks = ",".join("?" * len(anchors))
+        self._db.execute(f"DELETE FROM checkpoints WHERE anchor IN ({marks})", list(anchors))
+
     # -- eviction --------------------------------------------------------------------
 
     def evict(self, protect: Iterable[bytes] = ()) -> int:
@@ -483,21 +599,28 @@ class PrefixStore:
         total = self._total_bytes()
         freed = 0
         while total > target:
+            # Leaf blocks and checkpoints (with the bytes of the checkpoints a leaf takes along).
             leaves = self._db.execute(
-                "SELECT key, nbytes FROM blocks WHERE n_children = 0 ORDER BY last_access, start DESC"
+                "SELECT b.key, b.nbytes + coalesce((SELECT sum(c.nbytes) FROM checkpoints c"
+                " WHERE c.anchor = b.key), 0), b.last_access, 0, b.start FROM blocks b WHERE b.n_children = 0"
+                " UNION ALL SELECT key, nbytes, last_access, 1, n_tokens FROM checkpoints ORDER BY 3, 5 DESC"
             ).fetchall()
             if not leaves:
                 break
             # Unprotected leaves first, least recently used first; the active path last.
             order = [r for r in leaves if r[0] not in protect] or leaves
             with _tx(self._db):
-                for key, nbytes in order:
+                for key, nbytes, _, is_checkpoint, _ in order:
                     if total <= target:
                         break
-                    self._delete_subtree(key)
+                    if is_checkpoint:
+                        self._db.execute("DELETE FROM checkpoints WHERE key=?", (key,))
+                        self._bump(evicted_checkpoints=1, evicted_bytes=nbytes)
+                    else:
+                        self._delete_subtree(key)
+                        self._bump(evicted_blocks=1, evicted_bytes=nbytes)
                     total -= nbytes
                     freed += nbytes
-                    self._bump(evicted_blocks=1, evicted_bytes=nbytes)
         return freed
 
     def _vacuum(self) -> None:
@@ -548,6 +671,7 @@ class PrefixStore:
                 chunk,
             )
             self._db.execute(f"DELETE FROM blocks WHERE key IN ({marks})", chunk)
+            self._drop_checkpoints(chunk)
         if row:
             self._db.execute(
                 "UPDATE blocks SET n_children = n_children - 1 WHERE key=?", (row[0],)
@@ -628,6 +752,10 @@ class PrefixStore:
             with _tx(self._db):
                 for key in bad_keys:
                     removed += self._delete_subtree(key)
+                for rowid, want, data in self._db.execute("SELECT id, checksum, data FROM checkpoints").fetchall():
+                    if checksum(data) != want:
+                        log.warning("dropping a checkpoint that failed its checksum")
+                        self._db.execute("DELETE FROM checkpoints WHERE id=?", (rowid,))
                 for fp, layout in self._db.execute("SELECT fingerprint, layout FROM models").fetchall():
                     try:
                         json.loads(layout)
@@ -645,9 +773,11 @@ class PrefixStore:
 
     def stats(self) -> dict:
         """Counters and sizes: lookups, hits, misses, tokens_restored, tokens_prefilled,
-        blocks, tail_blocks, tokens, bytes (payload), file_bytes (file + WAL + journal on
-        disk), overhead_bytes (an empty store's size, not counted against the budget),
-        budget_bytes, models. Sizes are in bytes."""
+        blocks, tail_blocks, tokens, bytes (block payload), checkpoints, checkpoint_bytes
+        (their payload; blocks and checkpoints together are kept under budget_bytes),
+        evicted_blocks, evicted_checkpoints, evicted_bytes, file_bytes (file + WAL +
+        journal on disk), overhead_bytes (an empty store's size, not counted against the
+        budget), budget_bytes, models. Sizes are in bytes."""
         with self._guard():
             out = {name: value for name, value in self._db.execute("SELECT name, value FROM counters")}
             blocks, tails, tokens, nbytes = self._db.execute(
@@ -657,13 +787,17 @@ class PrefixStore:
             ).fetchone()
             models = self._db.execute("SELECT count(*) FROM models").fetchone()[0]
             overhead = self.fixed_overhead_bytes()
+            checkpoints, checkpoint_bytes = self._db.execute(
+                "SELECT count(*), coalesce(sum(nbytes), 0) FROM checkpoints"
+            ).fetchone()
         file_bytes = self.disk_bytes()
         for name in ("lookups", "hits", "misses", "tokens_queried", "tokens_restored",
-                     "tokens_prefilled", "evicted_blocks", "evicted_bytes"):
+                     "tokens_prefilled", "evicted_blocks", "evicted_checkpoints", "evicted_bytes"):
             out.setdefault(name, 0)
         out.update(blocks=blocks, tail_blocks=tails, tokens=tokens, bytes=nbytes,
                    file_bytes=file_bytes, overhead_bytes=overhead, budget_bytes=self.budget_bytes,
-                   block_size=self.block_size, models=models)
+                   block_size=self.block_size, models=models,
+                   checkpoints=checkpoints, checkpoint_bytes=checkpoint_bytes)
         return out
 
     # -- helpers ---------------------------------------------------------------------
@@ -678,7 +812,11 @@ class PrefixStore:
         return present
 
     def _total_bytes(self) -> int:
-        return self._db.execute("SELECT coalesce(sum(nbytes), 0) FROM blocks").fetchone()[0]
+        """Payload bytes held: blocks and checkpoints (both count against the budget)."""
+        return self._db.execute(
+            "SELECT (SELECT coalesce(sum(nbytes), 0) FROM blocks)"
+            " + (SELECT coalesce(sum(nbytes), 0) FROM checkpoints)"
+        ).fetchone()[0]
 
     def _touch(self, keys: Sequence[bytes], now: float | None = None) -> None:
         now = time.time() if now is None else now
@@ -768,6 +906,19 @@ CREATE TABLE IF NOT EXISTS block_data(
     id INTEGER PRIMARY KEY,
     data BLOB NOT NULL
 );
+CREATE TABLE IF NOT EXISTS checkpoints(
+    id INTEGER PRIMARY KEY,
+    key BLOB NOT NULL UNIQUE,
+    fingerprint BLOB NOT NULL,
+    anchor BLOB NOT NULL,
+    n_tokens INTEGER NOT NULL,
+    tail BLOB NOT NULL,
+    nbytes INTEGER NOT NULL,
+    checksum INTEGER NOT NULL,
+    last_access REAL NOT NULL,
+    data BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS checkpoints_anchor ON checkpoints(anchor);
 CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS file_digests(
     path TEXT PRIMARY KEY, stamp TEXT NOT NULL, digest TEXT NOT NULL
@@ -775,7 +926,7 @@ CREATE TABLE IF NOT EXISTS file_digests(
 """
 
 __all__ = [
-    "BlockRef", "NewBlock", "PrefixMatch", "PrefixStore", "StoreError", "StoreFull", "StoreReset",
+    "BlockRef", "CheckpointRef", "NewBlock", "PrefixMatch", "PrefixStore", "StoreError", "StoreFull", "StoreReset",
     "StoreUnavailable", "VerifyReport",
     "checksum", "tokens_from_bytes", "DEFAULT_BLOCK_SIZE", "DEFAULT_BUDGET_BYTES",
 ]

@@ -235,14 +235,18 @@ def test_context_overflow_is_reported_before_generating(model_path):
     e.close()
 
 
-@pytest.mark.parametrize("n_swa, recurrent, hybrid, word", [
-    (0, False, False, "full"), (4096, False, False, "sliding-window"),
-    (0, True, False, "recurrent"), (0, False, True, "hybrid"),
+@pytest.mark.parametrize("n_swa, recurrent, hybrid, mode", [
+    (0, False, False, "blocks"), (4096, False, False, "blocks + sliding-window checkpoints"),
+    (0, True, False, "recurrent-state checkpoints"), (0, False, True, "blocks + recurrent-state checkpoints"),
+    (512, False, True, "off"),
 ])
-def test_models_that_cannot_be_truncated_get_no_store(n_swa, recurrent, hybrid, word):
-    from engine.model import cache_policy
+def test_each_kind_of_model_gets_its_treatment(n_swa, recurrent, hybrid, mode):
+    from engine.model import cache_mode, cache_policy
 
-    assert word in cache_policy(n_swa, recurrent, hybrid)
+    assert cache_mode(n_swa, recurrent, hybrid) == mode
+    assert (cache_policy(n_swa, recurrent, hybrid) == "full") == (mode != "off")
+    if mode == "off":
+        assert "sliding-window" in cache_policy(n_swa, recurrent, hybrid)
 
 
 def test_the_default_model_uses_the_store(engine):

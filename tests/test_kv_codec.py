@@ -153,3 +153,47 @@ def test_real_llama_state_round_trip(model_path, flash_attn):
     assert llama_cpp.llama_state_seq_set_data(
         llm.ctx, joined.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), joined.nbytes, 0) == joined.nbytes
     llm.close()
+
+
+def _kv_section(positions, k_rows, v_rows, seed):
+    """One llama_kv_cache::state_write section (v_trans 0) at ``positions``."""
+    blob = make_blob(len(positions), k_rows, v_rows, 0, seed=seed, positions=positions)
+    return blob[8:]  # without magic and seq_id
+
+
+def test_iswa_split_and_assemble_pad_the_window_from_position_zero():
+    n, w = 100, 32
+    base = _kv_section(range(n), [16, 16], [16, 16], seed=1)
+    swa = _kv_section(range(n - w, n), [8, 8, 8], [8, 8, 8], seed=2)
+    blob = struct.pack("<Ii", STATE_MAGIC, 0) + base + swa
+    parts = kv_codec.split(blob, kv_codec.StateKind.ISWA)
+    assert parts.n_tokens == n and parts.blocks.n_tokens == n and bytes(parts.partial) == swa
+    assert kv_codec.partial_tokens(kv_codec.StateKind.ISWA, swa) == n
+    assert kv_codec.partial_start(kv_codec.StateKind.ISWA, swa) == n - w
+    payload = kv_codec.block_payload(parts.blocks, 0, n)
+    out = kv_codec.assemble(kv_codec.StateKind.ISWA, parts.blocks.layout, [(payload, n, n)], swa).tobytes()
+    assert out[: 8 + len(base)] == blob[: 8 + len(base)]  # the blocks come back byte for byte
+    padded = kv_codec.parse(struct.pack("<Ii", STATE_MAGIC, 0) + out[8 + len(base):])
+    window = kv_codec.parse(struct.pack("<Ii", STATE_MAGIC, 0) + _kv_section(range(w), [8] * 3, [8] * 3, seed=2))
+    assert padded.n_tokens == n
+    for got, want in zip(padded.k + padded.v, window.k + window.v):
+        assert not got[: n - w].any()  # zero cells below the window
+        assert np.array_equal(got[n - w :], want)
+    # A window that does not end where the blocks do is refused.
+    with pytest.raises(UnsupportedStateError):
+        kv_codec.assemble(kv_codec.StateKind.ISWA, parts.blocks.layout, [(payload, n, n - 1)], swa)
+
+
+def test_recurrent_partial_states_are_read_and_odd_ones_refused():
+    recurrent = struct.pack("<IiIII", 1, 41, 0, 0, 2) + b"\x01" * 40  # cell_count, pos, n_seq_id, s_trans, n_layer
+    assert kv_codec.partial_tokens(kv_codec.StateKind.RECURRENT, recurrent) == 42
+    blob = struct.pack("<Ii", STATE_MAGIC, 0) + recurrent
+    parts = kv_codec.split(blob, kv_codec.StateKind.RECURRENT)
+    assert parts.n_tokens == 42 and parts.blocks.n_tokens == 0
+    assert kv_codec.assemble(kv_codec.StateKind.RECURRENT, None, [], recurrent).tobytes() == blob
+    for bad in (struct.pack("<I", 2) + recurrent[4:],  # two cells for one sequence
+                struct.pack("<IiIII", 1, 41, 1, 0, 2),  # a seq-id list
+                struct.pack("<IiIII", 1, 41, 0, 1, 2),  # transposed S
+                b"\x01\x00"):
+        with pytest.raises(UnsupportedStateError):
+            kv_codec.partial_tokens(kv_codec.StateKind.RECURRENT, bad)
