@@ -28,6 +28,7 @@ from typing import IO, Any
 from storage.importers import jsonio
 from storage.importers.parts import (
     code_block,
+    conversation_label,
     epoch,
     join_parts,
     md_escape,
@@ -46,7 +47,11 @@ def read(stream: IO[bytes], kind: str) -> Iterator[SourceConversation]:
         ImportFileError: not JSON, or a conversation without a ``mapping`` object.
     """
     for n, raw in enumerate(jsonio.items(stream, "item" if kind == "[" else "")):
-        yield conversation(raw, n)
+        try:
+            conv = conversation(raw, n)
+        except ImportFileError as exc:
+            raise ImportFileError(f"{conversation_label(raw, n)}: {exc}") from exc
+        yield conv
 
 
 def conversation(raw: Any, n: int) -> SourceConversation:

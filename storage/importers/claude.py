@@ -26,7 +26,15 @@ from collections.abc import Iterator
 from typing import IO, Any, Final
 
 from storage.importers import jsonio
-from storage.importers.parts import code_block, epoch, join_parts, placeholder, reasoning, text_of
+from storage.importers.parts import (
+    code_block,
+    conversation_label,
+    epoch,
+    join_parts,
+    placeholder,
+    reasoning,
+    text_of,
+)
 from storage.importers.records import ImportFileError, SourceConversation, SourceMessage
 from storage.importers.thinking import split_think
 
@@ -40,7 +48,11 @@ def read(stream: IO[bytes], kind: str) -> Iterator[SourceConversation]:
         ImportFileError: not JSON, or a conversation without ``chat_messages``.
     """
     for n, raw in enumerate(jsonio.items(stream, "item" if kind == "[" else "")):
-        yield conversation(raw, n)
+        try:
+            conv = conversation(raw, n)
+        except ImportFileError as exc:
+            raise ImportFileError(f"{conversation_label(raw, n)}: {exc}") from exc
+        yield conv
 
 
 def conversation(raw: Any, n: int) -> SourceConversation:

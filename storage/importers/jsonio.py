@@ -101,5 +101,5 @@ def json_line(line: bytes, number: int) -> Any:
 
 
 def _short(exc: Exception) -> str:
-    text = str(exc).strip() or type(exc).__name__
+    text = str(exc).strip().splitlines()[0].strip() if str(exc).strip() else type(exc).__name__
     return text if len(text) <= 200 else text[:200] + "…"

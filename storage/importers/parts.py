@@ -90,3 +90,14 @@ def epoch(value: object) -> float | None:
 def text_of(value: object) -> str:
     """A string field as text: None -> "", other non-strings -> "" (never their repr)."""
     return value if isinstance(value, str) else ""
+
+
+def conversation_label(raw: object, n: int) -> str:
+    """How an error names a conversation of an export: its title and id, else its position."""
+    if isinstance(raw, dict):
+        inner = raw.get("chat") if isinstance(raw.get("chat"), dict) else {}
+        title = text_of(raw.get("title")) or text_of(raw.get("name")) or text_of(inner.get("title"))
+        ident = next((text_of(raw.get(k)) for k in ("conversation_id", "uuid", "id") if text_of(raw.get(k))), "")
+        if title or ident:
+            return f"conversation {title!r} (id {ident or '?'})" if title else f"conversation {ident}"
+    return f"conversation #{n + 1}"

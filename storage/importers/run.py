@@ -55,10 +55,15 @@ _NOT_CHATS = {"users.json", "user.json", "projects.json", "message_feedback.json
 class _Source:
     """One JSON document to read: a file, or a member of a zip."""
 
-    name: str  # shown in messages: "export.zip/conversations.json"
+    name: str  # "export.zip/conversations.json" or the file's path
     size: int
     open: Callable[[], IO[bytes]]
     in_zip: bool = False
+
+    @property
+    def prefix(self) -> str:
+        """What error messages start with (the file's own path is added by the caller)."""
+        return f"{self.name.rsplit('/', 1)[-1]}: " if self.in_zip else ""
 
 
 def import_files(
@@ -148,14 +153,14 @@ def _import_one(conn: sqlite3.Connection, path: Path, fmt: ImportFormat, dry_run
                 if source.in_zip and "not valid JSON" not in str(exc) and "UTF-8" not in str(exc):
                     report.skipped.append(Skipped(source.name, f"not a chat file ({exc})"))
                     continue
-                raise ImportFileError(f"{source.name}: {exc}") from exc
+                raise ImportFileError(f"{source.prefix}{exc}") from exc
             found = True
             report.format = detected.value if report.format in (None, detected.value) else "mixed"
             writer = Writer(conn, detected, report)
             with source.open() as raw:
                 stream = jsonio.CountingReader(raw)
-                for conv in _conversations(detected, stream, kind, keys, source.name):
-                    _add(writer, detected, conv, source.name, report)
+                for conv in _conversations(detected, stream, kind, keys, source):
+                    _add(writer, detected, conv, source, report)
                     progress.conversation(stream.done, report.messages)
                     if is_cancelled():
                         raise ImportCancelled(f"{path}: cancelled")
@@ -170,20 +175,21 @@ def _import_one(conn: sqlite3.Connection, path: Path, fmt: ImportFormat, dry_run
         report.status = FileStatus.UNCHANGED
 
 
-def _add(writer: Writer, fmt: ImportFormat, conv: SourceConversation, where: str, report: FileReport) -> None:
+def _add(writer: Writer, fmt: ImportFormat, conv: SourceConversation, source: _Source,
+         report: FileReport) -> None:
     label = f"conversation {conv.title!r} (id {conv.source_id})" if conv.title else f"conversation {conv.source_id}"
     try:
         checked = plan(conv, lift_system_prompt=fmt != ImportFormat.BRANCHWISE,
                        merge_assistant_runs=fmt == ImportFormat.CHATGPT)
         writer.add(conv, checked)
     except ImportFileError as exc:
-        raise ImportFileError(f"{where}: {label}: {exc}") from exc
+        raise ImportFileError(f"{source.prefix}{label}: {exc}") from exc
     for reason in conv.skipped + checked.skipped:
-        report.skipped.append(Skipped(f"{where}: {label}", reason))
+        report.skipped.append(Skipped(f"{source.name}: {label}", reason))
 
 
 def _conversations(fmt: ImportFormat, stream: IO[bytes], kind: str, keys: set[str],
-                   name: str) -> Iterator[SourceConversation]:
+                   source: _Source) -> Iterator[SourceConversation]:
     """The reader for ``fmt``, with a reader's surprise (a value of an unexpected type
     deep inside a hostile file) turned into an ImportFileError naming the file."""
     if fmt == ImportFormat.CHATGPT:
@@ -195,16 +201,16 @@ def _conversations(fmt: ImportFormat, stream: IO[bytes], kind: str, keys: set[st
     elif fmt == ImportFormat.LMSTUDIO:
         reader = lmstudio.read(stream, kind)
     elif fmt == ImportFormat.SILLYTAVERN:
-        reader = sillytavern.read(stream, PurePosixPath(name).stem)
+        reader = sillytavern.read(stream, PurePosixPath(source.name).stem)
     else:
         reader = branchwise.read(stream, kind, keys)
     try:
         yield from reader
     except ImportFileError as exc:
-        raise ImportFileError(f"{name}: {exc}") from exc
+        raise ImportFileError(f"{source.prefix}{exc}") from exc
     except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as exc:
-        log.debug("reader failed on %s", name, exc_info=True)
-        raise ImportFileError(f"{name}: it does not have the shape of a {FORMAT_NAMES[fmt]} export "
+        log.debug("reader failed on %s", source.name, exc_info=True)
+        raise ImportFileError(f"{source.prefix}it does not have the shape of a {FORMAT_NAMES[fmt]} export "
                               f"({type(exc).__name__}: {exc})") from exc
 
 
@@ -248,6 +254,8 @@ def _detect(source: _Source) -> tuple[ImportFormat, str, set[str]]:
     """
     if source.name.lower().endswith(".jsonl"):
         return ImportFormat.SILLYTAVERN, "", set()
+    if source.size == 0:
+        raise ImportFileError("it is empty")
     with source.open() as raw:
         kind, keys = jsonio.top_keys(raw)
     if not kind:

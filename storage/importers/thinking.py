@@ -29,7 +29,7 @@ def split_think(text: str) -> str:
     """Replace ``<think>…</think>`` blocks (an unclosed one runs to the end) by a reasoning quote."""
     if "<think" not in text.lower():
         return text
-    return _THINK.sub(lambda m: "\n\n" + reasoning(m.group(1)) + "\n\n", text).strip("\n")
+    return _substitute(_THINK, text, lambda m: reasoning(m.group(1)))
 
 
 def open_webui_details(text: str) -> str:
@@ -44,12 +44,23 @@ def open_webui_details(text: str) -> str:
         body = _SUMMARY.sub("", m.group(2), count=1)
         if kind == "reasoning":
             lines = [line[1:].lstrip() if line.startswith(">") else line for line in body.splitlines()]
-            return "\n\n" + reasoning(html.unescape("\n".join(lines))) + "\n\n"
+            return reasoning(html.unescape("\n".join(lines)))
         if kind == "tool_calls":
-            return "\n\n" + placeholder("Tool call", html.unescape(attrs.get("name", "")),
-                                        "the call is kept in the original app, not here") + "\n\n"
+            return placeholder("Tool call", html.unescape(attrs.get("name", "")),
+                               "the call is kept in the original app, not here")
         if kind == "code_interpreter":
-            return "\n\n" + placeholder("Code interpreter run") + "\n\n"
+            return placeholder("Code interpreter run")
         return m.group(0)
 
-    return join_parts([split_think(_DETAILS.sub(replace, text))])
+    return split_think(_substitute(_DETAILS, text, replace))
+
+
+def _substitute(pattern: re.Pattern[str], text: str, replace) -> str:
+    """Replace each match by ``replace(match)`` as a paragraph of its own (blank lines around it)."""
+    parts: list[str] = []
+    end = 0
+    for m in pattern.finditer(text):
+        parts += [text[end:m.start()], replace(m)]
+        end = m.end()
+    parts.append(text[end:])
+    return join_parts(parts)
