@@ -543,3 +543,24 @@ def test_a_newer_export_version_is_refused(db: Path, tmp_path: Path) -> None:
     path.write_text('{"branchwise_export": 99, "conversations": []}')
     [f] = import_files([path], db).files
     assert f.status == FileStatus.FAILED and "version 99" in f.error and "Update Branchwise" in f.error
+
+
+def test_memory_stays_flat_as_the_export_grows(tmp_path: Path) -> None:
+    """Ten times the messages, about the same peak: the import streams conversation by conversation."""
+    import tracemalloc
+
+    from app.import_bench import write_synthetic_chatgpt
+
+    peaks = []
+    for conversations in (10, 100):
+        source = tmp_path / f"c{conversations}.json"
+        with open(source, "w", encoding="utf-8") as out:
+            write_synthetic_chatgpt(out, conversations, 100)
+        tracemalloc.start()
+        summary = import_files([source], tmp_path / f"c{conversations}.sqlite3")
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        assert summary.messages == conversations * 110
+    small, big = peaks
+    assert big < 1.5 * small + 512 * 1024, (small, big)
+    assert big < 16 * 2**20
