@@ -51,6 +51,10 @@ _NOT_CHATS = {"users.json", "user.json", "projects.json", "message_feedback.json
               "shared_conversations.json", "model_comparisons.json", "user_settings.json"}
 
 
+class _NotAChatFile(ImportFileError):
+    """Valid JSON (or empty) but not a chat export: skipped inside a zip, an error on its own."""
+
+
 @dataclass
 class _Source:
     """One JSON document to read: a file, or a member of a zip."""
@@ -125,13 +129,13 @@ def detect(path: Path | str) -> ImportFormat:
     Raises:
         ImportFileError: unreadable, not JSON, or of no known shape.
     """
-    sources = _sources(Path(path))
-    for source in sources:
-        try:
-            return _detect(source)[0]
-        except ImportFileError:
-            if not source.in_zip:
-                raise
+    with _sources(Path(path)) as sources:
+        for source in sources:
+            try:
+                return _detect(source)[0]
+            except ImportFileError as exc:
+                if not source.in_zip:
+                    raise ImportFileError(f"{path}: {exc}") from exc
     raise ImportFileError(f"{path}: no chat file found in it")
 
 
@@ -140,19 +144,20 @@ def detect(path: Path | str) -> ImportFormat:
 
 def _import_one(conn: sqlite3.Connection, path: Path, fmt: ImportFormat, dry_run: bool,
                 report: FileReport, progress: _Progress, is_cancelled: CancelFlag) -> None:
-    sources = _sources(path)
-    progress.start(sum(s.size for s in sources))
-    with _transaction(conn, str(path), commit=not dry_run):
+    with _sources(path) as sources, _transaction(conn, str(path), commit=not dry_run):
+        progress.start(sum(s.size for s in sources))
         found = False
         for source in sources:
             if is_cancelled():
                 raise ImportCancelled(f"{path}: cancelled")
             try:
                 detected, kind, keys = (_forced(source, fmt) if fmt != ImportFormat.AUTO else _detect(source))
-            except ImportFileError as exc:
-                if source.in_zip and "not valid JSON" not in str(exc) and "UTF-8" not in str(exc):
+            except _NotAChatFile as exc:
+                if source.in_zip:  # a zip also holds account data, settings, feedback…
                     report.skipped.append(Skipped(source.name, f"not a chat file ({exc})"))
                     continue
+                raise ImportFileError(f"{source.prefix}{exc}") from exc
+            except ImportFileError as exc:
                 raise ImportFileError(f"{source.prefix}{exc}") from exc
             found = True
             report.format = detected.value if report.format in (None, detected.value) else "mixed"
@@ -217,23 +222,29 @@ def _conversations(fmt: ImportFormat, stream: IO[bytes], kind: str, keys: set[st
 # -- finding and recognising the JSON documents --------------------------------------------
 
 
-def _sources(path: Path) -> list[_Source]:
+@contextmanager
+def _sources(path: Path) -> Iterator[list[_Source]]:
+    """The JSON documents in ``path`` (itself, or the chat files of a zip), open while in use."""
     try:
         if not path.is_file():
             raise ImportFileError(f"{path}: there is no such file" if not path.exists() else
                                   f"{path}: it is a folder; give the export file inside it")
-        if zipfile.is_zipfile(path):
-            return _zip_sources(path)
-        return [_Source(str(path), path.stat().st_size, lambda: open(path, "rb"))]
+        is_zip = zipfile.is_zipfile(path)
+        size = path.stat().st_size
     except OSError as exc:
         raise ImportFileError(f"{path}: it cannot be read ({exc.strerror or exc})") from exc
-
-
-def _zip_sources(path: Path) -> list[_Source]:
+    if not is_zip:
+        yield [_Source(str(path), size, lambda: open(path, "rb"))]
+        return
     try:
         zf = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as exc:
         raise ImportFileError(f"{path}: it is not a readable zip file ({exc})") from exc
+    with zf:
+        yield _zip_sources(path, zf)
+
+
+def _zip_sources(path: Path, zf: zipfile.ZipFile) -> list[_Source]:
     sources = []
     for info in zf.infolist():
         name = PurePosixPath(info.filename)
@@ -255,17 +266,17 @@ def _detect(source: _Source) -> tuple[ImportFormat, str, set[str]]:
     if source.name.lower().endswith(".jsonl"):
         return ImportFormat.SILLYTAVERN, "", set()
     if source.size == 0:
-        raise ImportFileError("it is empty")
+        raise _NotAChatFile("it is empty")
     with source.open() as raw:
         kind, keys = jsonio.top_keys(raw)
     if not kind:
-        raise ImportFileError("it is not a JSON object or array")
+        raise _NotAChatFile("it is not a JSON object or array")
     fmt = _format_of(keys)
     if fmt is None:
         if kind == "[" and not keys:
-            raise ImportFileError("it holds no conversations (an empty list)")
+            raise _NotAChatFile("it holds no conversations (an empty list)")
         shown = ", ".join(sorted(keys)[:8]) or "none"
-        raise ImportFileError(
+        raise _NotAChatFile(
             f"its shape is not one Branchwise knows (top-level keys: {shown}). If you know which app "
             "wrote it, pass --format.")
     if fmt == ImportFormat.BRANCHWISE and "branchwise_export" in keys:
