@@ -564,3 +564,70 @@ def test_memory_stays_flat_as_the_export_grows(tmp_path: Path) -> None:
     small, big = peaks
     assert big < 1.5 * small + 512 * 1024, (small, big)
     assert big < 16 * 2**20
+
+
+# -- the tree checks on random trees --------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from storage.importers.records import ImportFileError, SourceConversation, SourceMessage  # noqa: E402
+from storage.importers.tree import plan  # noqa: E402
+
+
+@st.composite
+def random_trees(draw):
+    """A forest of n nodes (node i's parent is an earlier node or none), listed in a random order."""
+    n = draw(st.integers(1, 60))
+    parents = [None] + [draw(st.one_of(st.none(), st.integers(0, i - 1))) for i in range(1, n)]
+    order = draw(st.permutations(range(n)))
+    roles = [draw(st.sampled_from(["user", "assistant"])) for _ in range(n)]
+    return parents, order, roles
+
+
+@settings(max_examples=100, deadline=None)
+@given(random_trees())
+def test_plan_keeps_every_link_and_sibling_order(tree) -> None:
+    parents, order, roles = tree
+    msgs = [SourceMessage(f"n{i}", None if parents[i] is None else f"n{parents[i]}", roles[i], f"text {i}")
+            for i in order]
+    p = plan(SourceConversation("x", "t", messages=msgs))
+    assert sorted(pm.source_id for pm in p.messages) == sorted(f"n{i}" for i in range(len(parents)))
+    position = {pm.source_id: k for k, pm in enumerate(p.messages)}
+    listed = [m.id for m in msgs]
+    for pm in p.messages:
+        i = int(pm.source_id[1:])
+        assert pm.parent == (None if parents[i] is None else f"n{parents[i]}")
+        if pm.parent is not None:
+            assert position[pm.parent] < position[pm.source_id]  # parents first
+    siblings: dict = {}
+    for pm in p.messages:
+        siblings.setdefault(pm.parent, []).append(pm.source_id)
+    for kids in siblings.values():  # siblings keep the file's order
+        assert kids == sorted(kids, key=listed.index)
+    has_child = {pm.parent for pm in p.messages}
+    assert p.leaves == sum(1 for pm in p.messages if pm.source_id not in has_child)
+    assert p.current is not None and p.current not in has_child
+
+
+@settings(max_examples=100, deadline=None)
+@given(random_trees(), st.data())
+def test_plan_finds_any_cycle(tree, data) -> None:
+    parents, order, roles = tree
+    n = len(parents)
+    # point some node at one of its descendants (or itself): a cycle
+    node = data.draw(st.integers(0, n - 1))
+    descendants = [node]
+    for i in range(n):
+        j = i
+        while j is not None and j != node:
+            j = parents[j]
+        if j == node and i != node:
+            descendants.append(i)
+    target = data.draw(st.sampled_from(descendants))
+    parents = list(parents)
+    parents[node] = target
+    msgs = [SourceMessage(f"n{i}", None if parents[i] is None else f"n{parents[i]}", roles[i], "")
+            for i in order]
+    with pytest.raises(ImportFileError, match="cycle"):
+        plan(SourceConversation("x", "t", messages=msgs))
