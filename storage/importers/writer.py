@@ -4,7 +4,7 @@ The caller (``storage.importers.run``) opens one write transaction per file
 (``BEGIN IMMEDIATE``), so no other writer can add rows meanwhile; that lets the
 writer hand out ids itself (one above the highest in use, in the planned
 order, which keeps siblings in creation order) and insert conversations and
-messages with ``executemany`` in batches of ``BATCH_ROWS``. Foreign keys are
+messages with multi-row INSERTs, flushed every ``BATCH_ROWS`` messages. Foreign keys are
 checked at COMMIT (``PRAGMA defer_foreign_keys``), so a conversation's active
 leaf can be written in the same batch as its messages. Messages go through
 the ``messages`` table, so the FTS5 triggers index them at once.
@@ -28,15 +28,20 @@ from storage.importers.records import FileReport, ImportFileError, ImportFormat,
 from storage.importers.tree import Plan
 
 BATCH_ROWS: Final = 2000
-"""Message rows buffered before one ``executemany`` (with the conversations they belong to)."""
+"""Message rows buffered before they are written (with the conversations they belong to)."""
+
+ROWS_PER_STATEMENT: Final = 80
+"""Rows per multi-row ``INSERT … VALUES (…), (…)``: 80 × 11 columns stays under SQLite's
+oldest limit of 999 bound variables. Measured on 20,000 messages (2 busy cores): about three
+times faster than ``executemany`` of one-row INSERTs, whose per-statement overhead dominates."""
 
 _CONVERSATION_INSERT = (
     "INSERT INTO conversations (id, title, system_prompt, sampling_json, active_leaf_id, pinned,"
-    " created_at, updated_at, source) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " created_at, updated_at, source) VALUES "
 )
 _MESSAGE_INSERT = (
     "INSERT INTO messages (id, conversation_id, parent_id, role, content, token_ids, stats_json,"
-    " status, model, created_at, source_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " status, model, created_at, source_id) VALUES "
 )
 
 
@@ -115,10 +120,8 @@ class Writer:
 
     def flush(self) -> None:
         """Write the buffered rows (conversations first, then messages, then leaf updates)."""
-        if self._conversations:
-            self.conn.executemany(_CONVERSATION_INSERT, self._conversations)
-        if self._messages:
-            self.conn.executemany(_MESSAGE_INSERT, self._messages)
+        _insert_rows(self.conn, _CONVERSATION_INSERT, self._conversations)
+        _insert_rows(self.conn, _MESSAGE_INSERT, self._messages)
         if self._updates:
             self.conn.executemany(
                 "UPDATE conversations SET active_leaf_id = ?, updated_at = ? WHERE id = ?", self._updates)
@@ -168,6 +171,18 @@ class Writer:
     def _take_message_id(self) -> int:
         self._next_message += 1
         return self._next_message - 1
+
+
+def _insert_rows(conn: sqlite3.Connection, insert: str, rows: list[tuple]) -> None:
+    """Run ``insert`` ("INSERT INTO t (cols) VALUES ") over ``rows``, ROWS_PER_STATEMENT at a time."""
+    if not rows:
+        return
+    one = "(" + ", ".join("?" * len(rows[0])) + ")"
+    full = insert + ", ".join([one] * ROWS_PER_STATEMENT)
+    for start in range(0, len(rows), ROWS_PER_STATEMENT):
+        chunk = rows[start:start + ROWS_PER_STATEMENT]
+        sql = full if len(chunk) == ROWS_PER_STATEMENT else insert + ", ".join([one] * len(chunk))
+        conn.execute(sql, [value for row in chunk for value in row])
 
 
 def _next_id(conn: sqlite3.Connection, table: str) -> int:
