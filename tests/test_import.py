@@ -631,3 +631,17 @@ def test_plan_finds_any_cycle(tree, data) -> None:
             for i in order]
     with pytest.raises(ImportFileError, match="cycle"):
         plan(SourceConversation("x", "t", messages=msgs))
+
+
+def test_a_folder_imports_the_files_in_it(db: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "conversations"
+    folder.mkdir()
+    (folder / "1719000000000.conversation.json").write_bytes(LMSTUDIO.read_bytes())
+    (folder / "notes.txt").write_text("not a chat")
+    summary = import_files([folder], db)
+    assert [Path(f.path).name for f in summary.files] == ["1719000000000.conversation.json"]
+    assert summary.conversations == 1
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    [f] = import_files([empty], db).files
+    assert f.status == FileStatus.FAILED and "no .json, .jsonl or .zip file" in f.error

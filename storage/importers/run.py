@@ -81,7 +81,8 @@ def import_files(
 ) -> ImportSummary:
     """Import each file of ``paths`` into the chat database at ``db_path``.
 
-    ``format`` forces one format for every file (``ImportFormat.AUTO``: detect
+    A folder stands for the export files in it (``expand_folders``). ``format`` forces
+    one format for every file (``ImportFormat.AUTO``: detect
     each). ``dry_run`` reads and checks everything and counts what would be
     added, then rolls back. ``cancel`` is a callable returning True, or an
     object with ``is_set()`` (a ``threading.Event``); when raised, the file
@@ -96,7 +97,7 @@ def import_files(
         StorageFullError: the disk is full (the file being imported was rolled back).
     """
     fmt = ImportFormat(format)
-    paths = [Path(p) for p in paths]
+    paths = expand_folders(paths)
     summary = ImportSummary(dry_run=dry_run)
     is_cancelled = _cancel_check(cancel)
     ChatStore(db_path).close()  # creates the file if needed and applies pending migrations
@@ -121,6 +122,18 @@ def import_files(
     finally:
         conn.close()
     return summary
+
+
+def expand_folders(paths: Iterable[Path | str]) -> list[Path]:
+    """Replace each folder by the ``.json``, ``.jsonl`` and ``.zip`` files directly in it, sorted
+    by name (LM Studio keeps one file per conversation in ``~/.lmstudio/conversations``).
+    A folder with none of them stays, so the import reports it."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        found = sorted(x for x in p.iterdir() if x.is_file() and not x.name.startswith(".")
+                       and x.suffix.lower() in (".json", ".jsonl", ".zip")) if p.is_dir() else []
+        out.extend(found or [p])
+    return out
 
 
 def detect(path: Path | str) -> ImportFormat:
@@ -228,7 +241,7 @@ def _sources(path: Path) -> Iterator[list[_Source]]:
     try:
         if not path.is_file():
             raise ImportFileError(f"{path}: there is no such file" if not path.exists() else
-                                  f"{path}: it is a folder; give the export file inside it")
+                                  f"{path}: it is a folder with no .json, .jsonl or .zip file in it")
         is_zip = zipfile.is_zipfile(path)
         size = path.stat().st_size
     except OSError as exc:
