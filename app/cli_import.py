@@ -36,7 +36,7 @@ def add_import_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "import", parents=[common],
         help="import chats from ChatGPT, Claude, Open WebUI, LM Studio, SillyTavern or a Branchwise export",
         description="Import exported chats with every branch (edits, regenerations, swipes) kept. "
-                    "FILE may be the .zip the service emails you. Importing the same file again adds "
+                    "FILE may be the .zip the service emails you, or a folder of chat files. Importing the same file again adds "
                     "nothing twice; a file with an error imports nothing and says why.")
     p.add_argument("files", nargs="+", metavar="FILE",
                    help="conversations.json, an export .zip, an Open WebUI / LM Studio / Branchwise .json, "
@@ -124,13 +124,18 @@ def _print_summary(summary: ImportSummary) -> None:
         if f.status == FileStatus.CANCELLED:
             print(f"{f.path}: cancelled; nothing from this file was imported.")
             continue
-        parts = [f"{_n(f.conversations_added, 'conversation')}, {_n(f.messages, 'message')}, "
-                 f"{_n(f.branches, 'branch', 'branches')}"]
+        parts = []
+        if f.conversations_added:
+            parts.append(f"{_n(f.conversations_added, 'conversation')}, {_n(f.messages, 'message')}, "
+                         f"{_n(f.branches, 'branch', 'branches')}")
         if f.conversations_updated:
-            parts.append(f"{f.conversations_updated} imported before got new messages")
+            parts.append(f"{_n(f.conversations_updated, 'conversation')} imported before got new messages")
         if f.conversations_unchanged:
             parts.append(f"{_n(f.conversations_unchanged, 'conversation')} already imported")
-        print(f"{verb} {label}: {'; '.join(parts)}.")
+        if f.status == FileStatus.UNCHANGED:
+            print(f"{label}: nothing new ({'; '.join(parts) or 'no conversations in it'}).")
+        else:
+            print(f"{verb} {label}: {'; '.join(parts)}.")
         for s in f.skipped[:SKIPPED_SHOWN]:
             print(f"  skipped: {s.where}: {s.reason}")
         if len(f.skipped) > SKIPPED_SHOWN:

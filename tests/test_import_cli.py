@@ -37,7 +37,7 @@ def test_import_every_sample_then_again(tmp_path: Path) -> None:
     assert "first turn" in out["note"]
     r = bw(tmp_path, "import", *SAMPLES)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.count("0 conversations, 0 messages, 0 branches; 1 conversation already imported.") == 5
+    assert r.stdout.count(": nothing new (1 conversation already imported).") == 5
     listed = json.loads(bw(tmp_path, "conversations", "list", "--json").stdout)
     assert len(listed) == 5
 
