@@ -645,3 +645,26 @@ def test_a_folder_imports_the_files_in_it(db: Path, tmp_path: Path) -> None:
     empty.mkdir()
     [f] = import_files([empty], db).files
     assert f.status == FileStatus.FAILED and "no .json, .jsonl or .zip file" in f.error
+
+
+def test_the_source_migration_keeps_existing_chats(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from storage import chat_schema
+
+    shipped = list(chat_schema.MIGRATIONS)
+    monkeypatch.setattr(chat_schema, "MIGRATIONS", shipped[:-1])  # a database from before this migration
+    with ChatStore(db) as chats:
+        c = chats.create_conversation(title="Older")
+        chats.add_message(c.id, None, "user", "kept")
+    monkeypatch.setattr(chat_schema, "MIGRATIONS", shipped)
+    import_files([CLAUDE], db)
+    assert [(t, [r[4] for r in rows]) for t, _, _, _, rows in snapshot(db)][0] == ("Older", ["kept"])
+    conn = sqlite3.connect(db)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(shipped)
+        sources = conn.execute("SELECT title, source FROM conversations ORDER BY id").fetchall()
+    finally:
+        conn.close()
+    assert sources == [("Older", None), ("Haiku about 雪 ❄️", "claude:5e1f0000-0000-4000-8000-0000000000aa")]
+    with ChatStore(db) as chats:  # a copy is not the import: re-importing still finds the original
+        chats.duplicate_conversation(2)
+    assert import_files([CLAUDE], db).files[0].status == FileStatus.UNCHANGED
