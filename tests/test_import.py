@@ -668,3 +668,20 @@ def test_the_source_migration_keeps_existing_chats(db: Path, monkeypatch: pytest
     with ChatStore(db) as chats:  # a copy is not the import: re-importing still finds the original
         chats.duplicate_conversation(2)
     assert import_files([CLAUDE], db).files[0].status == FileStatus.UNCHANGED
+
+
+def test_a_database_locked_by_another_writer_is_a_clear_error(db: Path, monkeypatch) -> None:
+    import storage.importers.run as run
+    from storage.errors import StorageError
+
+    ChatStore(db).close()
+    monkeypatch.setattr(run, "BUSY_TIMEOUT_S", 0.2)
+    other = sqlite3.connect(db, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(StorageError, match="stayed busy for 0.2 seconds"):
+            import_files([CLAUDE], db)
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert snapshot(db) == []

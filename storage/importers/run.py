@@ -25,7 +25,7 @@ from typing import IO, Any
 import ijson
 
 from storage.chats import ChatStore
-from storage.errors import disk_full_as_storage_full
+from storage.errors import StorageError, disk_full_as_storage_full
 from storage.importers import branchwise, chatgpt, claude, jsonio, lmstudio, openwebui, sillytavern
 from storage.importers.records import (
     FORMAT_NAMES,
@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 
 ProgressCallback = Callable[[ImportProgress], None]
 CancelFlag = Callable[[], bool]
+
+BUSY_TIMEOUT_S = 30.0
+"""How long a file's import waits for another writer of ``chats.sqlite3`` to finish."""
 
 _NOT_CHATS = {"users.json", "user.json", "projects.json", "message_feedback.json", "memories.json",
               "shared_conversations.json", "model_comparisons.json", "user_settings.json"}
@@ -93,7 +96,8 @@ def import_files(
     there (status FAILED with the reason), it does not raise.
 
     Raises:
-        StorageError: the chat database cannot be opened.
+        StorageError: the chat database cannot be opened, or stayed locked by another
+            writer for 30 seconds.
         StorageFullError: the disk is full (the file being imported was rolled back).
     """
     fmt = ImportFormat(format)
@@ -101,7 +105,7 @@ def import_files(
     summary = ImportSummary(dry_run=dry_run)
     is_cancelled = _cancel_check(cancel)
     ChatStore(db_path).close()  # creates the file if needed and applies pending migrations
-    conn = sqlite3.connect(db_path, isolation_level=None, timeout=30.0)
+    conn = sqlite3.connect(db_path, isolation_level=None, timeout=BUSY_TIMEOUT_S)
     try:
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute("PRAGMA synchronous = NORMAL")
@@ -119,6 +123,12 @@ def import_files(
                 log.info("import of %s failed: %s", path, exc, exc_info=exc.__cause__ is not None)
                 _reset(report, FileStatus.FAILED)
                 report.error = f"{path}: {exc}"
+    except sqlite3.OperationalError as exc:
+        if "locked" not in str(exc) and "busy" not in str(exc):
+            raise
+        raise StorageError(
+            f"{db_path} stayed busy for {BUSY_TIMEOUT_S:g} seconds (another Branchwise is writing to it), so the "
+            f"import stopped; files reported as imported are saved. Try again. ({exc})") from exc
     finally:
         conn.close()
     return summary
@@ -130,8 +140,11 @@ def expand_folders(paths: Iterable[Path | str]) -> list[Path]:
     A folder with none of them stays, so the import reports it."""
     out: list[Path] = []
     for p in map(Path, paths):
-        found = sorted(x for x in p.iterdir() if x.is_file() and not x.name.startswith(".")
-                       and x.suffix.lower() in (".json", ".jsonl", ".zip")) if p.is_dir() else []
+        try:
+            found = sorted(x for x in p.iterdir() if x.is_file() and not x.name.startswith(".")
+                           and x.suffix.lower() in (".json", ".jsonl", ".zip")) if p.is_dir() else []
+        except OSError:  # unreadable folder: reported when it is opened
+            found = []
         out.extend(found or [p])
     return out
 
