@@ -19,7 +19,16 @@ from storage.importers.records import (
     ImportSummary,
     Skipped,
 )
-from storage.importers.run import detect, import_files
+
+def __getattr__(name: str):
+    """``import_files``, ``detect`` and ``expand_folders`` load the readers on first use, so the
+    CLI's argument parser (which needs only the records) starts without them."""
+    if name in ("import_files", "detect", "expand_folders"):
+        from storage.importers import run
+
+        return getattr(run, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "NO_KV_NOTE",
@@ -32,5 +41,6 @@ __all__ = [
     "ImportSummary",
     "Skipped",
     "detect",
+    "expand_folders",
     "import_files",
 ]
