@@ -685,3 +685,20 @@ def test_a_database_locked_by_another_writer_is_a_clear_error(db: Path, monkeypa
         other.execute("ROLLBACK")
         other.close()
     assert snapshot(db) == []
+
+
+def test_a_sillytavern_group_chat_is_named_after_its_speakers(db: Path, tmp_path: Path) -> None:
+    lines = [
+        {"user_name": "unused", "character_name": "unused", "chat_metadata": {}},
+        {"name": "You", "is_user": True, "mes": "Hello both", "send_date": 1716762731000},
+        {"name": "Alice", "is_user": False, "mes": "Hi!", "send_date": 1716762732000},
+        {"name": "Bob", "is_user": False, "mes": "Hey.", "send_date": 1716762733000},
+    ]
+    path = tmp_path / "Party night.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines), encoding="utf-8")
+    import_files([path], db)
+    [(title, _, _, leaf, rows)] = snapshot(db)
+    assert title == "Party night (Alice, Bob)"
+    assert [(r[1], r[2], r[4]) for r in rows] == [
+        (None, "user", "Hello both"), (0, "assistant", "Hi!"), (1, "assistant", "Hey.")]
+    assert leaf == 2

@@ -78,8 +78,9 @@ class SourceMessage:
     """One node of an exported tree, with the export's own ids.
 
     ``parent`` is None for a root. ``created_at`` is unix seconds or None when
-    the export has no time. ``extra`` carries Branchwise's own fields on a
-    round trip (``token_ids``, ``stats``, ``status``).
+    the export has no time. ``extra`` holds fields the writer stores when
+    present (Branchwise's own ``token_ids``, ``stats``, ``status`` on a round
+    trip); a reader may keep other keys there for itself (they are not stored).
     """
 
     id: str

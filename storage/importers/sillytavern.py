@@ -63,12 +63,21 @@ def read(stream: IO[bytes], name: str) -> Iterator[SourceConversation]:
         parent = _message(conv, raw, number, parent)
     conv.current = parent
     character = text_of(header.get("character_name"))
+    if character == "unused":  # group chats and note exports write this placeholder
+        character = ""
     created = text_of(header.get("create_date"))
     conv.title = f"{character} · {created}" if character and created else (character or name)
+    if not character:  # a group chat: name it after its speakers
+        speakers = list(dict.fromkeys(s for s in _speakers(conv) if s))[:4]
+        conv.title = f"{name} ({', '.join(speakers)})" if speakers else name
     conv.created_at = epoch(created) or (conv.messages[0].created_at if conv.messages else None)
     conv.source_id = (f"{text_of(header.get('user_name'))}/{character}/{created}" if created
                       else "sha1:" + digest.hexdigest())
     yield conv
+
+
+def _speakers(conv: SourceConversation) -> list[str]:
+    return [m.extra.get("speaker", "") for m in conv.messages if m.extra and m.role == "assistant"]
 
 
 def _message(conv: SourceConversation, raw: dict, number: int, parent: str | None) -> str:
@@ -96,7 +105,8 @@ def _message(conv: SourceConversation, raw: dict, number: int, parent: str | Non
         when = when or epoch(raw.get("send_date"))
         conv.messages.append(SourceMessage(
             f"{number}.{k}", parent, role, _text(text, sextra, role, speaker, hidden), when,
-            text_of(sextra.get("model")) or None if role == "assistant" else None, hidden=hidden))
+            text_of(sextra.get("model")) or None if role == "assistant" else None, hidden=hidden,
+            extra={"speaker": speaker}))
     return f"{number}.{selected}"
 
 
