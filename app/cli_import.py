@@ -78,11 +78,17 @@ def run_export_all(args: argparse.Namespace, chats: Any) -> int:
     """Write every conversation (``export --all``, always JSON) to ``args.output`` or standard output."""
     if args.output:
         target = Path(args.output)
-        fd, tmp = tempfile.mkstemp(prefix=".branchwise-export-", dir=target.parent or ".")
+        try:  # written beside the target and renamed: an interrupted export leaves no half file
+            fd, tmp = tempfile.mkstemp(prefix=".branchwise-export-", dir=target.parent or ".")
+        except OSError as exc:
+            raise ValueError(f"Cannot write {target}: {exc.strerror or exc}.") from exc
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as out:
                 count = write_export_all(chats, out)
             os.replace(tmp, target)
+        except OSError as exc:
+            Path(tmp).unlink(missing_ok=True)
+            raise ValueError(f"Cannot write {target}: {exc.strerror or exc}. Nothing was written.") from exc
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise

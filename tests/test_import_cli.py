@@ -84,3 +84,9 @@ def test_export_without_an_id_says_what_to_do(tmp_path: Path) -> None:
     r = bw(tmp_path, "conversations", "export")
     assert r.returncode == 1
     assert "needs a conversation id, or --all" in r.stderr
+
+
+def test_export_to_a_missing_folder_is_one_line(tmp_path: Path) -> None:
+    r = bw(tmp_path, "conversations", "export", "--all", "-o", tmp_path / "no" / "such" / "dir" / "b.json")
+    assert r.returncode == 1
+    assert r.stderr.startswith("branchwise: Cannot write") and "Traceback" not in r.stderr
