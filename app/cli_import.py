@@ -52,7 +52,7 @@ def add_export_all_arguments(export: argparse.ArgumentParser) -> None:
     export.add_argument("--all", action="store_true",
                         help="every conversation, as one Branchwise JSON file (a backup; `branchwise import` "
                              "restores it)")
-    export.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of standard output")
+    export.add_argument("--output", "-o", metavar="FILE", help="with --all: write to FILE instead of standard output")
 
 
 def run_import(args: argparse.Namespace, data_dir: Path) -> int:
