@@ -90,3 +90,22 @@ def test_export_to_a_missing_folder_is_one_line(tmp_path: Path) -> None:
     r = bw(tmp_path, "conversations", "export", "--all", "-o", tmp_path / "no" / "such" / "dir" / "b.json")
     assert r.returncode == 1
     assert r.stderr.startswith("branchwise: Cannot write") and "Traceback" not in r.stderr
+
+
+def test_an_imported_chat_continues_on_the_default_model(tmp_path: Path) -> None:
+    """No KV for an imported chat: the first turn prefills all of it; the next one restores, and
+    its reply equals the same turn computed without the store (temperature 0)."""
+    assert bw(tmp_path, "import", DATA / "claude_conversations.json").returncode == 0
+    common = ("--json", "--temperature", "0", "--max-tokens", "12", "--ctx-size", "2048")
+    r = bw(tmp_path, "chat", "--conversation", 1, *common, "Say it once more.")
+    assert r.returncode == 0, r.stderr
+    first = json.loads(r.stdout)
+    s = first["stats"]
+    assert s["restored_tokens"] == 0 and s["prefilled_tokens"] == s["prompt_tokens"] > 50
+    r = bw(tmp_path, "chat", "--conversation", 1, *common, "Thanks. One word?")
+    assert r.returncode == 0, r.stderr
+    cached = json.loads(r.stdout)
+    assert cached["stats"]["restored_tokens"] > s["prompt_tokens"] - 5
+    r = bw(tmp_path, "chat", "--parent", first["assistant_message_id"], "--no-cache", *common, "Thanks. One word?")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["text"] == cached["text"]
