@@ -184,7 +184,29 @@ def _migration_2(conn: sqlite3.Connection) -> None:
     _enable_search(_Database(conn))
 
 
-MIGRATIONS: list[Migration] = [_migration_1, _migration_2]
+
+
+def _migration_import_sources(conn: sqlite3.Connection) -> None:
+    """Remember where imported conversations and messages came from (``branchwise import``).
+
+    ``conversations.source`` is "<format>:<the export's conversation id>" and
+    ``messages.source_id`` the export's message id, both NULL for chats made in
+    Branchwise; a re-import looks them up so it adds nothing twice
+    (``storage/importers/writer.py``). Copies (fork, duplicate) do not carry them.
+    """
+    conn.execute("ALTER TABLE conversations ADD COLUMN source TEXT NULL")
+    conn.execute("ALTER TABLE messages ADD COLUMN source_id TEXT NULL")
+    conn.execute(
+        "CREATE UNIQUE INDEX conversations_by_source ON conversations(source)"
+        " WHERE source IS NOT NULL"
+    )
+    conn.execute(
+        "CREATE UNIQUE INDEX messages_by_source ON messages(conversation_id, source_id)"
+        " WHERE source_id IS NOT NULL"
+    )
+
+
+MIGRATIONS: list[Migration] = [_migration_1, _migration_2, _migration_import_sources]
 """Ordered migrations; ``MIGRATIONS[i]`` moves the schema from version i to i + 1."""
 
 

@@ -584,12 +584,13 @@ def test_pragmas(store: ChatStore, db_path: Path) -> None:
 def test_migrations_run_once(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with ChatStore(db_path) as store:
         conv = store.create_conversation(title="Before")
-    assert chat_schema.MIGRATIONS and len(chat_schema.MIGRATIONS) == 2
+    shipped = len(chat_schema.MIGRATIONS)
+    assert shipped >= 1
 
     def must_not_run(conn: sqlite3.Connection) -> None:
         raise AssertionError("a migration ran again")
 
-    monkeypatch.setattr(chat_schema, "MIGRATIONS", [must_not_run, must_not_run])
+    monkeypatch.setattr(chat_schema, "MIGRATIONS", [must_not_run] * shipped)
     with ChatStore(db_path) as store:
         assert store.get_conversation(conv.id).title == "Before"
 
@@ -599,19 +600,20 @@ def test_migrations_run_once(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         calls.append(1)
         conn.execute("ALTER TABLE conversations ADD COLUMN color TEXT")
 
-    monkeypatch.setattr(chat_schema, "MIGRATIONS", [must_not_run, must_not_run, add_column])
+    monkeypatch.setattr(chat_schema, "MIGRATIONS", [*[must_not_run] * shipped, add_column])
     for _ in range(2):
         with ChatStore(db_path) as store:
             assert store.get_conversation(conv.id).title == "Before"
     assert calls == [1]
     with sqlite3.connect(db_path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == shipped + 1
         columns = [row[1] for row in conn.execute("PRAGMA table_info(conversations)")]
     assert "color" in columns
 
 
 def test_failed_migration_leaves_old_version(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ChatStore(db_path).close()
+    shipped = len(chat_schema.MIGRATIONS)
 
     def broken(conn: sqlite3.Connection) -> None:
         conn.execute("CREATE TABLE half_done (x)")
@@ -621,7 +623,7 @@ def test_failed_migration_leaves_old_version(db_path: Path, monkeypatch: pytest.
     with pytest.raises(RuntimeError, match="boom"):
         ChatStore(db_path)
     with sqlite3.connect(db_path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == shipped
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
     assert "half_done" not in tables
 

@@ -120,10 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("id", type=int)
     export = conv_sub.add_parser("export", parents=[common],
                                  help="json: the whole tree, every branch; markdown: the active branch")
-    export.add_argument("id", type=int)
+    export.add_argument("id", type=int, nargs="?")
     export.add_argument("--format", choices=["json", "markdown"], default="markdown")
     export.add_argument("--all-branches", action="store_true", help="markdown: every message, not only the active branch")
     add_delete_parser(conv_sub, common)
+    from app import cli_import  # `import` and `export --all`: backup and restore
+
+    cli_import.add_export_all_arguments(export)
+    cli_import.add_import_parser(sub, common)
 
     cache = sub.add_parser("cache", help="the KV prefix store")
     cache_sub = cache.add_subparsers(dest="action", required=True, parser_class=_Parser)
@@ -197,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
             from app.bench import run_bench
 
             return run_bench(model=args.model, as_json=args.json, quick=args.quick)
+        if args.command == "import":
+            from app.cli_import import run_import
+
+            return run_import(args, _data_dir(args))
         handler = {"chat": cmd_chat, "regenerate": cmd_regenerate,
                    "conversations": cmd_conversations, "cache": cmd_cache}[args.command]
         return handler(args)
@@ -525,6 +533,12 @@ def cmd_conversations(args) -> int:
         from app.cli_storage import cmd_delete
 
         return cmd_delete(args, chats, lambda: _open_store(args))
+    if args.all:
+        from app.cli_import import run_export_all
+
+        return run_export_all(args, chats)
+    if args.action == "export" and args.id is None:
+        raise ValueError("conversations export needs a conversation id, or --all for every conversation.")
     data = conversation_json(chats, args.id)
     if args.format == "json":
         print(json.dumps(data, ensure_ascii=False, indent=2))

@@ -1,0 +1,91 @@
+"""Branchwise's own JSON: ``conversations export ID --format json`` and ``export --all``.
+
+One conversation is the object ``app/export.py`` ``conversation_json`` writes:
+
+    {"id", "title", "system_prompt", "sampling", "pinned", "created_at", "updated_at",
+     "active_leaf_id", "active_path", "messages": [{"id", "parent_id", "role", "content",
+      "status", "model", "created_at", "stats", "token_ids"}]}
+
+with messages in creation order (parents first). ``export --all``
+(``storage.importers.backup``) writes ``{"branchwise_export": 1, "conversations":
+[…]}``. Everything is kept (token ids, stats, status, pinned, sampling), so
+export → import → export gives the same JSON apart from ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import IO, Any, Final
+
+from storage.importers import jsonio
+from storage.importers.parts import text_of
+from storage.importers.records import ImportFileError, SourceConversation, SourceMessage
+
+EXPORT_VERSION: Final = 1
+"""Value of ``"branchwise_export"`` in an ``export --all`` file."""
+
+
+def read(stream: IO[bytes], kind: str, keys: set[str]) -> Iterator[SourceConversation]:
+    """Yield the conversations of a Branchwise export (``keys``: the top-level keys seen).
+
+    Raises:
+        ImportFileError: not JSON, a newer export version, or a malformed conversation.
+    """
+    if kind == "{" and "branchwise_export" in keys:
+        prefix = "conversations.item"
+    elif kind == "[":
+        prefix = "item"
+    else:
+        prefix = ""
+    for n, raw in enumerate(jsonio.items(stream, prefix)):
+        yield conversation(raw, n)
+
+
+def check_version(value: Any) -> None:
+    """Raise ImportFileError for an ``export --all`` written by a newer Branchwise."""
+    if value != EXPORT_VERSION:
+        raise ImportFileError(
+            f"it is a Branchwise export of version {value!r}; this Branchwise reads version "
+            f"{EXPORT_VERSION}. Update Branchwise to import it.")
+
+
+def conversation(raw: Any, n: int) -> SourceConversation:
+    if not isinstance(raw, dict) or not isinstance(raw.get("messages"), list):
+        raise ImportFileError(f"conversation #{n + 1} has no \"messages\" list")
+    created = raw.get("created_at")
+    if not isinstance(created, (int, float)) or isinstance(created, bool):
+        raise ImportFileError(f"conversation #{n + 1} has no created_at time")
+    sampling = raw.get("sampling")
+    conv = SourceConversation(
+        source_id=f"{raw.get('id')}@{created!r}",
+        title=text_of(raw.get("title")),
+        created_at=float(created),
+        updated_at=_number(raw.get("updated_at")),
+        system_prompt=text_of(raw.get("system_prompt")),
+        current=None if raw.get("active_leaf_id") is None else str(raw.get("active_leaf_id")),
+        pinned=bool(raw.get("pinned")),
+        sampling=sampling if isinstance(sampling, dict) else None,
+    )
+    for i, m in enumerate(raw["messages"]):
+        if not isinstance(m, dict) or m.get("id") is None:
+            raise ImportFileError(f"message #{i + 1} has no id")
+        token_ids = m.get("token_ids")
+        if token_ids is not None and not (isinstance(token_ids, list)
+                                          and all(isinstance(t, int) for t in token_ids)):
+            raise ImportFileError(f"message {m['id']!r}: token_ids is not a list of integers")
+        stats = m.get("stats")
+        conv.messages.append(SourceMessage(
+            id=str(m["id"]),
+            parent=None if m.get("parent_id") is None else str(m["parent_id"]),
+            role=text_of(m.get("role")),
+            content=text_of(m.get("content")),
+            created_at=_number(m.get("created_at")),
+            model=text_of(m.get("model")) or None,
+            extra={"token_ids": token_ids, "stats": stats if isinstance(stats, dict) else None,
+                   "status": text_of(m.get("status")) or "complete"},
+        ))
+    return conv
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -1,0 +1,105 @@
+"""Streaming JSON reading (ijson) with errors a person can act on.
+
+Exports can be hundreds of MB (ChatGPT's ``conversations.json`` holds every
+conversation ever had), so the readers never load a whole file: ``items``
+yields one top-level element (one conversation) at a time, so memory is
+bounded by the largest conversation, not the file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import IO, Any
+
+import ijson
+
+from storage.importers.records import ImportFileError
+
+
+class CountingReader:
+    """A binary stream that counts the bytes read through it (for progress)."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self.raw = raw
+        self.done = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        self.done += len(data)
+        return data
+
+    def readline(self, limit: int = -1) -> bytes:
+        data = self.raw.readline(limit)
+        self.done += len(data)
+        return data
+
+
+def first_char(head: bytes) -> str:
+    """The first non-blank character of a JSON text ("" if none); a UTF-8 BOM is skipped."""
+    text = head.removeprefix(b"\xef\xbb\xbf").lstrip(b" \t\r\n")
+    return text[:1].decode("ascii", "replace")
+
+
+def items(stream: IO[bytes], prefix: str) -> Iterator[Any]:
+    """Yield the JSON values at ``prefix`` ("item": elements of a top-level array; "": the document).
+
+    Numbers come back as int or float (never Decimal).
+
+    Raises:
+        ImportFileError: the text is not valid JSON (with ijson's description).
+    """
+    try:
+        yield from ijson.items(stream, prefix, use_float=True)
+    except ijson.JSONError as exc:
+        raise ImportFileError(f"it is not valid JSON ({_short(exc)})") from exc
+    except UnicodeDecodeError as exc:
+        raise ImportFileError(f"it is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+
+
+def top_keys(stream: IO[bytes], limit: int = 200_000) -> tuple[str, set[str]]:
+    """Peek at a JSON text: "{" or "[" (or "" for anything else) and the keys of the
+    top-level object, or of the first element of a top-level array. Stops at the end of
+    that object or after ``limit`` parse events.
+
+    Raises:
+        ImportFileError: not valid JSON within what was read.
+    """
+    keys: set[str] = set()
+    kind = ""
+    try:
+        for n, (prefix, event, value) in enumerate(ijson.parse(stream, use_float=True)):
+            if n == 0:
+                kind = {"start_map": "{", "start_array": "["}.get(event, "")
+                if not kind:
+                    break
+            elif event == "map_key" and prefix == ("" if kind == "{" else "item"):
+                keys.add(value)
+            elif event == "end_map" and prefix == ("" if kind == "{" else "item"):
+                break
+            elif kind == "[" and prefix == "item" and event not in ("start_map", "map_key"):
+                break  # the array's first element is not an object
+            if n >= limit:
+                break
+    except ijson.JSONError as exc:
+        raise ImportFileError(f"it is not valid JSON ({_short(exc)})") from exc
+    except UnicodeDecodeError as exc:
+        raise ImportFileError(f"it is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    return kind, keys
+
+
+def json_line(line: bytes, number: int) -> Any:
+    """Parse one line of a JSON Lines file; ``number`` (1-based) goes into the error.
+
+    Raises:
+        ImportFileError: the line is not valid JSON.
+    """
+    try:
+        return json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ImportFileError(f"line {number} is not valid JSON ({exc})") from exc
+
+
+def _short(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()[0].strip() if str(exc).strip() else type(exc).__name__
+    return text if len(text) <= 200 else text[:200] + "…"
