@@ -101,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     regen = sub.add_parser("regenerate", parents=[common, engine], help="a new sibling reply for an assistant message")
     regen.add_argument("message_id", type=int)
+    from app.serve.commands import add_remote_arguments, add_serve_parser
+
+    for parser in (chat, regen):
+        add_remote_arguments(parser)
+    add_serve_parser(sub, [common, engine])
 
     conv = sub.add_parser("conversations", help="list, show or export conversations")
     conv_sub = conv.add_subparsers(dest="action", required=True, parser_class=_Parser)
@@ -132,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(args)
     import sqlite3
 
+    from app.serve import ServeError
     from engine.errors import EngineError
     from storage.errors import StorageError
     from storage.prefix_store import StoreError
@@ -157,10 +163,12 @@ def main(argv: list[str] | None = None) -> int:
             from app.bench import run_bench
 
             return run_bench(model=args.model, as_json=args.json, quick=args.quick)
-        handler = {"chat": cmd_chat, "regenerate": cmd_regenerate,
+        from app.serve.commands import cmd_serve
+
+        handler = {"chat": cmd_chat, "regenerate": cmd_regenerate, "serve": cmd_serve,
                    "conversations": cmd_conversations, "cache": cmd_cache}[args.command]
         return handler(args)
-    except (EngineError, StorageError, StoreError, ValueError) as exc:
+    except (EngineError, StorageError, StoreError, ServeError, ValueError) as exc:
         log.debug("command failed", exc_info=True)
         print(f"branchwise: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -217,6 +225,10 @@ def _open_store(args):
 
 
 def _open_engine(args):
+    if getattr(args, "engine_url", None):
+        from app.serve.commands import open_remote_engine
+
+        return open_remote_engine(args)
     from engine.core import Engine
     from engine.model_file import default_model_path
     from engine.settings import EngineSettings
@@ -292,18 +304,18 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
 
     use_cache = not args.no_cache
     from engine.chat_template import conversation_messages
-    from engine.errors import ContextOverflowError
+    from engine.errors import ContextOverflowError, EngineError
 
     try:
         result = engine.generate(conversation_messages(conversation.system_prompt, path),
                                  _sampling(args, conversation),
                                  use_cache=use_cache, on_token=on_token, snapshot=False)
-    except KeyboardInterrupt:
+    except ContextOverflowError as exc:
+        raise _overflow_error(exc.prompt_tokens, exc.n_ctx) from exc
+    except (KeyboardInterrupt, EngineError):  # keep what was streamed, marked stopped
         if parts:
             saver.finish("".join(parts), "stopped")
         raise
-    except ContextOverflowError as exc:
-        raise _overflow_error(exc.prompt_tokens, exc.n_ctx) from exc
     status = "stopped" if result.stats.finish_reason == "cancelled" else "complete"
     msg_id = saver.finish(result.text, status, token_ids=result.token_ids, stats=result.stats.to_dict())
     if use_cache:  # after the reply is safe: storing the KV is an optimisation
@@ -316,6 +328,11 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
             "conversation_id": conversation.id, "user_message_id": user_id,
             "assistant_message_id": msg_id, "text": result.text, "stats": _public_stats(result.stats),
         }))
+    elif getattr(engine, "remote", False):
+        from app.serve.commands import remote_stats_line
+
+        sys.stdout.write("\n")
+        print(remote_stats_line(conversation.id, msg_id, result.stats), file=sys.stderr)
     else:
         s = result.stats
         sys.stdout.write("\n")
@@ -383,9 +400,11 @@ def cmd_chat(args) -> int:
     if args.system is not None and args.system != conversation.system_prompt:
         chats.set_system_prompt(conversation.id, args.system)
         conversation = chats.get_conversation(conversation.id)
-    _check_fits(engine, conversation, chats.path_to(parent_id) if parent_id else [], args.text)
+    if not getattr(engine, "remote", False):  # a server checks its own context window
+        _check_fits(engine, conversation, chats.path_to(parent_id) if parent_id else [], args.text)
     user = chats.add_message(conversation.id, parent_id, "user", args.text)
-    return _reply(args, engine, chats, conversation, user.id, _model_label(args))
+    label = engine.model() if getattr(engine, "remote", False) else _model_label(args)
+    return _reply(args, engine, chats, conversation, user.id, label)
 
 
 def cmd_regenerate(args) -> int:
@@ -394,7 +413,9 @@ def cmd_regenerate(args) -> int:
     if msg.role != "assistant" or msg.parent_id is None:
         raise ValueError(f"Message {msg.id} is a {msg.role} message; regenerate takes an assistant reply.")
     conversation = chats.get_conversation(msg.conversation_id)
-    return _reply(args, _open_engine(args), chats, conversation, msg.parent_id, _model_label(args))
+    engine = _open_engine(args)
+    label = engine.model() if getattr(engine, "remote", False) else _model_label(args)
+    return _reply(args, engine, chats, conversation, msg.parent_id, label)
 
 
 def cmd_conversations(args) -> int:
