@@ -128,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true")
     bench.add_argument("--model", help="a GGUF model (default: the embedded one)")
     bench.add_argument("--quick", action="store_true", help="smaller workload (for a smoke test)")
+    bench.add_argument("--serve", action="store_true",
+                       help="only the API server comparison: TTFT for a resent 2,000-token history after a "
+                            "restart, branchwise serve vs python -m llama_cpp.server")
     sub.add_parser("gui", parents=[common], help="open the window (the default)")
     return p
 
@@ -161,6 +164,11 @@ def main(argv: list[str] | None = None) -> int:
             return run(data_dir, args.gui_model, screenshot=args.screenshot)
         if args.command == "bench":
             from app.bench import run_bench
+
+            if args.serve:
+                from app.serve.bench import run_serve_bench
+
+                return run_serve_bench(model=args.model, as_json=args.json, quick=args.quick)
 
             return run_bench(model=args.model, as_json=args.json, quick=args.quick)
         from app.serve.commands import cmd_serve

@@ -338,6 +338,9 @@ class ApiServer:
         if tail:
             job.emit("token", tail)
         stats = result.stats
+        log.info("served: %d prompt tokens (%d restored, %d prefilled), %d generated, finish=%s, TTFT %.0f ms",
+                 stats.prompt_tokens, stats.restored_tokens, stats.prefilled_tokens, stats.generated_tokens,
+                 "stop-sequence" if scanner.stopped else stats.finish_reason, stats.ttft_ms)
         if scanner.stopped:
             finish = "stop"
         else:
