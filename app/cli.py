@@ -320,9 +320,12 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
                                  use_cache=use_cache, on_token=on_token, snapshot=False)
     except ContextOverflowError as exc:
         raise _overflow_error(exc.prompt_tokens, exc.n_ctx) from exc
-    except (KeyboardInterrupt, EngineError):  # keep what was streamed, marked stopped
+    except (KeyboardInterrupt, EngineError) as exc:  # keep what was streamed, marked stopped
         if parts:
             saver.finish("".join(parts), "stopped")
+            if stream and isinstance(exc, EngineError):  # the error line starts on a line of its own
+                sys.stdout.write("\n")
+                sys.stdout.flush()
         raise
     status = "stopped" if result.stats.finish_reason == "cancelled" else "complete"
     msg_id = saver.finish(result.text, status, token_ids=result.token_ids, stats=result.stats.to_dict())
