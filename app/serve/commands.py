@@ -103,6 +103,8 @@ def cmd_serve(args) -> int:
     finally:
         memory.close()
         engine.close()
+    if not args.json:
+        print("branchwise serve: stopped", file=sys.stderr)
     return 0
 
 

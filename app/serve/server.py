@@ -201,6 +201,8 @@ class ApiServer:
             self._uvicorn.run()
         except SystemExit:  # uvicorn exits on a bind failure after logging it
             pass
+        except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled: a normal stop
+            pass
         finally:
             self._shutdown_worker()
         if self.state != ServerState.RUNNING:
