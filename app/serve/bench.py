@@ -81,8 +81,8 @@ class _Server:
     def __exit__(self, *exc):
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(60)
+            try:  # llama_cpp.server may wait long for its streams to close; a kill is a restart too
+                self.proc.wait(15)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
@@ -113,6 +113,11 @@ def _resend_after_restart(make_server, history: list[dict]) -> dict:
             "cached_tokens": s.restored_tokens if s.reported else None}
 
 
+def _said(say, row: dict) -> dict:
+    say(f"  TTFT {row['ttft_ms']:,.0f} ms, cached {row['cached_tokens']} of {row['prompt_tokens']} prompt tokens")
+    return row
+
+
 def run_serve_bench(model: str | None = None, as_json: bool = False, quick: bool = False) -> int:
     from engine.model_file import default_model_path
 
@@ -141,7 +146,7 @@ def run_serve_bench(model: str | None = None, as_json: bool = False, quick: bool
             return _Server(argv, work / "llama-cpp-server.log", False, port)
 
         say(f"serve: branchwise serve, {n_tokens:,}-token history, restart, resend ...")
-        out["branchwise_serve"] = _resend_after_restart(branchwise(work / "data"), history)
+        out["branchwise_serve"] = _said(say, _resend_after_restart(branchwise(work / "data"), history))
         try:
             import llama_cpp.server  # noqa: F401  (the `server` extra)
         except ImportError:
@@ -149,15 +154,16 @@ def run_serve_bench(model: str | None = None, as_json: bool = False, quick: bool
             say("serve: llama_cpp.server not installed (pip install 'llama-cpp-python[server]'); skipped")
         else:
             say("serve: python -m llama_cpp.server, the same requests and restart ...")
-            out["llama_cpp_server"] = _resend_after_restart(llama_cpp_server, history)
+            out["llama_cpp_server"] = _said(say, _resend_after_restart(llama_cpp_server, history))
         say("serve: branchwise serve on an empty data folder (cold) ...")
         cold = branchwise(work / "empty")
         follow = history + [{"role": "assistant", "content": "Bridge."},
                             {"role": "user", "content": "And which appears least often?"}]
         with cold() as server:
             r = _ask(server.url, follow, 8)
-        out["branchwise_cold"] = {"ttft_ms": round(r.stats.ttft_ms, 1), "prompt_tokens": r.stats.prompt_tokens,
-                                  "cached_tokens": r.stats.restored_tokens}
+        out["branchwise_cold"] = _said(say, {"ttft_ms": round(r.stats.ttft_ms, 1),
+                                             "prompt_tokens": r.stats.prompt_tokens,
+                                             "cached_tokens": r.stats.restored_tokens})
     if as_json:
         print(json.dumps(out))
         return 0
