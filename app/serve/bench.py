@@ -75,7 +75,8 @@ class _Server:
                     if client.get(self.url + "/models", timeout=2).status_code == 200:
                         return self
                 except httpx.HTTPError:
-                    time.sleep(0.2)
+                    pass
+                time.sleep(0.2)
         raise RuntimeError(f"{' '.join(self.argv[:3])} did not start; see {self.log}")
 
     def __exit__(self, *exc):
