@@ -112,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
                            help="a new sibling reply for an assistant message, or a reply to an unanswered "
                                 "message of yours")
     regen.add_argument("message_id", type=int)
+    from app.serve.commands import add_remote_arguments, add_serve_parser
+
+    for parser in (chat, regen):
+        add_remote_arguments(parser)
+    add_serve_parser(sub, [common, engine])
 
     conv = sub.add_parser("conversations", help="list, show or export conversations")
     conv_sub = conv.add_subparsers(dest="action", required=True, parser_class=_Parser)
@@ -142,11 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="smaller workload (for a smoke test)")
     bench.add_argument("--cpu", action="store_true",
                        help="only measure prefill speed with llama.cpp's weight repacking on and off")
+    bench.add_argument("--serve", action="store_true",
+                       help="only the API server comparison: TTFT for a resent 2,000-token history after a "
+                            "restart, branchwise serve vs python -m llama_cpp.server")
     sub.add_parser("gui", parents=[common], help="open the window (the default)")
     return p
 
 
-ENGINE_COMMANDS = ("chat", "regenerate", "bench")
+ENGINE_COMMANDS = ("chat", "regenerate", "bench", "serve")
 """Commands that load llama.cpp: they run in a supervised child (app/cli/supervisor.py)."""
 
 
@@ -172,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import sqlite3
 
+    from app.serve import ServeError
     from engine.errors import EngineError
 
     try:
@@ -200,15 +209,22 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             from app.bench import run_bench
 
+            if args.serve:
+                from app.serve.bench import run_serve_bench
+
+                return run_serve_bench(model=args.model, as_json=args.json, quick=args.quick)
+
             return run_bench(model=args.model, as_json=args.json, quick=args.quick)
         if args.command == "import":
             from app.cli_import import run_import
 
             return run_import(args, _data_dir(args))
-        handler = {"chat": cmd_chat, "regenerate": cmd_regenerate,
+        from app.serve.commands import cmd_serve
+
+        handler = {"chat": cmd_chat, "regenerate": cmd_regenerate, "serve": cmd_serve,
                    "conversations": cmd_conversations, "cache": cmd_cache}[args.command]
         return handler(args)
-    except (EngineError, StorageError, ValueError) as exc:
+    except (EngineError, StorageError, ServeError, ValueError) as exc:
         log.debug("command failed", exc_info=True)
         print(f"branchwise: {exc}", file=sys.stderr)
         if getattr(args, "json", False):
@@ -295,6 +311,10 @@ def _open_store(args):
 
 
 def _open_engine(args):
+    if getattr(args, "engine_url", None):
+        from app.serve.commands import open_remote_engine
+
+        return open_remote_engine(args)
     from app.cli_storage import check_model_path
     from engine.core import Engine
     from engine.cpu import CrashVerdict
@@ -338,7 +358,7 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     from app.cli.terminal_text import for_stream
     from app.cli_storage import Saved
     from app.session import ConversationSession, ReplyState
-    from engine.errors import ContextOverflowError
+    from engine.errors import ContextOverflowError, EngineError
     from storage.errors import StorageFullError
 
     session = ConversationSession(chats)
@@ -361,7 +381,8 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
             sys.stdout.flush()
 
     use_cache = not args.no_cache
-    if engine.model.facts.chat_template_note and stream:  # e.g. no chat template: ChatML fallback
+    remote = getattr(engine, "remote", False)  # an OpenAI-compatible server (engine/remote.py)
+    if not remote and engine.model.facts.chat_template_note and stream:  # e.g. ChatML fallback
         print(f"branchwise: note: {engine.model.facts.chat_template_note}", file=sys.stderr)
 
     saved = Saved(user_message=True)
@@ -370,11 +391,14 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
         result = engine.generate(messages, _sampling(args, conversation),
                                  use_cache=use_cache, on_token=on_token, snapshot=False,
                                  on_progress=progress.on_progress if progress is not None else None)
-    except KeyboardInterrupt:
-        recorder.abandon(ReplyState.STOPPED)
-        raise
     except ContextOverflowError as exc:
         raise _overflow_error(exc.prompt_tokens, exc.n_ctx) from exc
+    except (KeyboardInterrupt, EngineError) as exc:  # keep what was streamed, marked stopped
+        recorder.abandon(ReplyState.STOPPED)
+        if stream and recorder.text and isinstance(exc, EngineError):  # the error line on its own line
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        raise
     finally:
         if progress is not None:
             progress.stop()
@@ -384,7 +408,7 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
         exc.saved = saved
         raise
     saved.reply = saved.stats = True
-    if use_cache and engine.store is not None:  # after the reply is safe: storing the KV is an optimisation
+    if use_cache and not remote and engine.store is not None:  # after the reply is safe: storing the KV is an optimisation
         engine.snapshot(result.stats)  # never raises; a full disk only means no cache
         try:
             prompt = engine.prompt_tokens(messages)
@@ -396,7 +420,7 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
         except StorageFullError as exc:
             saved.stats = False
             saved.problems.append(str(exc))
-    if use_cache and not saved.kv_cache:
+    if use_cache and not remote and not saved.kv_cache:
         saved.problems.append("the KV cache was not saved (the next turn prefills instead; see the log)")
     engine.close()
     for problem in saved.problems:
@@ -406,10 +430,21 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
         print(json.dumps({
             "conversation_id": conversation.id, "user_message_id": user_id,
             "assistant_message_id": msg_id, "text": result.text, "stats": _public_stats(result.stats),
-            "model": {k: getattr(engine.model.facts, k) for k in ("name", "chat_template", "prompt_format",
-                                                                  "chat_template_note")},
+            "model": ({"name": engine.model()} if remote else
+                      {k: getattr(engine.model.facts, k) for k in ("name", "chat_template", "prompt_format",
+                                                                   "chat_template_note")}),
             "saved": saved.to_dict(),
         }))
+    elif getattr(engine, "remote", False):
+        from app.serve.commands import remote_stats_line
+
+        sys.stdout.write("\n")
+        print(remote_stats_line(conversation.id, msg_id, result.stats), file=sys.stderr)
+    elif remote:
+        from app.serve.commands import remote_stats_line
+
+        sys.stdout.write("\n")
+        print(remote_stats_line(conversation.id, msg_id, result.stats), file=sys.stderr)
     else:
         s = result.stats
         sys.stdout.write("\n")
@@ -481,7 +516,8 @@ def cmd_chat(args) -> int:
         parent_id = None
     system = args.system if args.system is not None else (conversation.system_prompt if conversation else "")
     # Refuse an overflowing message before anything is written: no empty "New chat" is left.
-    _check_fits(engine, system, chats.path_to(parent_id) if parent_id else [], args.text)
+    if not getattr(engine, "remote", False):  # a server checks its own context window
+        _check_fits(engine, system, chats.path_to(parent_id) if parent_id else [], args.text)
     if conversation is None:
         conversation = chats.create_conversation(system_prompt=system)
     if args.system is not None and args.system != conversation.system_prompt:
@@ -490,7 +526,8 @@ def cmd_chat(args) -> int:
     from app.session import ConversationSession
 
     user = ConversationSession(chats).send(conversation.id, args.text, parent_id)
-    return _reply(args, engine, chats, conversation, user.id, _model_label(args))
+    label = engine.model() if getattr(engine, "remote", False) else _model_label(args)
+    return _reply(args, engine, chats, conversation, user.id, label)
 
 
 def cmd_regenerate(args) -> int:
@@ -504,7 +541,9 @@ def cmd_regenerate(args) -> int:
     else:
         parent_id = msg.parent_id
     conversation = chats.get_conversation(msg.conversation_id)
-    return _reply(args, _open_engine(args), chats, conversation, parent_id, _model_label(args))
+    engine = _open_engine(args)
+    label = engine.model() if getattr(engine, "remote", False) else _model_label(args)
+    return _reply(args, engine, chats, conversation, parent_id, label)
 
 
 def cmd_conversations(args) -> int:

@@ -1,0 +1,124 @@
+"""The command-line side of the OpenAI-compatible API: ``branchwise serve`` and the
+``--engine-url`` options of ``chat`` and ``regenerate`` (hooked in by app/cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from app.serve import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_QUEUE
+
+SERVE_HELP = """\
+Serve the model and its KV prefix store over an OpenAI-compatible HTTP API:
+POST /v1/chat/completions (streaming and not) and GET /v1/models. Point any OpenAI
+client at http://HOST:PORT/v1. Every request goes through the prefix store, so a
+client that resends a long history gets it restored instead of re-prefilled, also
+after a restart; usage.prompt_tokens_details.cached_tokens says how many prompt
+tokens were restored. --temperature, --top-p, --max-tokens and the other sampling
+options set the defaults for fields a request leaves out (otherwise the same as
+'branchwise chat'). With --json the start-up line is one JSON object
+{"url", "port", "model"}. Requests are served one at a time, in order; when --queue-size
+requests wait, more get 429 with Retry-After.
+
+Served conversations are NOT saved to your chats: the client keeps its own history
+and resends it every time, and your chat list stays yours. Only the KV cache
+(kvcache.sqlite3) and the token ids of the replies sent (serve-replies.sqlite3, so a
+resent reply matches the cache) are written to the data folder.
+
+It listens on 127.0.0.1 only, unless --host names another address; that needs
+--api-key, and then every request must send 'Authorization: Bearer KEY'."""
+
+
+def add_serve_parser(sub, parents: list) -> None:
+    """Add ``serve`` to the CLI's subcommands (``parents``: the data-dir and engine options;
+    the sampling options become the defaults for fields a request leaves out)."""
+    p = sub.add_parser("serve", parents=parents, help="an OpenAI-compatible API for other tools",
+                       description=SERVE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST}; "
+                                                        "any other needs --api-key)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 picks a free one)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request (env BRANCHWISE_API_KEY)")
+    p.add_argument("--queue-size", type=int, default=DEFAULT_QUEUE,
+                   help=f"requests that may wait behind the running one before 429 (default {DEFAULT_QUEUE})")
+
+
+def add_remote_arguments(parser) -> None:
+    """``--engine-url/--engine-key/--engine-model`` for ``chat`` and ``regenerate``."""
+    parser.add_argument("--engine-url", metavar="URL",
+                        help="send the request to this OpenAI-compatible server (e.g. http://gpu-box:8000/v1) "
+                             "instead of the local model; the conversation stays here. The only network "
+                             "connection Branchwise makes, and only to this URL")
+    parser.add_argument("--engine-key", metavar="KEY", help="API key for --engine-url (env BRANCHWISE_ENGINE_KEY)")
+    parser.add_argument("--engine-model", metavar="NAME",
+                        help="model name to request from --engine-url (default: the first it lists)")
+
+
+def open_remote_engine(args):
+    import os
+
+    from engine.remote import RemoteEngine
+
+    key = args.engine_key or os.environ.get("BRANCHWISE_ENGINE_KEY") or None
+    return RemoteEngine(args.engine_url, key, args.engine_model)
+
+
+def remote_stats_line(conversation_id: int, message_id: int, s) -> str:
+    cached = f"cached {s.restored_tokens:,} of {s.prompt_tokens:,} prompt tokens · " if s.reported else \
+        "no usage reported · "
+    return (f"[conversation {conversation_id} · message {message_id} · {s.model} at {s.server} · {cached}"
+            f"TTFT {s.ttft_ms:.0f} ms · {s.decode_tokens_per_s:.1f} tok/s]")
+
+
+def cmd_serve(args) -> int:
+    import os
+
+    from app.serve.replies import FILE_NAME, ReplyMemory
+    from app.serve import ServeError
+    from app.serve.server import ApiServer, is_loopback
+
+    api_key = args.api_key or os.environ.get("BRANCHWISE_API_KEY") or None
+    if not is_loopback(args.host) and not api_key:  # refuse before loading anything
+        raise ServeError(f"Refusing to listen on {args.host} without an API key: anyone who can reach this machine "
+                         f"could use the model. Pass --api-key KEY, or leave --host at {DEFAULT_HOST}.")
+    if not 0 <= args.port <= 65535:
+        raise ServeError(f"--port must be between 0 and 65535, not {args.port}.")
+    from app.cli import _data_dir, _open_engine
+
+    from app.cli import _sampling
+
+    engine = _open_engine(args)
+    defaults = _sampling(args, _NoConversation())
+    model_id = Path(args.model).stem if args.model else "SmolLM2-135M-Instruct.Q4_1"
+    memory = ReplyMemory(_data_dir(args) / FILE_NAME)
+    server = ApiServer(engine, model_id, host=args.host, port=args.port, api_key=api_key,
+                       queue_size=max(args.queue_size, 1), reply_memory=memory,
+                       sampling=defaults, use_cache=not args.no_cache,
+                       on_state=lambda state: _announce(server, state, args.json))
+    if engine.store is None and not args.no_cache:
+        print("branchwise serve: running without the KV prefix store (see the line above); every request "
+              "is prefilled in full", file=sys.stderr)
+    try:
+        server.serve_forever()
+    finally:
+        memory.close()
+        engine.close()
+    if not args.json:
+        print("branchwise serve: stopped", file=sys.stderr)
+    return 0
+
+
+class _NoConversation:
+    sampling = None
+
+
+def _announce(server, state, as_json: bool) -> None:
+    import json
+
+    from app.serve.server import ServerState
+
+    if state == ServerState.RUNNING and as_json:
+        print(json.dumps({"url": server.url, "port": server.port, "model": server.model_id}), flush=True)
+    elif state == ServerState.RUNNING:
+        key = " (API key required)" if server.api_key else ""
+        print(f"branchwise serve: {server.model_id} at {server.url}{key}; Ctrl-C stops", flush=True)

@@ -1,0 +1,270 @@
+"""The OpenAI chat-completions wire format: validate a request, shape a reply.
+
+The fields are OpenAI's (https://platform.openai.com/docs/api-reference/chat/create);
+``top_k``, ``min_p`` and ``repeat_penalty`` are llama.cpp's extensions (llama.cpp
+``tools/server/README.md``; llama-cpp-python's ``llama_cpp/server/types.py``), accepted
+because llama.cpp clients send them. Everything a client sends is hostile: every field
+is checked for type and range here, before anything reaches the engine, and a mistake
+becomes an :class:`ApiError`, which the server turns into an OpenAI-style error object
+``{"error": {"message", "type", "param", "code"}}`` with a 4xx status.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from engine.chat_template import ChatMessage
+from engine.settings import SamplingParams
+
+MAX_BODY_BYTES = 8 * 1024 * 1024  # a request body above this gets 413
+MAX_STOP = 4  # OpenAI's limit on stop sequences
+ROLES = ("system", "developer", "user", "assistant")
+
+# Fields a client may send that change nothing here, and the values at which they are
+# harmless; any other value is refused rather than silently ignored.
+_NEUTRAL = {
+    "n": (1,),
+    "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0, 0.0),
+    "logprobs": (False,),
+    "parallel_tool_calls": (True, False),
+    "tools": ([],),
+    "tool_choice": ("none", "auto"),
+    "response_format": ({"type": "text"},),
+    "logit_bias": ({},),
+}
+_IGNORED = ("model", "user", "metadata", "store", "service_tier", "stream_options")
+
+
+class ApiError(Exception):
+    """A request the server refuses. ``status`` is the HTTP status (4xx), ``code`` the
+    OpenAI error code, ``param`` the offending field (or None)."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 type: str = "invalid_request_error", headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return error_body(self.message, type=self.type, param=self.param, code=self.code)
+
+
+def error_body(message: str, *, type: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    """OpenAI's error object (the ``openai`` client reads ``error.message``)."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+@dataclass
+class ChatRequest:
+    """A validated ``POST /v1/chat/completions`` body."""
+
+    messages: list[ChatMessage]
+    sampling: SamplingParams
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a last chunk carrying usage
+    stop: list[str] = field(default_factory=list)
+    model: str = ""
+
+
+def _bad(message: str, param: str | None = None, code: str | None = "invalid_value") -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def _number(body: dict, name: str, lo: float, hi: float, *, integer: bool = False):
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        kind = "an integer" if integer else "a number"
+        raise _bad(f"'{name}' must be {kind}, not {type(value).__name__}.", name, "invalid_type")
+    if not (lo <= value <= hi) or (isinstance(value, float) and not math.isfinite(value)):
+        raise _bad(f"'{name}' must be between {lo} and {hi}; got {value}.", name)
+    return value
+
+
+def _content(value, where: str) -> str:
+    """A message's content: a string, or a list of ``{"type": "text", "text": ...}`` parts."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        texts = []
+        for i, part in enumerate(value):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise _bad(f"{where}.content[{i}] is a '{kind}' part; this server takes text only.",
+                           f"{where}.content")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise _bad(f"{where}.content must be a string or a list of text parts.", f"{where}.content", "invalid_type")
+
+
+def parse_chat_request(body, defaults: SamplingParams | None = None) -> ChatRequest:
+    """Validate a decoded JSON body. Fields the client leaves out take ``defaults``
+    (Branchwise's own sampling defaults, the same as ``branchwise chat``).
+
+    Raises:
+        ApiError: 400 naming the field at fault (unknown fields included).
+    """
+    if not isinstance(body, dict):
+        raise _bad("The request body must be a JSON object.", None, "invalid_type")
+    known = {"messages", "temperature", "top_p", "max_tokens", "max_completion_tokens", "stop", "seed",
+             "stream", "top_k", "min_p", "repeat_penalty", *_NEUTRAL, *_IGNORED}
+    unknown = sorted(k for k in body if k not in known)
+    if unknown:
+        raise _bad(f"Unrecognized request argument supplied: {', '.join(unknown)}.", unknown[0],
+                   "unknown_parameter")
+    for name, allowed in _NEUTRAL.items():
+        if name in body and body[name] is not None and body[name] not in allowed:
+            raise _bad(f"'{name}' = {body[name]!r} is not supported by this server.", name, "unsupported_value")
+
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise _bad("'messages' must be a non-empty list of {role, content} objects.", "messages",
+                   "invalid_type" if raw is not None else "missing_required_parameter")
+    messages = []
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise _bad(f"{where} must be an object with 'role' and 'content'.", where, "invalid_type")
+        role = m.get("role")
+        if role not in ROLES:
+            raise _bad(f"{where}.role must be one of {', '.join(ROLES)}; got {role!r}.", f"{where}.role")
+        extra = sorted(set(m) - {"role", "content", "name"})
+        if extra:
+            raise _bad(f"{where} has fields this server does not take: {', '.join(extra)}.", f"{where}.{extra[0]}",
+                       "unknown_parameter")
+        messages.append(ChatMessage("system" if role == "developer" else role, _content(m.get("content"), where)))
+    if messages[-1].role == "assistant":
+        raise _bad("The last message is the assistant's; end with a user message to get a reply.", "messages")
+
+    defaults = defaults or SamplingParams()
+    s = defaults.to_dict()
+    for name, lo, hi, integer in (("temperature", 0, 2, False), ("top_p", 0, 1, False), ("min_p", 0, 1, False),
+                                  ("repeat_penalty", 0, 10, False), ("top_k", 0, 1 << 20, True),
+                                  ("seed", -(1 << 63), (1 << 64) - 1, True)):
+        value = _number(body, name, lo, hi, integer=integer)
+        if value is not None:
+            s[name] = value
+    if s.get("seed") is not None:
+        s["seed"] = int(s["seed"]) & 0x7FFFFFFF  # llama.cpp takes a 32-bit seed
+    max_tokens = _number(body, "max_completion_tokens", 1, 1 << 20, integer=True)
+    if max_tokens is None:
+        max_tokens = _number(body, "max_tokens", 1, 1 << 20, integer=True)
+    if max_tokens is not None:
+        s["max_tokens"] = max_tokens
+
+    stop = body.get("stop")
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(x, str) and x for x in stop) or len(stop) > MAX_STOP:
+        raise _bad(f"'stop' must be a non-empty string or a list of at most {MAX_STOP} of them.", "stop")
+
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise _bad("'stream' must be true or false.", "stream", "invalid_type")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise _bad("'stream_options' must be an object.", "stream_options", "invalid_type")
+    model = body.get("model") or ""
+    if not isinstance(model, str):
+        raise _bad("'model' must be a string.", "model", "invalid_type")
+    return ChatRequest(messages, SamplingParams.from_dict(s), stream, bool(options.get("include_usage")), stop, model)
+
+
+class StopScanner:
+    """Cuts a streamed reply at the first stop sequence, holding back only the text that
+    could still be the start of one (so nothing past a stop is ever sent)."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = stops
+        self.text = ""  # everything received
+        self.sent = 0  # characters released
+        self.stopped = False
+
+    def feed(self, delta: str) -> str:
+        """Text that is safe to send now ("" once a stop sequence was seen)."""
+        if self.stopped:
+            return ""
+        self.text += delta
+        if not self.stops:
+            out, self.sent = self.text[self.sent :], len(self.text)
+            return out
+        hits = [i for i in (self.text.find(s, max(0, self.sent - len(s))) for s in self.stops) if i >= 0]
+        if hits:
+            cut = min(hits)
+            self.stopped = True
+            self.text = self.text[:cut]
+            out, self.sent = self.text[self.sent :], cut
+            return out
+        hold = 0
+        for s in self.stops:  # the longest tail of the text that begins some stop sequence
+            for k in range(min(len(s) - 1, len(self.text)), 0, -1):
+                if self.text.endswith(s[:k]):
+                    hold = max(hold, k)
+                    break
+        safe = max(len(self.text) - hold, self.sent)
+        out, self.sent = self.text[self.sent : safe], safe
+        return out
+
+    def flush(self) -> str:
+        """The held-back tail at the end of the reply (it was not a stop after all)."""
+        if self.stopped:
+            return ""
+        out, self.sent = self.text[self.sent :], len(self.text)
+        return out
+
+
+FINISH = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
+
+
+def completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex[:24]}"
+
+
+def usage(stats) -> dict:
+    """OpenAI's usage object; ``prompt_tokens_details.cached_tokens`` is the number of
+    prompt tokens restored (from the prefix store or the live context), not prefilled."""
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.generated_tokens,
+        "total_tokens": stats.prompt_tokens + stats.generated_tokens,
+        "prompt_tokens_details": {"cached_tokens": stats.restored_tokens},
+    }
+
+
+def timings(stats) -> dict:
+    """llama.cpp server's ``timings`` object (tools/server/server.cpp), for clients that read it."""
+    return {
+        "cache_n": stats.restored_tokens,
+        "prompt_n": stats.prefilled_tokens,
+        "prompt_ms": round(stats.restore_ms + stats.prefill_ms, 2),
+        "predicted_n": stats.generated_tokens,
+        "predicted_per_second": round(stats.decode_tokens_per_s, 2),
+    }
+
+
+def completion(cid: str, model: str, text: str, finish: str, stats) -> dict:
+    return {
+        "id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
+                     "logprobs": None}],
+        "usage": usage(stats), "timings": timings(stats),
+    }
+
+
+def chunk(cid: str, model: str, created: int, delta: dict, finish: str | None = None) -> dict:
+    return {
+        "id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+    }

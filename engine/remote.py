@@ -1,0 +1,341 @@
+"""A remote engine: the same ``generate`` as :class:`engine.core.Engine`, answered by an
+OpenAI-compatible server (llama.cpp ``llama-server``, vLLM, SGLang, Ollama's ``/v1``,
+LM Studio, ``branchwise serve``).
+
+This is the only code in Branchwise that opens a network connection, and only to the
+URL the user typed: no proxy from the environment (``trust_env=False``), no redirects
+followed. The request is ``POST {base}/chat/completions`` with ``stream: true`` (the
+OpenAI API reference, "Create chat completion"); the reply arrives as server-sent
+events, one ``chat.completion.chunk`` per ``data:`` line, ending with ``data: [DONE]``.
+``stream_options: {"include_usage": true}`` asks for a last chunk with ``usage``, and
+``usage.prompt_tokens_details.cached_tokens`` (OpenAI's field; vLLM, llama-server and
+``branchwise serve`` fill it) becomes ``stats.restored_tokens``; llama-server's
+``timings`` object (``cache_n``, ``prompt_n``, ``prompt_ms``: tools/server/server.cpp)
+is read when there is no usage. A server that reports neither leaves those stats 0 with
+``stats.reported`` False.
+
+Only the portable OpenAI sampling fields are sent (temperature, top_p, max_tokens,
+seed); top_k, min_p and the repeat penalty are the server's own settings.
+
+Failures raise :class:`RemoteEngineError` with one sentence naming the server and
+what to do; a connection lost mid-reply carries the text received so far in
+``partial`` (the caller keeps it, marked stopped).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from engine.chat_template import ChatMessage
+from engine.core import GenerationResult, GenerationStats, ProgressFn, TokenFn
+from engine.errors import EngineError
+from engine.settings import SamplingParams
+
+CONNECT_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 300.0  # between two chunks: a CPU server prefilling a long prompt is slow
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+class RemoteEngineError(EngineError):
+    """The server could not be reached or refused the request.
+
+    ``status`` is the HTTP status (None for connection failures); ``partial`` is the
+    reply text received before the connection was lost ("" if none).
+    """
+
+    def __init__(self, message: str, status: int | None = None, partial: str = ""):
+        super().__init__(message)
+        self.status, self.partial = status, partial
+
+
+@dataclass
+class RemoteStats(GenerationStats):
+    """:class:`GenerationStats` as reported by a server. ``restored_tokens`` is the
+    server's ``cached_tokens``; ``ttft_ms`` and ``decode_tokens_per_s`` are measured
+    here (network included); ``reported`` is False when the server sent no usage."""
+
+    server: str = ""
+    model: str = ""
+    reported: bool = False
+
+
+def chat_completions_url(url: str) -> str:
+    """``http://host:port`` -> ``http://host:port/v1/chat/completions``;
+    ``.../v1`` -> ``.../v1/chat/completions``; a full ``.../chat/completions`` is kept.
+
+    Raises:
+        RemoteEngineError: not an http(s) URL.
+    """
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise RemoteEngineError(f"--engine-url must be an http:// or https:// URL such as "
+                                f"http://127.0.0.1:8080/v1, not {clean(url)!r}.")
+    path = parts.path.rstrip("/")
+    if not path.endswith("/chat/completions"):
+        path = (path or "/v1") + "/chat/completions"
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def clean(text: str, limit: int = 300) -> str:
+    """Server-supplied text for one terminal line: control and bidi characters removed, cut short."""
+    text = _CONTROL.sub(" ", str(text)).strip()
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class RemoteEngine:
+    """Generate replies on an OpenAI-compatible server.
+
+    Args:
+        url: the server's base URL (``http://host:8000/v1``) or its chat-completions URL.
+        api_key: sent as ``Authorization: Bearer KEY`` when given.
+        model: the model name to request; None asks ``GET {base}/models`` for the first.
+        timeout_s: longest wait for the connection and for each chunk.
+    """
+
+    remote = True
+
+    def __init__(self, url: str, api_key: str | None = None, model: str | None = None, *,
+                 timeout_s: float = READ_TIMEOUT_S, transport: httpx.BaseTransport | None = None):
+        self.url = chat_completions_url(url)
+        self.base = self.url.removesuffix("/chat/completions")
+        self.host = urlsplit(self.url).netloc
+        self.model_name = model
+        headers = {"Accept": "text/event-stream"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self._client = httpx.Client(
+            headers=headers, trust_env=False, follow_redirects=False, transport=transport,
+            timeout=httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s)),
+        )
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+
+    # -- the Engine surface the CLI uses -------------------------------------------------
+
+    def snapshot(self, stats=None) -> int:
+        """Nothing to store: the server keeps its own cache."""
+        return 0
+
+    def reset_context(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self._client.close()
+
+    def model(self) -> str:
+        """The model name to request (asks the server once when none was given).
+
+        Raises:
+            RemoteEngineError: the server cannot be reached or lists no model.
+        """
+        if self.model_name:
+            return self.model_name
+        with self._errors():
+            r = self._client.get(self.base + "/models")
+        if r.status_code >= 400:
+            raise self._status_error(r)
+        try:
+            self.model_name = str(r.json()["data"][0]["id"])
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise RemoteEngineError(f"The server at {self.host} did not list its models at {self.base}/models; "
+                                    "pass --engine-model NAME.") from None
+        return self.model_name
+
+    def generate(
+        self,
+        messages: Sequence[ChatMessage],
+        sampling: SamplingParams | None = None,
+        *,
+        use_cache: bool = True,
+        on_token: TokenFn | None = None,
+        on_progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+        snapshot: bool = True,
+    ) -> GenerationResult:
+        """Stream the reply to ``messages`` from the server.
+
+        ``use_cache`` and ``snapshot`` are accepted for the Engine's signature; the
+        server decides about its own cache. ``on_token(delta, -1)`` gets each text piece
+        (token ids are not sent by these servers). ``result.token_ids`` is None.
+
+        Raises:
+            RemoteEngineError: connection refused or lost, timeout, 401, 429, a 4xx/5xx
+                answer (its message is in the error); ``partial`` holds any text received.
+        """
+        sp = sampling or SamplingParams()
+        with self._lock:
+            model = self.model()
+            body = {
+                "model": model,
+                "messages": [{"role": m.role, "content": m.content} for m in messages],
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                "temperature": sp.temperature,
+                "top_p": sp.top_p,
+                "max_tokens": sp.max_tokens,
+            }
+            if sp.seed is not None:
+                body["seed"] = sp.seed
+            stats = RemoteStats(server=self.host, model=model, restore_source="server")
+            parts: list[str] = []
+            t0 = time.perf_counter()
+            t_first = t_last = None
+            chunks = 0
+            with self._errors(parts):
+                with self._client.stream("POST", self.url, json=body) as r:
+                    if r.status_code >= 400:
+                        r.read()
+                        raise self._status_error(r)
+                    if on_progress:
+                        on_progress("prefill", 0, 0)
+                    for line in r.iter_lines():
+                        if cancel is not None and cancel.is_set():
+                            stats.finish_reason = "cancelled"
+                            break
+                        if not line.startswith("data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == "[DONE]":
+                            break
+                        try:
+                            event = json.loads(data)
+                        except ValueError:
+                            continue
+                        if not isinstance(event, dict):
+                            continue
+                        if "error" in event:
+                            raise RemoteEngineError(self._server_says(event, r.status_code), r.status_code,
+                                                    "".join(parts))
+                        self._read_usage(event, stats)
+                        for choice in event.get("choices") or []:
+                            if not isinstance(choice, dict):
+                                continue
+                            delta = (choice.get("delta") or {}).get("content")
+                            if isinstance(delta, str) and delta:
+                                now = time.perf_counter()
+                                if t_first is None:
+                                    t_first = now
+                                    stats.ttft_ms = (now - t0) * 1000
+                                t_last = now
+                                chunks += 1
+                                parts.append(delta)
+                                if on_token:
+                                    on_token(delta, -1)
+                            if choice.get("finish_reason"):
+                                stats.finish_reason = _finish(choice["finish_reason"])
+                    else:
+                        if not stats.finish_reason:  # the stream ended without [DONE]
+                            raise RemoteEngineError(
+                                f"The server at {self.host} closed the connection mid-reply"
+                                + ("; the partial reply is kept, marked stopped." if parts else "."),
+                                None, "".join(parts))
+            if not stats.generated_tokens:
+                stats.generated_tokens = chunks
+            if t_first is not None and t_last is not None and stats.generated_tokens > 1 and t_last > t_first:
+                stats.decode_tokens_per_s = (stats.generated_tokens - 1) / (t_last - t_first)
+            if stats.reported and stats.prompt_tokens:
+                stats.prefilled_tokens = max(stats.prompt_tokens - stats.restored_tokens, 0)
+            stats.finish_reason = stats.finish_reason or "stop"
+            return GenerationResult("".join(parts), None, stats, [])  # type: ignore[arg-type]
+
+    # -- helpers -------------------------------------------------------------------------
+
+    @staticmethod
+    def _read_usage(event: dict, stats: RemoteStats) -> None:
+        usage = event.get("usage")
+        if isinstance(usage, dict):
+            stats.reported = True
+            stats.prompt_tokens = _int(usage.get("prompt_tokens"), stats.prompt_tokens)
+            stats.generated_tokens = _int(usage.get("completion_tokens"), stats.generated_tokens)
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict):
+                stats.restored_tokens = _int(details.get("cached_tokens"), stats.restored_tokens)
+        timings = event.get("timings")
+        if isinstance(timings, dict):  # llama-server (and branchwise serve)
+            stats.reported = True
+            cached = _int(timings.get("cache_n"), -1)
+            prompt_n = _int(timings.get("prompt_n"), -1)
+            if cached >= 0 and not usage:
+                stats.restored_tokens = cached
+            if prompt_n >= 0:
+                stats.prefilled_tokens = prompt_n
+                if not stats.prompt_tokens and cached >= 0:
+                    stats.prompt_tokens = cached + prompt_n
+            ms = timings.get("prompt_ms")
+            if isinstance(ms, (int, float)) and not isinstance(ms, bool):
+                stats.prefill_ms = float(ms)
+
+    def _server_says(self, payload, status: int | None) -> str:
+        msg = ""
+        if isinstance(payload, dict):
+            err = payload.get("error")
+            if isinstance(err, dict):
+                msg = err.get("message") or ""
+            elif isinstance(err, str):
+                msg = err
+            msg = msg or payload.get("message") or payload.get("detail") or ""
+        code = f" ({status})" if status else ""
+        return f"The server at {self.host} refused the request{code}: {clean(msg) or 'no reason given'}"
+
+    def _status_error(self, r: httpx.Response) -> RemoteEngineError:
+        status = r.status_code
+        try:
+            payload = r.json()
+        except ValueError:
+            payload = {"error": r.text[:300]}
+        if status in (401, 403):
+            return RemoteEngineError(f"The server at {self.host} refused the API key ({status}): pass the right "
+                                     "one with --engine-key KEY.", status)
+        if status == 429:
+            wait = r.headers.get("retry-after", "")
+            hint = f" in {clean(wait, 20)} s" if wait.strip().isdigit() else " in a moment"
+            return RemoteEngineError(f"The server at {self.host} is busy (429); try again{hint}. "
+                                     "Your message is kept.", status)
+        if status == 404:
+            return RemoteEngineError(self._server_says(payload, status) + f" (is {self.url} an OpenAI-compatible "
+                                     "endpoint? --engine-url usually ends in /v1)", status)
+        return RemoteEngineError(self._server_says(payload, status), status)
+
+    class _Guard:
+        def __init__(self, engine: "RemoteEngine", parts: list[str] | None):
+            self.engine, self.parts = engine, parts
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, kind, exc, tb):
+            if exc is None or not isinstance(exc, httpx.HTTPError):
+                return False
+            host, partial = self.engine.host, "".join(self.parts or [])
+            kept = "; the partial reply is kept, marked stopped" if partial else ""
+            if isinstance(exc, httpx.ConnectTimeout):
+                text = f"Could not connect to the server at {host} within {CONNECT_TIMEOUT_S:.0f} s."
+            elif isinstance(exc, httpx.TimeoutException):
+                text = f"The server at {host} sent nothing for {self.engine.timeout_s:.0f} s{kept}."
+            elif isinstance(exc, httpx.ConnectError):
+                text = (f"Could not connect to the server at {host} ({clean(exc, 120) or 'connection refused'}); "
+                        "is it running, and is --engine-url right?")
+            elif isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)):
+                text = f"The server at {host} closed the connection mid-reply{kept}."
+            else:
+                text = f"The request to the server at {host} failed ({clean(exc, 120)}){kept}."
+            raise RemoteEngineError(text, None, partial) from exc
+
+    def _errors(self, parts: list[str] | None = None) -> "RemoteEngine._Guard":
+        return RemoteEngine._Guard(self, parts)
+
+
+def _int(value, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
+
+
+def _finish(reason) -> str:
+    return {"stop": "stop", "length": "length", "eos": "stop"}.get(str(reason), "stop")

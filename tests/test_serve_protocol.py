@@ -1,0 +1,69 @@
+"""The request validation and stop-sequence cutting of ``branchwise serve``, without a server."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from app.serve.protocol import ApiError, StopScanner, parse_chat_request
+from app.serve.server import is_loopback
+from engine.remote import chat_completions_url, clean
+from engine.settings import SamplingParams
+
+
+@given(st.lists(st.text("ab\n", max_size=4), max_size=12), st.text("ab\n", min_size=1, max_size=3))
+def test_stop_scanner_sends_exactly_the_text_before_the_stop(pieces, stop):
+    scanner = StopScanner([stop])
+    sent = "".join(scanner.feed(p) for p in pieces) + scanner.flush()
+    text = "".join(pieces)
+    assert sent == (text[: text.index(stop)] if stop in text else text)
+    assert scanner.stopped == (stop in text)
+
+
+def test_stop_scanner_holds_back_only_a_possible_stop():
+    s = StopScanner(["END"])
+    assert s.feed("hello E") == "hello "
+    assert s.feed("x") == "Ex"
+    assert s.feed(" EN") == " "
+    assert s.feed("D more") == "" and s.stopped and s.text == "hello Ex "
+
+
+def test_missing_fields_take_branchwise_defaults_and_given_ones_override():
+    r = parse_chat_request({"messages": [{"role": "user", "content": "hi"}]})
+    assert r.sampling == SamplingParams() and not r.stream and r.stop == []
+    r = parse_chat_request({"model": "x", "messages": [{"role": "developer", "content": "be brief"},
+                                                       {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                                    {"type": "text", "text": "b"}]}],
+                            "temperature": 0, "top_p": 0.5, "max_completion_tokens": 7, "seed": 2**40 + 3,
+                            "stop": "\n", "stream": True, "stream_options": {"include_usage": True}, "n": 1})
+    assert [(m.role, m.content) for m in r.messages] == [("system", "be brief"), ("user", "ab")]
+    assert (r.sampling.temperature, r.sampling.top_p, r.sampling.max_tokens, r.sampling.seed) == (0, 0.5, 7, 3)
+    assert r.stop == ["\n"] and r.stream and r.include_usage
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": 3}, "temperature"),
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": True}, "temperature"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"messages": [{"role": "user", "content": "x"}], "stop": [""]}, "stop"),
+    ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages[0].tool_calls"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}, "messages"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
+])
+def test_bad_fields_are_named(body, param):
+    with pytest.raises(ApiError) as err:
+        parse_chat_request(body)
+    assert err.value.status == 400 and err.value.param == param and err.value.message
+
+
+def test_loopback_and_urls():
+    assert is_loopback("127.0.0.1") and is_loopback("127.1.2.3") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5") and not is_loopback("example.com")
+    assert chat_completions_url("http://h:8000") == "http://h:8000/v1/chat/completions"
+    assert chat_completions_url("http://h:8000/v1/") == "http://h:8000/v1/chat/completions"
+    assert chat_completions_url("https://h/api/v1/chat/completions") == "https://h/api/v1/chat/completions"
+    assert clean("bad\x1b[31m\u202etext\n") == "bad [31m text"
