@@ -733,3 +733,13 @@ def test_schema_1_database_migrates_with_everything_intact(tmp_path: Path) -> No
     assert triggers == ["conversations_ad", "conversations_ai", "conversations_au",
                         "messages_ad", "messages_ai", "messages_au"]
     assert len(fts_sql) == 2 and all("tokenize='trigram'" in sql for sql in fts_sql)
+
+
+def test_snippet_cuts_long_text_around_the_first_hit() -> None:
+    from storage.chat_text import snippet
+
+    text = "start " + "filler " * 60 + "the Needle is here " + "tail " * 60
+    out = snippet(text, ["needle"], ("[", "]"), limit=60)
+    assert out.startswith("…") and out.endswith("…")
+    assert "the [Needle] is here" in out and len(out) <= 60 + 2 + 2
+    assert snippet("short text", ["zzz"], ("[", "]")) == "short text"
