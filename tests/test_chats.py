@@ -696,9 +696,13 @@ one with two sibling replies, a CJK/emoji/C++ one and a pinned one."""
 
 
 def _rows(path: Path) -> tuple[list, list]:
+    """Every row of schema 1's columns (later migrations may add columns, never change these)."""
+    with closing(sqlite3.connect(FIXTURE_V1)) as v1:
+        columns = {t: ", ".join(r[1] for r in v1.execute(f"PRAGMA table_info({t})"))
+                   for t in ("conversations", "messages")}
     with closing(sqlite3.connect(path)) as conn:
-        return (conn.execute("SELECT * FROM conversations ORDER BY id").fetchall(),
-                conn.execute("SELECT * FROM messages ORDER BY id").fetchall())
+        return (conn.execute(f"SELECT {columns['conversations']} FROM conversations ORDER BY id").fetchall(),
+                conn.execute(f"SELECT {columns['messages']} FROM messages ORDER BY id").fetchall())
 
 
 def test_schema_1_database_migrates_with_everything_intact(tmp_path: Path) -> None:

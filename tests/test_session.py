@@ -69,6 +69,14 @@ class FakeResult:
     stats: FakeStats = field(default_factory=FakeStats)
 
 
+class FakeStore:
+    """Reports every prompt as stored (the snapshot succeeded)."""
+
+    @staticmethod
+    def coverage(_fingerprint, tokens) -> int:
+        return len(tokens)
+
+
 class FakeEngine:
     """Streams ``pieces``; ``snapshot`` records 7.25 ms and 4,096 bytes, as the real one would."""
 
@@ -76,6 +84,13 @@ class FakeEngine:
         self.pieces = list(pieces)
         self.prompts = []
         self.closed = False
+        self.store = FakeStore()
+        self.fingerprint = b"fake"
+        self.model = argparse.Namespace(facts=argparse.Namespace(
+            name="Fake", chat_template=True, prompt_format="model template", chat_template_note=""))
+
+    def prompt_tokens(self, messages) -> list[int]:
+        return list(range(len(messages) * 4))
 
     def generate(self, messages, sampling, use_cache=True, on_token=None, snapshot=True, **_kw):
         self.prompts.append(messages)
