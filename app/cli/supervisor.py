@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 CHILD_ENV = "BRANCHWISE_SUPERVISED"
-"""Set in the child's environment: the child runs the command itself."""
+"""Set in the child's environment to the parent's pid: the child runs the command itself."""
 from engine.cpu import CRASH_ENV  # noqa: E402  (a debug switch that makes the engine crash)
 EXIT_CRASHED = 70  # EX_SOFTWARE (sysexits.h): an internal software error
 LOG_NAME = "cli.log"
@@ -84,7 +84,7 @@ def run_supervised(argv: list[str], data_dir: Path, repack_setting: str) -> int:
     Returns:
         The child's exit code, or 70 after a crash (with one line on stderr).
     """
-    env = dict(os.environ, **{CHILD_ENV: "1"})
+    env = dict(os.environ, **{CHILD_ENV: str(os.getpid())})
     started = time.time()
     # Ctrl+C reaches the child (same process group); the parent only waits for it.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -154,17 +154,24 @@ def _unanswered_message(data_dir: Path, since: float) -> int | None:
 
 def exit_with_parent() -> None:
     """In the child: die with the parent, so killing ``branchwise`` ends the generation
-    (Linux: ``PR_SET_PDEATHSIG``; other POSIX systems: a thread that watches the parent)."""
-    parent = os.getppid()
+    (Linux: ``PR_SET_PDEATHSIG``; other POSIX systems: a thread that watches the parent).
+    The parent's pid comes in ``BRANCHWISE_SUPERVISED``; run by hand (any other value),
+    nothing is watched."""
+    try:
+        parent = int(os.environ.get(CHILD_ENV, ""))
+    except ValueError:
+        return
+    if os.name != "posix":
+        return
     if sys.platform.startswith("linux"):
         import ctypes
 
         with contextlib.suppress(OSError, AttributeError):
             pr_set_pdeathsig = 1  # linux/prctl.h
             ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() != parent or parent == 1:
+    if os.getppid() != parent:  # the parent died before the line above
         os._exit(EXIT_CRASHED)
-    if sys.platform.startswith("linux") or os.name != "posix":
+    if sys.platform.startswith("linux"):
         return
     import threading
 
