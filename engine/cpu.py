@@ -241,6 +241,15 @@ def model_params_with_repack(repack: bool):
             low.llama_model_default_params = original
 
 
+def remember_crash(data_dir: Path, what: str) -> bool:
+    """Record a native crash that happened with repacking on (:class:`CrashVerdict`), unless
+    it was forced by ``BRANCHWISE_DEBUG_CRASH``. Returns whether it was recorded."""
+    if os.environ.get(CRASH_ENV):
+        return False
+    CrashVerdict.record(data_dir, what)
+    return True
+
+
 def debug_crash(point: str) -> None:
     """Die by SIGSEGV here when ``BRANCHWISE_DEBUG_CRASH`` names ``point`` (tests only)."""
     if os.environ.get(CRASH_ENV) == point:

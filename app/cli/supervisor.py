@@ -117,9 +117,9 @@ def crash_message(what: str, data_dir: Path, repack_setting: str, started: float
     if os.environ.get(CRASH_ENV):
         parts.append(f"(The crash was forced by {CRASH_ENV}.)")
     elif _repack_was_on(data_dir, repack_setting):
-        from engine.cpu import CrashVerdict
+        from engine.cpu import remember_crash
 
-        CrashVerdict.record(data_dir, what)
+        remember_crash(data_dir, what)
         parts.append("Weight repacking was on; it is now off on this machine, so the next command should work "
                      "(BRANCHWISE_REPACK=on brings it back).")
     else:

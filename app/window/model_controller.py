@@ -18,9 +18,10 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
 from app.session import model_label
-from app.window.crash import describe_exit
+from app.window.crash import crash_name, describe_exit
 from app.window.engine_client import EngineClient, EngineExit
 from app.window.settings_dialog import human_bytes
+from engine.cpu import remember_crash
 from engine.errors import ModelLoadError
 from engine.model_file import check_gguf, default_model_path
 
@@ -171,8 +172,10 @@ class ModelController(QObject):
 
         def restart() -> None:
             if report.safe_restart:
-                w.settings.repack = "off"
-                w.save_settings()
+                remember_crash(w.data_dir, crash_name(exit_info.exitcode) or "a crash")
+                if w.settings.repack == "on":  # "auto" follows the remembered crash (engine/cpu.py)
+                    w.settings.repack = "off"
+                    w.save_settings()
             w.restart_engine()
 
         w.banner.show_message(report.message, "error", [("Restart engine", restart)])
