@@ -11,6 +11,7 @@ the window closes (``commit_delete``).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 from PySide6.QtCore import QRect, QSize, Qt, QTimer, Signal
@@ -293,11 +294,28 @@ class Sidebar(QWidget):
         if cid is None:
             return
         try:
-            self.store.delete_conversation(cid)
+            self.store.delete_conversation(cid, forget=False)  # the rows: milliseconds
         except NotFoundError:
             pass
         except StorageError as exc:
             log.error("could not delete chat %s: %s", cid, exc)
             self.refresh()
             return
+        # Scrubbing the deleted text out of the search index and the WAL takes time in
+        # proportion to the whole database (seconds for 10,000 messages): a worker does it
+        # on a connection of its own, so the UI thread never waits for it.
+        threading.Thread(target=_forget_deleted, args=(self.store.path,), daemon=True,
+                         name="forget-deleted").start()
         self.delete_committed.emit(cid)
+
+
+def _forget_deleted(path) -> None:
+    """Worker thread: merge the search index and truncate the WAL of ``chats.sqlite3``
+    (``ChatStore.forget_deleted``); a failure is logged, the next delete tries again."""
+    from storage.chats import ChatStore
+
+    try:
+        with ChatStore(path) as chats:
+            chats.forget_deleted()
+    except Exception:  # noqa: BLE001 - a worker thread: log, never raise into Qt
+        log.warning("could not scrub deleted chats from %s", path, exc_info=True)
