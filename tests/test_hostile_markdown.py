@@ -17,7 +17,7 @@ from PySide6.QtGui import QImage, QTextDocument
 from PySide6.QtWidgets import QLabel
 
 from app.window.markdown_view import LinkKind, MarkdownView, SafeTextDocument, classify_link, to_html
-from app.theme import LIGHT
+from app.window.theme import LIGHT
 
 HOSTILE_IMAGES = [
     "![z](/dev/zero)",
@@ -119,7 +119,7 @@ def test_dev_zero_image_renders_in_bounded_memory(tmp_path):
         resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
         from PySide6.QtWidgets import QApplication, QLabel
         from app.window.markdown_view import to_html
-        from app.theme import LIGHT
+        from app.window.theme import LIGHT
         app = QApplication([])
         from app.window.markdown_view import MarkdownView, SafeTextDocument
         label = QLabel(to_html("![z](/dev/zero) ![y](file:///dev/zero)", LIGHT))

@@ -459,7 +459,7 @@ def _build_branchwise(db: Path) -> None:
 
 
 def _export_all(db: Path) -> str:
-    from app.cli_import import write_export_all
+    from app.cli.import_commands import write_export_all
 
     out = io.StringIO()
     with ChatStore(db) as chats:

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from app.terminal_progress import TerminalProgress, wanted
+from app.cli.progress import TerminalProgress, wanted
 
 STORY = ("The river town kept its bridges in good repair, and every spring the mayor walked "
          "across each one to count the loose stones. ") * 14  # about 350 tokens to prefill

@@ -59,7 +59,7 @@ def _ctx_size(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from app.cli_storage import add_delete_parser, add_message_arguments
+    from app.cli.storage_commands import add_delete_parser, add_message_arguments
     from engine.settings import KV_TYPES, EngineSettings  # no llama_cpp: only the defaults
 
     defaults = EngineSettings()
@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--format", choices=["json", "markdown"], default="markdown")
     export.add_argument("--all-branches", action="store_true", help="markdown: every message, not only the active branch")
     add_delete_parser(conv_sub, common)
-    from app import cli_import  # `import` and `export --all`: backup and restore
+    from app.cli import import_commands as cli_import  # `import` and `export --all`: backup and restore
 
     cli_import.add_export_all_arguments(export)
     cli_import.add_import_parser(sub, common)
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_bench(model=args.model, as_json=args.json, quick=args.quick)
         if args.command == "import":
-            from app.cli_import import run_import
+            from app.cli.import_commands import run_import
 
             return run_import(args, _data_dir(args))
         from app.serve.commands import cmd_serve
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         log.debug("command failed", exc_info=True)
         print(f"branchwise: {exc}", file=sys.stderr)
         if getattr(args, "json", False):
-            from app.cli_storage import error_json
+            from app.cli.storage_commands import error_json
 
             print(error_json(exc))
         return EXIT_ERROR
@@ -315,7 +315,7 @@ def _open_engine(args):
         from app.serve.commands import open_remote_engine
 
         return open_remote_engine(args)
-    from app.cli_storage import check_model_path
+    from app.cli.storage_commands import check_model_path
     from engine.core import Engine
     from engine.cpu import CrashVerdict
     from engine.model_file import default_model_path
@@ -332,7 +332,7 @@ def _open_engine(args):
             store = _open_store(args)
         except StorageError as exc:
             print(f"branchwise: running without the KV cache: {exc}", file=sys.stderr)
-    from app.terminal_progress import TerminalProgress
+    from app.cli.progress import TerminalProgress
 
     args.progress = TerminalProgress.for_args(args)
     with args.progress.loading():
@@ -356,7 +356,7 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     ``app.session``'s recorder, the same rules as the window). A full disk while the reply
     streams does not stop it; what was and was not saved is reported (``saved``)."""
     from app.cli.terminal_text import for_stream
-    from app.cli_storage import Saved
+    from app.cli.storage_commands import Saved
     from app.session import ConversationSession, ReplyState
     from engine.errors import ContextOverflowError, EngineError
     from storage.errors import StorageFullError
@@ -489,7 +489,7 @@ def _model_label(args) -> str:
 
 
 def cmd_chat(args) -> int:
-    from app.cli_storage import message_text
+    from app.cli.storage_commands import message_text
     from storage.errors import NotFoundError
 
     args.text = message_text(args)
@@ -569,11 +569,11 @@ def cmd_conversations(args) -> int:
             echo(conversation_markdown(data, active_only=True))
         return 0
     if args.action == "delete":
-        from app.cli_storage import cmd_delete
+        from app.cli.storage_commands import cmd_delete
 
         return cmd_delete(args, chats, lambda: _open_store(args))
     if args.all:
-        from app.cli_import import run_export_all
+        from app.cli.import_commands import run_export_all
 
         return run_export_all(args, chats)
     if args.action == "export" and args.id is None:
@@ -582,7 +582,7 @@ def cmd_conversations(args) -> int:
     if args.format == "json":
         print(json.dumps(data, ensure_ascii=False, indent=2))
     else:
-        from app.cli_storage import branch_note
+        from app.cli.storage_commands import branch_note
 
         echo(branch_note(data, args.all_branches) + "\n")
         echo(conversation_markdown(data, active_only=not args.all_branches))
@@ -611,7 +611,7 @@ def cmd_cache(args) -> int:
         print("prefix store cleared")
     if store.recovered_from:
         print(f"the cache file was damaged ({store.recovered_from}) and has been replaced by an empty one")
-    from app.cli_storage import stats_text
+    from app.cli.storage_commands import stats_text
 
     print(stats_text(result))
     return 0

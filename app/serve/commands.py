@@ -1,5 +1,5 @@
 """The command-line side of the OpenAI-compatible API: ``branchwise serve`` and the
-``--engine-url`` options of ``chat`` and ``regenerate`` (hooked in by app/cli.py)."""
+``--engine-url`` options of ``chat`` and ``regenerate`` (hooked in by app/cli/commands.py)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 ``import`` reads exports of ChatGPT, Claude, Open WebUI, LM Studio, SillyTavern
 and Branchwise itself (``storage.importers``), keeping every branch; ``export
 --all`` writes every conversation as one Branchwise JSON file, the backup that
-``import`` restores. Hooked into ``app/cli.py`` by ``add_import_parser``,
+``import`` restores. Hooked into ``app/cli/commands.py`` by ``add_import_parser``,
 ``add_export_all_arguments`` and ``run_import`` / ``run_export_all``.
 """
 

@@ -2,7 +2,7 @@
 conversation for good, the cache statistics in human units, the Markdown export's
 branch note, and saying what a turn did and did not save.
 
-``app/cli.py`` calls these; they hold no state.
+``app/cli/commands.py`` calls these; they hold no state.
 """
 
 from __future__ import annotations
