@@ -25,17 +25,9 @@ from pathlib import Path
 CHILD_ENV = "BRANCHWISE_SUPERVISED"
 """Set in the child's environment to the parent's pid: the child runs the command itself."""
 from engine.cpu import CRASH_ENV  # noqa: E402  (a debug switch that makes the engine crash)
+from engine.process_exit import crash_name  # noqa: E402
 EXIT_CRASHED = 70  # EX_SOFTWARE (sysexits.h): an internal software error
 LOG_NAME = "cli.log"
-
-# Windows reports a crash as an NTSTATUS exit code.
-_WINDOWS_CRASHES = {
-    0xC0000005: "an access violation",
-    0xC000001D: "an illegal instruction",
-    0xC0000409: "a stack buffer overrun",
-    0xC00000FD: "a stack overflow",
-}
-
 
 def in_child() -> bool:
     """True in the child process that actually runs the command."""
@@ -43,27 +35,14 @@ def in_child() -> bool:
 
 
 def crash_description(returncode: int) -> str | None:
-    """Words for an exit code that means the process crashed, or None if it exited normally.
-
-    POSIX: a negative return code is the signal number (subprocess convention).
-    Windows: an NTSTATUS code such as 0xC0000005 (access violation).
-    """
+    """Words for an exit code that means the process crashed ("a segmentation fault
+    (SIGSEGV)"), or None when it exited or was stopped normally (engine/process_exit.py)."""
+    name = crash_name(returncode)
+    if name is None:
+        return None
     if returncode < 0:
-        try:
-            sig = signal.Signals(-returncode)
-        except ValueError:
-            return f"signal {-returncode}"
-        return {
-            signal.SIGSEGV: "a segmentation fault (SIGSEGV)",
-            signal.SIGBUS: "a bus error (SIGBUS)",
-            signal.SIGILL: "an illegal instruction (SIGILL)",
-            signal.SIGABRT: "an abort (SIGABRT)",
-            signal.SIGFPE: "a floating-point exception (SIGFPE)",
-        }.get(sig, f"{sig.name}")
-    code = returncode & 0xFFFFFFFF
-    if code in _WINDOWS_CRASHES:
-        return f"{_WINDOWS_CRASHES[code]} (0x{code:08X})"
-    return None
+        return f"{'an' if name[0] in 'aeiou' else 'a'} {name} ({signal.Signals(-returncode).name})"
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name} (0x{returncode & 0xFFFFFFFF:08X})"
 
 
 def child_command(argv: list[str]) -> list[str]:

@@ -13,21 +13,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-_POSIX_CRASHES = {
-    getattr(signal, "SIGSEGV", 11): "segmentation fault",
-    getattr(signal, "SIGBUS", 7): "bus error",
-    getattr(signal, "SIGILL", 4): "illegal instruction",
-    getattr(signal, "SIGFPE", 8): "arithmetic error",
-    getattr(signal, "SIGABRT", 6): "abort",
-}
-_WINDOWS_CRASHES = {  # ntstatus.h
-    0xC0000005: "access violation",
-    0xC000001D: "illegal instruction",
-    0xC0000096: "privileged instruction",
-    0xC00000FD: "stack overflow",
-    0xC0000409: "abort",  # STATUS_STACK_BUFFER_OVERRUN, what abort() raises under the MSVC runtime
-}
-
+from engine.process_exit import crash_name
 
 @dataclass(frozen=True)
 class CrashReport:
@@ -38,15 +24,6 @@ class CrashReport:
     message: str
     native_crash: bool
     safe_restart: bool
-
-
-def crash_name(exitcode: int | None) -> str | None:
-    """"segmentation fault", "abort", ... for an exit code that means a native crash, else None."""
-    if exitcode is None:
-        return None
-    if exitcode < 0:
-        return _POSIX_CRASHES.get(-exitcode)
-    return _WINDOWS_CRASHES.get(exitcode & 0xFFFFFFFF)
 
 
 def describe_exit(exitcode: int | None, log_file: Path | str, *, early: bool, repack: str) -> CrashReport:
