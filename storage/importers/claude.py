@@ -28,7 +28,6 @@ from typing import IO, Any, Final
 from storage.importers import jsonio
 from storage.importers.parts import (
     code_block,
-    conversation_label,
     epoch,
     join_parts,
     placeholder,
@@ -47,12 +46,7 @@ def read(stream: IO[bytes], kind: str) -> Iterator[SourceConversation]:
     Raises:
         ImportFileError: not JSON, or a conversation without ``chat_messages``.
     """
-    for n, raw in enumerate(jsonio.items(stream, "item" if kind == "[" else "")):
-        try:
-            conv = conversation(raw, n)
-        except ImportFileError as exc:
-            raise ImportFileError(f"{conversation_label(raw, n)}: {exc}") from exc
-        yield conv
+    return jsonio.each_conversation(stream, kind, conversation)
 
 
 def conversation(raw: Any, n: int) -> SourceConversation:

@@ -9,7 +9,7 @@ bounded by the largest conversation, not the file.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 import ijson
@@ -103,3 +103,17 @@ def json_line(line: bytes, number: int) -> Any:
 def _short(exc: Exception) -> str:
     text = str(exc).strip().splitlines()[0].strip() if str(exc).strip() else type(exc).__name__
     return text if len(text) <= 200 else text[:200] + "…"
+
+
+def each_conversation(stream: IO[bytes], kind: str, parse: Callable[[Any, int], Any]) -> Iterator[Any]:
+    """Parse the conversations of a JSON array (``kind`` "[") or of one conversation object
+    (``kind`` "{") one at a time with ``parse(raw, index)``; an ImportFileError it raises is
+    prefixed with the conversation's title or position (``parts.conversation_label``)."""
+    from storage.importers.parts import conversation_label
+
+    for n, raw in enumerate(items(stream, "item" if kind == "[" else "")):
+        try:
+            conv = parse(raw, n)
+        except ImportFileError as exc:
+            raise ImportFileError(f"{conversation_label(raw, n)}: {exc}") from exc
+        yield conv

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 from storage.importers import jsonio
-from storage.importers.parts import conversation_label, epoch, join_parts, placeholder, text_of
+from storage.importers.parts import epoch, join_parts, placeholder, text_of
 from storage.importers.records import ImportFileError, SourceConversation, SourceMessage
 from storage.importers.thinking import open_webui_details
 
@@ -33,12 +33,7 @@ def read(stream: IO[bytes], kind: str) -> Iterator[SourceConversation]:
     Raises:
         ImportFileError: not JSON, or a chat without ``history.messages``.
     """
-    for n, raw in enumerate(jsonio.items(stream, "item" if kind == "[" else "")):
-        try:
-            conv = conversation(raw, n)
-        except ImportFileError as exc:
-            raise ImportFileError(f"{conversation_label(raw, n)}: {exc}") from exc
-        yield conv
+    return jsonio.each_conversation(stream, kind, conversation)
 
 
 def conversation(raw: Any, n: int) -> SourceConversation:
