@@ -25,6 +25,7 @@ from app.window.actions import build_menus
 from app.window.app_settings import AppSettings
 from app.window.banner import Banner
 from app.window.composer import Composer
+from app.window.import_dialog import ImportController, droppable_paths
 from app.window.model_controller import ModelController
 from app.window.settings_dialog import SettingsDialog
 from app.window.sidebar import Sidebar
@@ -80,10 +81,12 @@ class MainWindow(QMainWindow):
         self.status = StatusBar(self.statusBar())
         self.model = ModelController(self, model_path)
         self.chat = ChatController(self)
+        self.importer = ImportController(self)
         self._connect()
         self.menu_actions = build_menus(self)
         self.menu_actions["toggle_tree"].setChecked(self.settings.show_tree)
         self.resize(1180, 760)
+        self.setAcceptDrops(True)
         self.sidebar.refresh()
         ids = self.sidebar.ids()
         self.show_conversation(ids[0] if ids else None)
@@ -132,7 +135,7 @@ class MainWindow(QMainWindow):
         self.transcript.edit_saved.connect(chat.edit)
         self.transcript.regenerate_requested.connect(chat.regenerate)
         self.transcript.fork_requested.connect(chat.fork)
-        self.composer.send_requested.connect(chat.send)
+        self.composer.send_requested.connect(self.send_message)
         self.composer.stop_requested.connect(chat.stop)
         self.tree.node_clicked.connect(chat.select)
         chat.reply_finished.connect(self.reply_finished)
@@ -227,7 +230,9 @@ class MainWindow(QMainWindow):
         self.chat.render()
 
     def send_message(self, text: str) -> None:
-        self.chat.send(text)
+        """Send ``text``; while an import holds the database's write lock, it is sent after."""
+        if not self.importer.hold_send(text):
+            self.chat.send(text)
 
     def edit_message(self, message_id: int, text: str) -> None:
         self.chat.edit(message_id, text)
@@ -263,6 +268,24 @@ class MainWindow(QMainWindow):
         w = next((w for w in reversed(self.transcript.widgets) if w.role == "user" and w.message), None)
         if w is not None:
             w.begin_edit()
+
+    # -- import (ImportController) ---------------------------------------------------------
+
+    def import_chats(self) -> None:
+        self.importer.open_dialog()
+
+    def import_folder(self) -> None:
+        self.importer.open_folder_dialog()
+
+    def dragEnterEvent(self, event) -> None:  # noqa: N802 - Qt override
+        if event.mimeData().hasUrls() and droppable_paths(event.mimeData().urls()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event) -> None:  # noqa: N802 - Qt override
+        paths = droppable_paths(event.mimeData().urls()) if event.mimeData().hasUrls() else []
+        if paths:
+            event.acceptProposedAction()
+            self.importer.start(paths)
 
     def focus_search(self) -> None:
         self.sidebar.focus_search()
@@ -369,6 +392,7 @@ class MainWindow(QMainWindow):
         if self.closed:
             return
         self.closed = True
+        self.importer.shutdown()
         self.chat.shutdown()
         self.save_settings()
         self.sidebar.commit_delete()
