@@ -35,6 +35,10 @@ ACTIONS = {
         ("stop_reply", "Stop reply", None, False),
         ("fork_last", "Fork to new chat", None, False),
     ],
+    "&Server": [
+        ("start_api_server", "Start API server", None, False),
+        ("stop_api_server", "Stop API server", None, False),
+    ],
     "&View": [
         ("toggle_tree", "Conversation tree", "Ctrl+T", True),
         ("theme", "Theme", None, False),  # a submenu of the themes

@@ -35,6 +35,8 @@ class AppSettings:
     theme: "system", "light" or "dark". recent_models: newest first (paths).
     last_model: the model to load at start (None: the embedded default model).
     show_tree: whether the tree panel is open.
+    api_host / api_port / api_key: where Server → Start API server listens (``branchwise
+        serve``; an empty key: none, allowed on loopback only).
     """
 
     n_ctx: int = _ENGINE.n_ctx
@@ -47,6 +49,9 @@ class AppSettings:
     recent_models: list[str] = field(default_factory=list)
     last_model: str | None = None
     show_tree: bool = False
+    api_host: str = "127.0.0.1"
+    api_port: int = 8080
+    api_key: str = ""
 
     def engine_settings(self) -> EngineSettings:
         """The EngineSettings these settings describe. Flash attention keeps its default (off,

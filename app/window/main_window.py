@@ -27,6 +27,7 @@ from app.window.banner import Banner
 from app.window.composer import Composer
 from app.window.import_dialog import ImportController, droppable_paths
 from app.window.model_controller import ModelController
+from app.window.server_controller import ServerController
 from app.window.settings_dialog import SettingsDialog
 from app.window.sidebar import Sidebar
 from app.window.status_bar import StatusBar
@@ -82,9 +83,12 @@ class MainWindow(QMainWindow):
         self.model = ModelController(self, model_path)
         self.chat = ChatController(self)
         self.importer = ImportController(self)
+        self.api_server = ServerController(self)
         self._connect()
         self.menu_actions = build_menus(self)
         self.menu_actions["toggle_tree"].setChecked(self.settings.show_tree)
+        self.api_server.state_changed.connect(self._api_state_changed)
+        self._api_state_changed(self.api_server.state)
         self.resize(1180, 760)
         self.setAcceptDrops(True)
         self.sidebar.refresh()
@@ -287,6 +291,18 @@ class MainWindow(QMainWindow):
             event.acceptProposedAction()
             self.importer.start(paths)
 
+    # -- the API server (ServerController) ------------------------------------------------
+
+    def start_api_server(self) -> None:
+        self.api_server.start()
+
+    def stop_api_server(self) -> None:
+        self.api_server.stop()
+
+    def _api_state_changed(self, state: str) -> None:
+        self.menu_actions["start_api_server"].setEnabled(state in ("stopped", "failed"))
+        self.menu_actions["stop_api_server"].setEnabled(state in ("starting", "running"))
+
     def focus_search(self) -> None:
         self.sidebar.focus_search()
 
@@ -393,6 +409,7 @@ class MainWindow(QMainWindow):
             return
         self.closed = True
         self.importer.shutdown()
+        self.api_server.shutdown()
         self.chat.shutdown()
         self.save_settings()
         self.sidebar.commit_delete()

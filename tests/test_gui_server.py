@@ -1,0 +1,86 @@
+"""Server → Start API server in the real window: ``branchwise serve`` runs as the window's
+child process on the window's model and data folder; GET /v1/models answers on loopback
+with the key of the settings; the status bar shows the URL; Stop ends it."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import json  # noqa: E402
+
+import httpx  # noqa: E402
+
+from tests.serve_procs import free_port  # noqa: E402
+
+START_TIMEOUT_MS = 300_000
+
+
+def _settings(data_dir, **values) -> None:
+    path = data_dir / "settings.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **values}))
+
+
+def test_start_the_api_server_from_the_menu_and_stop_it(qtbot, open_window, data_dir):
+    port = free_port()
+    _settings(data_dir, api_port=port, api_key="s3cret-key")
+    w = open_window(data_dir, wait=False, start_engine=False)
+    start, stop = w.menu_actions["start_api_server"], w.menu_actions["stop_api_server"]
+    assert start.isEnabled() and not stop.isEnabled()
+    assert not w.status.api_label.isVisible()
+
+    start.trigger()
+    assert w.api_server.state == "starting"
+    assert "s3cret-key" not in " ".join(w.api_server.argv())  # the key goes in the environment
+    qtbot.waitUntil(lambda: w.api_server.state in ("running", "failed"), timeout=START_TIMEOUT_MS)
+    assert w.api_server.state == "running", w.api_server.error
+    assert w.api_server.url == f"http://127.0.0.1:{port}/v1"
+    assert w.status.api_label.text() == f"API: http://127.0.0.1:{port}"
+    assert w.status.api_label.isVisible()
+    assert stop.isEnabled() and not start.isEnabled()
+
+    denied = httpx.get(f"{w.api_server.url}/models", timeout=30)
+    assert denied.status_code == 401
+    r = httpx.get(f"{w.api_server.url}/models", headers={"Authorization": "Bearer s3cret-key"}, timeout=30)
+    assert r.status_code == 200
+    body = r.json()
+    assert body["object"] == "list"
+    assert [m["id"] for m in body["data"]] == ["SmolLM2-135M-Instruct.Q4_1"]
+
+    with qtbot.waitSignal(w.api_server.state_changed, timeout=START_TIMEOUT_MS,
+                          check_params_cb=lambda s: s == "stopped"):
+        stop.trigger()
+    assert not w.status.api_label.isVisible()
+    assert start.isEnabled() and not stop.isEnabled()
+    try:
+        httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5)
+        refused = False
+    except httpx.ConnectError:
+        refused = True
+    assert refused
+
+
+def test_a_public_address_without_a_key_is_refused_with_words(qtbot, open_window, data_dir):
+    _settings(data_dir, api_host="0.0.0.0", api_key="")
+    w = open_window(data_dir, wait=False, start_engine=False)
+    w.menu_actions["start_api_server"].trigger()
+    assert w.api_server.state == "failed"
+    assert "needs an API key" in w.banner.text
+    assert w.menu_actions["start_api_server"].isEnabled()
+
+
+def test_a_port_in_use_fails_with_the_servers_reason(qtbot, open_window, data_dir):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        _settings(data_dir, api_port=busy.getsockname()[1])
+        w = open_window(data_dir, wait=False, start_engine=False)
+        w.start_api_server()
+        qtbot.waitUntil(lambda: w.api_server.state in ("running", "failed"), timeout=START_TIMEOUT_MS)
+    assert w.api_server.state == "failed"
+    assert w.banner.isVisible() and "did not start" in w.banner.text
+    assert "Traceback" not in w.banner.text
+    assert not w.status.api_label.isVisible()
