@@ -84,3 +84,22 @@ def test_a_port_in_use_fails_with_the_servers_reason(qtbot, open_window, data_di
     assert w.banner.isVisible() and "did not start" in w.banner.text
     assert "Traceback" not in w.banner.text
     assert not w.status.api_label.isVisible()
+
+
+def test_the_settings_dialog_sets_address_port_and_key(qtbot, open_window, data_dir):
+    from app.window.app_settings import AppSettings
+
+    w = open_window(data_dir, wait=False, start_engine=False)
+    assert (w.settings.api_host, w.settings.api_port, w.settings.api_key) == ("127.0.0.1", 8080, "")
+    w.open_settings()
+    dlg = w.settings_dialog
+    tab = next(i for i in range(dlg.tabs.count()) if dlg.tabs.tabText(i) == "API server")
+    dlg.tabs.setCurrentIndex(tab)
+    assert dlg.api_key.echoMode() == dlg.api_key.EchoMode.Password
+    dlg.api_port.setValue(9123)
+    qtbot.keyClicks(dlg.api_key, "k-123")
+    dlg.accept()
+    assert (w.settings.api_port, w.settings.api_key) == (9123, "k-123")
+    saved = AppSettings.load(data_dir)
+    assert (saved.api_host, saved.api_port, saved.api_key) == ("127.0.0.1", 9123, "k-123")
+    assert w.api_server.argv()[w.api_server.argv().index("--port") + 1] == "9123"

@@ -121,6 +121,25 @@ class SettingsDialog(QDialog):
         form2.addRow(note)
         tabs.addTab(app_tab, "App")
 
+        # -- the API server (Server → Start API server)
+        self.api_host = QLineEdit(settings.api_host)
+        self.api_host.setPlaceholderText("127.0.0.1")
+        self.api_port = self._spin(1, 65535, settings.api_port if 0 < int(settings.api_port) < 65536 else 8080)
+        self.api_key = QLineEdit(settings.api_key)
+        self.api_key.setEchoMode(QLineEdit.EchoMode.Password)
+        self.api_key.setPlaceholderText("none (allowed on 127.0.0.1 only)")
+        api_tab = QWidget()
+        form3 = QFormLayout(api_tab)
+        form3.addRow("Address", self.api_host)
+        form3.addRow("Port", self.api_port)
+        form3.addRow("API key", self.api_key)
+        api_note = QLabel("Other apps connect to http://ADDRESS:PORT/v1 with any OpenAI client. Any address "
+                          "but 127.0.0.1 lets other machines connect and needs a key (sent as "
+                          "'Authorization: Bearer KEY'). Changes apply the next time the server starts.")
+        api_note.setWordWrap(True)
+        form3.addRow(api_note)
+        tabs.addTab(api_tab, "API server")
+
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
@@ -194,7 +213,10 @@ class SettingsDialog(QDialog):
         }
 
     def app_values(self) -> dict:
-        """n_ctx, n_threads, type_k, type_v, budget_bytes as entered."""
+        """n_ctx, n_threads, type_k, type_v, budget_bytes, api_host, api_port, api_key as entered
+        (an empty address is 127.0.0.1)."""
         type_k, type_v = self.kv.currentData()
         return {"n_ctx": self.n_ctx.value(), "n_threads": self.threads.value(),
-                "type_k": type_k, "type_v": type_v, "budget_bytes": self.budget.value() * MB}
+                "type_k": type_k, "type_v": type_v, "budget_bytes": self.budget.value() * MB,
+                "api_host": self.api_host.text().strip() or "127.0.0.1", "api_port": self.api_port.value(),
+                "api_key": self.api_key.text().strip()}
