@@ -11,6 +11,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 import json  # noqa: E402
 
 import httpx  # noqa: E402
+from PySide6.QtCore import Qt  # noqa: E402
 
 from tests.serve_procs import free_port  # noqa: E402
 
@@ -103,3 +104,52 @@ def test_the_settings_dialog_sets_address_port_and_key(qtbot, open_window, data_
     saved = AppSettings.load(data_dir)
     assert (saved.api_host, saved.api_port, saved.api_key) == ("127.0.0.1", 9123, "k-123")
     assert w.api_server.argv()[w.api_server.argv().index("--port") + 1] == "9123"
+
+
+def test_the_engine_setting_sends_replies_to_a_server_and_keeps_the_tree_local(qtbot, open_window, data_dir,
+                                                                               tmp_path):
+    """Settings → Engine: an OpenAI-compatible server (``branchwise serve`` started here). The
+    reply equals the server's own answer to the same request; when the server is gone, the
+    send shows a banner in words and the user's message stays in the tree."""
+    from tests.gui_helpers import new_chat, send_and_wait
+    from tests.serve_procs import BranchwiseServe
+
+    (tmp_path / "server").mkdir()
+    with BranchwiseServe(tmp_path / "server", "--threads", "1") as server:
+        server.start()
+        _settings(data_dir, engine_url=server.url)
+        w = open_window(data_dir)
+        host = server.url.split("//", 1)[1].split("/", 1)[0]
+        assert w.model_label.text() == f"SmolLM2-135M-Instruct.Q4_1 @ {host}"
+        assert w.settings.recent_models == []  # a server is not a model file to remember
+        cid = new_chat(w)
+        mid = send_and_wait(qtbot, w, "Name a colour.")
+        reply = w.store.get_message(mid)
+        assert reply.role == "assistant" and reply.content.strip()
+        assert reply.conversation_id == cid
+        direct = httpx.post(f"{server.url}/chat/completions", timeout=120, json={
+            "messages": [{"role": "user", "content": "Name a colour."}],
+            "temperature": 0.0, "max_tokens": 24, "seed": 1}).json()
+        assert reply.content == direct["choices"][0]["message"]["content"]
+    # the server has stopped: the next send fails with a readable banner, the message is kept
+    w.composer.input.setPlainText("Still there?")
+    with qtbot.waitSignal(w.reply_finished, timeout=120_000):
+        qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
+    assert w.banner.isVisible() and w.banner.kind == "error"
+    assert host in w.banner.text and "Traceback" not in w.banner.text
+    users = [m for m in w.store.path_to(w.store.get_conversation(cid).active_leaf_id) if m.role == "user"]
+    assert [m.content for m in users] == ["Name a colour.", "Still there?"]
+
+
+def test_switching_the_engine_back_to_the_local_model_in_settings(qtbot, open_window, data_dir):
+    _settings(data_dir, engine_url="http://127.0.0.1:9/v1", engine_key="k", engine_model="m")
+    w = open_window(data_dir, wait=False, start_engine=False)
+    w.open_settings()
+    dlg = w.settings_dialog
+    assert dlg.engine_kind.currentData() == "remote" and dlg.engine_url.isEnabled()
+    assert dlg.engine_url.text() == "http://127.0.0.1:9/v1"
+    dlg.engine_kind.setCurrentIndex(dlg.engine_kind.findData("local"))
+    assert not dlg.engine_url.isEnabled()
+    dlg.accept()
+    assert (w.settings.engine_url, w.settings.engine_key, w.settings.engine_model) == ("", "", "")
+    assert w.settings.remote_engine() is None

@@ -367,7 +367,8 @@ class MainWindow(QMainWindow):
             self.store.set_system_prompt(conv.id, prompt)
             self.store.set_sampling(conv.id, sampling)
         values = dlg.app_values()
-        reload_needed = any(getattr(self.settings, k) != values[k] for k in ("n_ctx", "n_threads", "type_k", "type_v"))
+        reload_needed = any(getattr(self.settings, k) != values[k] for k in ("n_ctx", "n_threads", "type_k", "type_v",
+                                                                      "engine_url", "engine_key", "engine_model"))
         budget_changed = values["budget_bytes"] != self.settings.budget_bytes
         for k, v in values.items():
             setattr(self.settings, k, v)

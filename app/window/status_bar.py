@@ -28,6 +28,7 @@ class StatusBar:
         self.progress.hide()
         self.context_label = QLabel()
         self.model_label = QLabel("No model")
+        self.model_label.setTextFormat(Qt.TextFormat.PlainText)  # a file's or a server's model name
         self.api_label = QLabel()  # "API: http://127.0.0.1:8080/v1" while the API server runs
         self.api_label.setObjectName("api_status")
         self.api_label.setTextFormat(Qt.TextFormat.PlainText)
