@@ -189,3 +189,18 @@ def test_cancel_from_the_progress_dialog_rolls_back(qtbot, open_window, data_dir
     assert done.args[0].cancelled
     assert w.store.list_conversations() == []
     assert "cancelled" in w.importer.summary_box.text()
+
+
+def test_an_import_asked_for_during_a_reply_starts_when_the_reply_ends(qtbot, open_window, data_dir, monkeypatch):
+    """A streaming reply writes to the database as it goes, so the import waits for it."""
+    w = _window(open_window, data_dir)
+    streaming = {"on": True}
+    monkeypatch.setattr(type(w.chat), "streaming", property(lambda _self: streaming["on"]))
+    assert w.importer.start([SAMPLES / "openwebui_chat-export.json"])
+    assert not w.importer.running
+    assert w.banner.text == "The import starts when this reply finishes."
+    streaming["on"] = False
+    with qtbot.waitSignal(w.importer.finished, timeout=TIMEOUT_MS) as done:
+        w.chat.reply_finished.emit(0)
+    assert done.args[0].conversations == 1
+    assert len(w.sidebar.ids()) == 1

@@ -153,3 +153,14 @@ def test_switching_the_engine_back_to_the_local_model_in_settings(qtbot, open_wi
     dlg.accept()
     assert (w.settings.engine_url, w.settings.engine_key, w.settings.engine_model) == ("", "", "")
     assert w.settings.remote_engine() is None
+
+
+def test_an_unreachable_engine_server_says_so_and_offers_settings(qtbot, open_window, data_dir):
+    port = free_port()  # nothing listens there
+    _settings(data_dir, engine_url=f"http://127.0.0.1:{port}/v1")
+    w = open_window(data_dir, wait=False)
+    qtbot.waitUntil(lambda: w.model_state in ("ready", "failed", "dead"), timeout=START_TIMEOUT_MS)
+    assert w.model_state == "failed"
+    assert w.banner.text.startswith("The engine server could not be used.")
+    assert f"127.0.0.1:{port}" in w.banner.text and "Traceback" not in w.banner.text
+    assert w.banner.button("Settings…") is not None and w.banner.button("Retry") is not None

@@ -5,7 +5,9 @@ thread (its own SQLite connection), shows a progress dialog only when the import
 over ``SHOW_PROGRESS_MS``, then a summary dialog (``summary_text``) and refreshes the
 sidebar. The importer holds the chat database's write lock for the whole of each file,
 so while an import runs the window keeps a message the user sends (``hold_send``) and
-sends it when the import has finished, instead of waiting on the lock on the UI thread.
+sends it when the import has finished, instead of waiting on the lock on the UI thread;
+and an import asked for while a reply streams (which writes as it goes) starts when the
+reply ends.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ def summary_text(summary: ImportSummary) -> tuple[str, str]:
         lines.append("The import was cancelled: the file being read was rolled back; "
                      "files finished before it are kept.")
     for f in summary.failed:
-        lines.append(f"Nothing was imported from {Path(f.path).name}: {f.error or 'unknown error'}")
+        reason = (f.error or "unknown error").removeprefix(f"{f.path}: ")  # the importer names the path
+        lines.append(f"Nothing was imported from {Path(f.path).name}: {reason}")
     skipped = [s for f in summary.files for s in f.skipped]
     if skipped:
         lines.append(f"{len(skipped):,} item{'s were' if len(skipped) != 1 else ' was'} skipped "
@@ -95,6 +98,8 @@ class ImportController(QObject):
         self._thread: threading.Thread | None = None
         self._cancel = threading.Event()
         self._held_text: str | None = None
+        self._waiting: list[Path] | None = None  # paths to import once the streaming reply ends
+        window.chat.reply_finished.connect(self._reply_finished)
         self._show_timer = QTimer(self)
         self._show_timer.setSingleShot(True)
         self._show_timer.timeout.connect(self._show_progress)
@@ -125,6 +130,10 @@ class ImportController(QObject):
             return False
         if not paths:
             return False
+        if self.w.chat.streaming:  # the reply writes as it streams; the import would hold the lock
+            self._waiting = list(paths)
+            self.w.banner.show_message("The import starts when this reply finishes.", "info")
+            return True
         self.state = ImportState.RUNNING
         self._cancel.clear()
         self._last = None
@@ -134,6 +143,13 @@ class ImportController(QObject):
         self._thread.start()
         self._show_timer.start(SHOW_PROGRESS_MS)
         return True
+
+    def _reply_finished(self, _message_id: int) -> None:
+        paths, self._waiting = self._waiting, None
+        if paths and not self.w.closed:
+            if self.w.banner.isVisible() and self.w.banner.text.startswith("The import starts when"):
+                self.w.banner.hide()
+            self.start(paths)
 
     def cancel(self) -> None:
         """Ask the worker to stop; the file being read is rolled back."""
@@ -151,6 +167,7 @@ class ImportController(QObject):
 
     def shutdown(self) -> None:
         """Cancel a running import and wait for its worker (it rolls back the current file)."""
+        self._waiting = None
         self._show_timer.stop()
         if self._thread is not None:
             self._cancel.set()

@@ -169,6 +169,11 @@ class ModelController(QObject):
         self.window.status.progress.hide()
         self.window.status.model_label.setText("No model")
         self.after_load = None
+        if self.window.settings.remote_engine() is not None:  # the server could not be reached
+            self.window.banner.show_message(f"The engine server could not be used. {message}", "error",
+                                            [("Retry", self.reload), ("Settings…", self.window.open_settings)])
+            self.failed.emit(message)
+            return
         actions = [("Open model…", self.open_dialog)]
         if self.good_path and self.good_path != self.path:
             actions.append(("Load previous model", lambda: self.load(self.good_path)))
