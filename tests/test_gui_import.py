@@ -157,12 +157,19 @@ def test_progress_shows_and_a_send_during_the_import_waits_for_it(qtbot, open_wi
     assert "will be sent as soon as it finishes" in w.banner.text
     assert w.store.list_conversations() == []  # nothing written while the import runs
 
+    forked = []
+    monkeypatch.setattr(w.chat, "fork", forked.append)
+    w.fork(1234)  # a fork (as the transcript's Fork button asks) is held too, after the send
+    assert "the fork will be made as soon as it finishes" in w.banner.text
+    assert forked == []
+
     with qtbot.waitSignal(w.importer.finished, timeout=TIMEOUT_MS):
         gate.set()
-    assert w.importer.progress_dialog is None
-    assert not w.importer.running
+    assert forked == [1234]
     # no model is loaded, so the held message goes back to the composer, as any send would
     assert w.composer.text() == "sent during the import"
+    assert w.importer.progress_dialog is None
+    assert not w.importer.running
 
 
 def test_cancel_from_the_progress_dialog_rolls_back(qtbot, open_window, data_dir, monkeypatch):

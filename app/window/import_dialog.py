@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 
@@ -97,7 +98,7 @@ class ImportController(QObject):
         self.summary_box: QMessageBox | None = None
         self._thread: threading.Thread | None = None
         self._cancel = threading.Event()
-        self._held_text: str | None = None
+        self._held: list[Callable[[], None]] = []
         self._waiting: list[Path] | None = None  # paths to import once the streaming reply ends
         window.chat.reply_finished.connect(self._reply_finished)
         self._show_timer = QTimer(self)
@@ -157,12 +158,19 @@ class ImportController(QObject):
 
     def hold_send(self, text: str) -> bool:
         """While an import runs, keep ``text`` to send when it finishes; False when idle."""
+        return self.hold(lambda: self.w.chat.send(text), "your message will be sent")
+
+    def hold(self, action: Callable[[], None], what: str) -> bool:
+        """While an import runs, keep ``action`` (a change to the chats: a send, an edit, a
+        regenerate, a fork) to run when it finishes, and say so in the banner ("An import
+        is writing…; <what> as soon as it finishes."); False when idle (run it now).
+        Held actions run in the order they were asked for."""
         if not self.running:
             return False
-        self._held_text = text
+        self._held.append(action)
         self.w.banner.show_message(
-            "An import is writing to the chat database; your message will be sent as soon as it "
-            "finishes.", "info", [("Cancel import", self.cancel)])
+            f"An import is writing to the chat database; {what} as soon as it finishes.", "info",
+            [("Cancel import", self.cancel)])
         return True
 
     def shutdown(self) -> None:
@@ -237,11 +245,11 @@ class ImportController(QObject):
         else:
             self._refresh(summary)
             self._show_summary(summary)
-        held, self._held_text = self._held_text, None
-        if held is not None:
-            if self.w.banner.isVisible() and self.w.banner.button("Cancel import") is not None:
-                self.w.banner.hide()
-            self.w.chat.send(held)
+        held, self._held = self._held, []
+        if held and self.w.banner.isVisible() and self.w.banner.button("Cancel import") is not None:
+            self.w.banner.hide()
+        for action in held:
+            action()
         if summary is not None:
             self.finished.emit(summary)
 

@@ -136,9 +136,9 @@ class MainWindow(QMainWindow):
         self.sidebar.delete_committed.connect(self._delete_committed)
         self.sidebar.changed.connect(self.refresh_title)
         self.transcript.sibling_requested.connect(chat.switch_sibling)
-        self.transcript.edit_saved.connect(chat.edit)
-        self.transcript.regenerate_requested.connect(chat.regenerate)
-        self.transcript.fork_requested.connect(chat.fork)
+        self.transcript.edit_saved.connect(self.edit_message)
+        self.transcript.regenerate_requested.connect(self.regenerate)
+        self.transcript.fork_requested.connect(self.fork)
         self.composer.send_requested.connect(self.send_message)
         self.composer.stop_requested.connect(chat.stop)
         self.tree.node_clicked.connect(chat.select)
@@ -234,15 +234,18 @@ class MainWindow(QMainWindow):
         self.chat.render()
 
     def send_message(self, text: str) -> None:
-        """Send ``text``; while an import holds the database's write lock, it is sent after."""
+        """Send ``text``; while an import holds the database's write lock, it is sent after
+        (so are edits, regenerations and forks: ``ImportController.hold``)."""
         if not self.importer.hold_send(text):
             self.chat.send(text)
 
     def edit_message(self, message_id: int, text: str) -> None:
-        self.chat.edit(message_id, text)
+        if not self.importer.hold(lambda: self.chat.edit(message_id, text), "your edit will be sent"):
+            self.chat.edit(message_id, text)
 
     def regenerate(self, message_id: int) -> None:
-        self.chat.regenerate(message_id)
+        if not self.importer.hold(lambda: self.chat.regenerate(message_id), "the reply will be regenerated"):
+            self.chat.regenerate(message_id)
 
     def switch_sibling(self, message_id: int, delta: int) -> None:
         self.chat.switch_sibling(message_id, delta)
@@ -251,7 +254,8 @@ class MainWindow(QMainWindow):
         self.chat.select(message_id)
 
     def fork(self, message_id: int) -> None:
-        self.chat.fork(message_id)
+        if not self.importer.hold(lambda: self.chat.fork(message_id), "the fork will be made"):
+            self.chat.fork(message_id)
 
     def stop_reply(self) -> None:
         self.chat.stop()
@@ -259,12 +263,12 @@ class MainWindow(QMainWindow):
     def regenerate_last(self) -> None:
         mid = self.chat.last_message_id()
         if mid is not None:
-            self.chat.regenerate(mid)
+            self.regenerate(mid)
 
     def fork_last(self) -> None:
         mid = self.chat.last_message_id()
         if mid is not None:
-            self.chat.fork(mid)
+            self.fork(mid)
 
     def edit_last(self) -> None:
         if self.chat.streaming:
