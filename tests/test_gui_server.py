@@ -164,3 +164,19 @@ def test_an_unreachable_engine_server_says_so_and_offers_settings(qtbot, open_wi
     assert w.banner.text.startswith("The engine server could not be used.")
     assert f"127.0.0.1:{port}" in w.banner.text and "Traceback" not in w.banner.text
     assert w.banner.button("Settings…") is not None and w.banner.button("Retry") is not None
+
+
+def test_a_wrong_engine_key_is_a_banner_in_words(qtbot, open_window, data_dir, tmp_path):
+    from tests.serve_procs import BranchwiseServe
+
+    (tmp_path / "server").mkdir()
+    with BranchwiseServe(tmp_path / "server", "--threads", "1", "--api-key", "right") as server:
+        server.start()
+        _settings(data_dir, engine_url=server.url, engine_key="k-wrong-7781")
+        w = open_window(data_dir, wait=False)
+        qtbot.waitUntil(lambda: w.model_state in ("ready", "failed", "dead"), timeout=START_TIMEOUT_MS)
+        assert w.model_state == "failed"
+        text = w.banner.text
+        assert text.startswith("The engine server could not be used.")
+        assert "401" in text or "key" in text.lower(), text
+        assert "Traceback" not in text and "k-wrong-7781" not in text  # the key itself is never shown
