@@ -211,3 +211,40 @@ def test_an_import_asked_for_during_a_reply_starts_when_the_reply_ends(qtbot, op
         w.chat.reply_finished.emit(0)
     assert done.args[0].conversations == 1
     assert len(w.sidebar.ids()) == 1
+
+
+def test_a_dropped_zip_with_a_hostile_name_imports_and_shows_its_name_as_text(qtbot, open_window, data_dir,
+                                                                               tmp_path, monkeypatch):
+    """The export .zip as ChatGPT mails it, named like markup: the progress label and the
+    summary show the name as plain text; the conversations are those of the JSON inside."""
+    import zipfile
+
+    archive = tmp_path / "<img src=x>export.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.write(SAMPLES / "chatgpt_conversations.json", "conversations.json")
+        zf.writestr("user.json", '{"id": "user-1"}')
+    expected = import_files([SAMPLES / "chatgpt_conversations.json"], tmp_path / "dry.sqlite3", dry_run=True)
+    gate = threading.Event()
+    real = import_run.import_files
+
+    def gated(*args, progress=None, **kwargs):
+        def report(p):
+            progress(p)
+            gate.wait(TIMEOUT_MS / 1000)
+        return real(*args, progress=report, **kwargs)
+
+    monkeypatch.setattr(import_run, "import_files", gated)
+    monkeypatch.setattr(import_dialog, "SHOW_PROGRESS_MS", 0)
+    w = _window(open_window, data_dir)
+    assert _drop(w, [archive])
+    qtbot.waitUntil(lambda: w.importer.progress_label is not None
+                    and "<img src=x>export.zip" in w.importer.progress_label.text(), timeout=TIMEOUT_MS)
+    assert w.importer.progress_label.textFormat() == Qt.TextFormat.PlainText
+    with qtbot.waitSignal(w.importer.finished, timeout=TIMEOUT_MS) as done:
+        gate.set()
+    summary = done.args[0]
+    assert (summary.conversations, summary.messages, summary.branches) == (
+        expected.conversations, expected.messages, expected.branches)
+    assert summary.files[0].status == "imported"
+    assert w.importer.summary_box.textFormat() == Qt.TextFormat.PlainText
+    assert len(w.sidebar.ids()) == expected.conversations

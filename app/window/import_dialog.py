@@ -19,7 +19,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
-from PySide6.QtWidgets import QFileDialog, QMessageBox, QProgressDialog, QWidget
+from PySide6.QtWidgets import QFileDialog, QLabel, QMessageBox, QProgressDialog, QWidget
 
 from storage.errors import StorageError
 from storage.importers.records import FileStatus, ImportProgress, ImportSummary
@@ -82,7 +82,7 @@ class ImportController(QObject):
     Signals: ``progressed(ImportProgress)`` (queued from the worker),
     ``finished(ImportSummary)`` after the summary dialog is shown, ``failed(str)`` when the
     import could not run at all (the database stayed locked, the disk is full).
-    Attributes for tests: ``state``, ``progress_dialog``, ``summary_box``.
+    Attributes for tests: ``state``, ``progress_dialog`` (and its ``progress_label``), ``summary_box``.
     """
 
     progressed = Signal(object)
@@ -95,6 +95,7 @@ class ImportController(QObject):
         self.w = window
         self.state = ImportState.IDLE
         self.progress_dialog: QProgressDialog | None = None
+        self.progress_label: QLabel | None = None
         self.summary_box: QMessageBox | None = None
         self._thread: threading.Thread | None = None
         self._cancel = threading.Event()
@@ -213,7 +214,11 @@ class ImportController(QObject):
     def _show_progress(self) -> None:
         if not self.running:
             return
-        dlg = QProgressDialog("Importing…", "Cancel", 0, 1000, self.w)
+        dlg = QProgressDialog("", "Cancel", 0, 1000, self.w)
+        label = QLabel("Importing…")
+        label.setTextFormat(Qt.TextFormat.PlainText)  # it shows file names
+        dlg.setLabel(label)
+        self.progress_label = label
         dlg.setWindowTitle("Import chats")
         dlg.setWindowModality(Qt.WindowModality.NonModal)
         dlg.setMinimumDuration(0)
@@ -230,7 +235,7 @@ class ImportController(QObject):
             self.progress_dialog.canceled.disconnect(self.cancel)
             self.progress_dialog.close()
             self.progress_dialog.deleteLater()
-            self.progress_dialog = None
+            self.progress_dialog = self.progress_label = None
 
     def _on_done(self, summary: ImportSummary | None, error: str) -> None:
         self._show_timer.stop()
