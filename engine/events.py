@@ -80,6 +80,7 @@ class LoadRequest:
     path: str
     settings: dict
     budget_bytes: int | None = None
+    remote: dict | None = None  # {"url", "key", "model"}: an OpenAI-compatible server instead of ``path``
 
 
 @dataclass(frozen=True)

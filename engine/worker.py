@@ -204,6 +204,9 @@ class _Server:
         if self.engine is not None:
             self.engine.close()
             self.engine = None
+        if msg.remote:
+            self._load_remote(msg)
+            return
         try:
             settings = EngineSettings.from_dict(msg.settings)
             if self.store is None:
@@ -226,6 +229,32 @@ class _Server:
             facts["kv_bytes_per_token"] = self.engine.layout.bytes_per_token
         self.send(LoadedEvent(facts))
 
+    def _load_remote(self, msg: LoadRequest) -> None:
+        """Use an OpenAI-compatible server (``engine.remote``) as the engine: it checks the
+        server by asking for its model name (``GET /models`` unless one is given)."""
+        from engine.remote import RemoteEngine, RemoteEngineError
+
+        r = msg.remote or {}
+        try:
+            engine = RemoteEngine(str(r.get("url") or ""), r.get("key") or None, r.get("model") or None)
+        except (ValueError, RemoteEngineError) as exc:
+            self.send(LoadFailedEvent(f"The engine URL cannot be used: {exc}"))
+            return
+        try:
+            name = engine.model()
+        except RemoteEngineError as exc:
+            engine.close()
+            self.send(LoadFailedEvent(str(exc)))
+            return
+        self.engine = engine
+        n_ctx = int((msg.settings or {}).get("n_ctx") or 0)
+        self.send(LoadedEvent({"name": name, "path": "", "remote": engine.base, "server": engine.host,
+                               "n_ctx": n_ctx, "parameters": 0, "cache_policy": "full"}))
+
+    @property
+    def _remote(self) -> bool:
+        return bool(getattr(self.engine, "remote", False))
+
     def _require_engine(self, msg) -> bool:
         if self.engine is None:
             self.send(ErrorEvent(msg.id, ErrorKind.NO_MODEL, "No model is loaded. Open a model first."))
@@ -233,7 +262,7 @@ class _Server:
         return True
 
     def op_generate(self, msg: GenerateRequest) -> None:
-        from engine.errors import ContextOverflowError, TemplateError
+        from engine.errors import ContextOverflowError, EngineError, TemplateError
         from engine.settings import SamplingParams
 
         if not self._require_engine(msg):
@@ -256,21 +285,32 @@ class _Server:
         except TemplateError as exc:
             self.send(ErrorEvent(rid, ErrorKind.TEMPLATE, str(exc)))
             return
+        except EngineError as exc:  # a remote engine: connection refused, 401, 429, a timeout
+            if not self._remote:
+                raise
+            self.send(ErrorEvent(rid, ErrorKind.ENGINE, str(exc)))
+            return
         finally:
             self.cancels.pop(rid, None)
         self.send(DoneEvent(rid, result.text, list(result.token_ids), result.stats.to_dict()))
-        if msg.use_cache:
+        if msg.use_cache:  # a remote engine stores nothing (0 bytes); the window still expects the event
             self.engine.snapshot(result.stats)
             self.send(SnapshotEvent(rid, round(result.stats.snapshot_ms, 2), result.stats.snapshot_bytes_written))
 
     def op_count(self, msg: CountRequest) -> None:
         if not self._require_engine(msg):
             return
+        if self._remote:  # the server's tokenizer is not here: the context figure stays unknown (0)
+            self.send(CountEvent(msg.id, 0, 0))
+            return
         ids = self.engine.prompt_tokens(list(msg.messages))
         self.send(CountEvent(msg.id, len(ids), self.engine.llama.n_ctx()))
 
     def op_coverage(self, msg: CoverageRequest) -> None:
         if not self._require_engine(msg):
+            return
+        if self._remote:  # the server keeps its own cache: nothing here is stored
+            self.send(CoverageEvent(msg.id, [(0, 0) for _ in msg.paths]))
             return
         results = [tuple(int(x) for x in self.engine.cached_tokens(list(p))) for p in msg.paths]
         self.send(CoverageEvent(msg.id, results))
@@ -280,7 +320,7 @@ class _Server:
         if msg.action == CacheAction.CLEAR:
             if self.store is not None:
                 self.store.clear()
-            if self.engine is not None:
+            if self.engine is not None and not self._remote:
                 self.engine.reset_context()
         elif msg.action == CacheAction.VERIFY and self.store is not None:
             verify = self.store.verify().__dict__

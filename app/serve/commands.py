@@ -83,9 +83,9 @@ def cmd_serve(args) -> int:
                          f"could use the model. Pass --api-key KEY, or leave --host at {DEFAULT_HOST}.")
     if not 0 <= args.port <= 65535:
         raise ServeError(f"--port must be between 0 and 65535, not {args.port}.")
-    from app.cli import _data_dir, _open_engine
+    from app.cli.commands import _data_dir, _open_engine
 
-    from app.cli import _sampling
+    from app.cli.commands import _sampling
 
     engine = _open_engine(args)
     defaults = _sampling(args, _NoConversation())

@@ -21,6 +21,9 @@ ACTIONS = {
         ("show_model_info", "Model info…", None, False),
         ("restart_engine", "Restart engine", None, False),
         SEPARATOR,
+        ("import_chats", "Import chats…", "Ctrl+I", False),
+        ("import_folder", "Import a folder of chats…", None, False),
+        SEPARATOR,
         ("open_settings", "Settings…", "Ctrl+,", False),
         SEPARATOR,
         ("close", "Quit", QKeySequence.StandardKey.Quit, False),
@@ -31,6 +34,10 @@ ACTIONS = {
         ("edit_last", "Edit last message", "Ctrl+E", False),
         ("stop_reply", "Stop reply", None, False),
         ("fork_last", "Fork to new chat", None, False),
+    ],
+    "&Server": [
+        ("start_api_server", "Start API server", None, False),
+        ("stop_api_server", "Stop API server", None, False),
     ],
     "&View": [
         ("toggle_tree", "Conversation tree", "Ctrl+T", True),

@@ -35,6 +35,11 @@ class AppSettings:
     theme: "system", "light" or "dark". recent_models: newest first (paths).
     last_model: the model to load at start (None: the embedded default model).
     show_tree: whether the tree panel is open.
+    api_host / api_port / api_key: where Server → Start API server listens (``branchwise
+        serve``; an empty key: none, allowed on loopback only).
+    engine_url / engine_key / engine_model: "" runs the local model file; a URL sends every
+        reply to that OpenAI-compatible server (``engine.remote``), with the key and model
+        name when given. The conversations stay local.
     """
 
     n_ctx: int = _ENGINE.n_ctx
@@ -47,6 +52,12 @@ class AppSettings:
     recent_models: list[str] = field(default_factory=list)
     last_model: str | None = None
     show_tree: bool = False
+    api_host: str = "127.0.0.1"
+    api_port: int = 8080
+    api_key: str = ""
+    engine_url: str = ""
+    engine_key: str = ""
+    engine_model: str = ""
 
     def engine_settings(self) -> EngineSettings:
         """The EngineSettings these settings describe. Flash attention keeps its default (off,
@@ -57,6 +68,11 @@ class AppSettings:
         """
         return EngineSettings(n_ctx=self.n_ctx, n_threads=self.n_threads,
                               type_k=self.type_k, type_v=self.type_v, repack=self.repack)
+
+    def remote_engine(self) -> dict | None:
+        """{"url", "key", "model"} of the remote engine, or None for the local model file."""
+        url = (self.engine_url or "").strip()
+        return {"url": url, "key": self.engine_key or "", "model": self.engine_model or ""} if url else None
 
     def remember_model(self, path: str) -> None:
         """Put ``path`` first in the recent list and make it the model loaded at start."""

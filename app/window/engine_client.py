@@ -186,10 +186,11 @@ class EngineClient(QObject):
             return None
         return handle
 
-    def load(self, path: str, settings: dict, budget_bytes: int) -> bool:
-        """Load a model; answered by ``loaded`` or ``load_failed`` (one load at a time)."""
+    def load(self, path: str, settings: dict, budget_bytes: int, remote: dict | None = None) -> bool:
+        """Load a model; answered by ``loaded`` or ``load_failed`` (one load at a time).
+        ``remote`` ({"url", "key", "model"}) uses an OpenAI-compatible server instead of ``path``."""
         self._loading = True
-        return self._send(ev.LoadRequest(path, settings, budget_bytes))
+        return self._send(ev.LoadRequest(path, settings, budget_bytes, remote))
 
     def generate(self, messages: list[ChatMessage], sampling: dict, use_cache: bool = True) -> PendingRequest | None:
         """Start a reply; None if the engine is gone."""

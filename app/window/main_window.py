@@ -25,7 +25,9 @@ from app.window.actions import build_menus
 from app.window.app_settings import AppSettings
 from app.window.banner import Banner
 from app.window.composer import Composer
+from app.window.import_dialog import ImportController, droppable_paths
 from app.window.model_controller import ModelController
+from app.window.server_controller import ServerController
 from app.window.settings_dialog import SettingsDialog
 from app.window.sidebar import Sidebar
 from app.window.status_bar import StatusBar
@@ -80,10 +82,15 @@ class MainWindow(QMainWindow):
         self.status = StatusBar(self.statusBar())
         self.model = ModelController(self, model_path)
         self.chat = ChatController(self)
+        self.importer = ImportController(self)
+        self.api_server = ServerController(self)
         self._connect()
         self.menu_actions = build_menus(self)
         self.menu_actions["toggle_tree"].setChecked(self.settings.show_tree)
+        self.api_server.state_changed.connect(self._api_state_changed)
+        self._api_state_changed(self.api_server.state)
         self.resize(1180, 760)
+        self.setAcceptDrops(True)
         self.sidebar.refresh()
         ids = self.sidebar.ids()
         self.show_conversation(ids[0] if ids else None)
@@ -129,10 +136,10 @@ class MainWindow(QMainWindow):
         self.sidebar.delete_committed.connect(self._delete_committed)
         self.sidebar.changed.connect(self.refresh_title)
         self.transcript.sibling_requested.connect(chat.switch_sibling)
-        self.transcript.edit_saved.connect(chat.edit)
-        self.transcript.regenerate_requested.connect(chat.regenerate)
-        self.transcript.fork_requested.connect(chat.fork)
-        self.composer.send_requested.connect(chat.send)
+        self.transcript.edit_saved.connect(self.edit_message)
+        self.transcript.regenerate_requested.connect(self.regenerate)
+        self.transcript.fork_requested.connect(self.fork)
+        self.composer.send_requested.connect(self.send_message)
         self.composer.stop_requested.connect(chat.stop)
         self.tree.node_clicked.connect(chat.select)
         chat.reply_finished.connect(self.reply_finished)
@@ -227,13 +234,18 @@ class MainWindow(QMainWindow):
         self.chat.render()
 
     def send_message(self, text: str) -> None:
-        self.chat.send(text)
+        """Send ``text``; while an import holds the database's write lock, it is sent after
+        (so are edits, regenerations and forks: ``ImportController.hold``)."""
+        if not self.importer.hold_send(text):
+            self.chat.send(text)
 
     def edit_message(self, message_id: int, text: str) -> None:
-        self.chat.edit(message_id, text)
+        if not self.importer.hold(lambda: self.chat.edit(message_id, text), "your edit will be sent"):
+            self.chat.edit(message_id, text)
 
     def regenerate(self, message_id: int) -> None:
-        self.chat.regenerate(message_id)
+        if not self.importer.hold(lambda: self.chat.regenerate(message_id), "the reply will be regenerated"):
+            self.chat.regenerate(message_id)
 
     def switch_sibling(self, message_id: int, delta: int) -> None:
         self.chat.switch_sibling(message_id, delta)
@@ -242,7 +254,8 @@ class MainWindow(QMainWindow):
         self.chat.select(message_id)
 
     def fork(self, message_id: int) -> None:
-        self.chat.fork(message_id)
+        if not self.importer.hold(lambda: self.chat.fork(message_id), "the fork will be made"):
+            self.chat.fork(message_id)
 
     def stop_reply(self) -> None:
         self.chat.stop()
@@ -250,12 +263,12 @@ class MainWindow(QMainWindow):
     def regenerate_last(self) -> None:
         mid = self.chat.last_message_id()
         if mid is not None:
-            self.chat.regenerate(mid)
+            self.regenerate(mid)
 
     def fork_last(self) -> None:
         mid = self.chat.last_message_id()
         if mid is not None:
-            self.chat.fork(mid)
+            self.fork(mid)
 
     def edit_last(self) -> None:
         if self.chat.streaming:
@@ -263,6 +276,36 @@ class MainWindow(QMainWindow):
         w = next((w for w in reversed(self.transcript.widgets) if w.role == "user" and w.message), None)
         if w is not None:
             w.begin_edit()
+
+    # -- import (ImportController) ---------------------------------------------------------
+
+    def import_chats(self) -> None:
+        self.importer.open_dialog()
+
+    def import_folder(self) -> None:
+        self.importer.open_folder_dialog()
+
+    def dragEnterEvent(self, event) -> None:  # noqa: N802 - Qt override
+        if event.mimeData().hasUrls() and droppable_paths(event.mimeData().urls()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event) -> None:  # noqa: N802 - Qt override
+        paths = droppable_paths(event.mimeData().urls()) if event.mimeData().hasUrls() else []
+        if paths:
+            event.acceptProposedAction()
+            self.importer.start(paths)
+
+    # -- the API server (ServerController) ------------------------------------------------
+
+    def start_api_server(self) -> None:
+        self.api_server.start()
+
+    def stop_api_server(self) -> None:
+        self.api_server.stop()
+
+    def _api_state_changed(self, state: str) -> None:
+        self.menu_actions["start_api_server"].setEnabled(state in ("stopped", "failed"))
+        self.menu_actions["stop_api_server"].setEnabled(state in ("starting", "running"))
 
     def focus_search(self) -> None:
         self.sidebar.focus_search()
@@ -328,7 +371,8 @@ class MainWindow(QMainWindow):
             self.store.set_system_prompt(conv.id, prompt)
             self.store.set_sampling(conv.id, sampling)
         values = dlg.app_values()
-        reload_needed = any(getattr(self.settings, k) != values[k] for k in ("n_ctx", "n_threads", "type_k", "type_v"))
+        reload_needed = any(getattr(self.settings, k) != values[k] for k in ("n_ctx", "n_threads", "type_k", "type_v",
+                                                                      "engine_url", "engine_key", "engine_model"))
         budget_changed = values["budget_bytes"] != self.settings.budget_bytes
         for k, v in values.items():
             setattr(self.settings, k, v)
@@ -369,6 +413,8 @@ class MainWindow(QMainWindow):
         if self.closed:
             return
         self.closed = True
+        self.importer.shutdown()
+        self.api_server.shutdown()
         self.chat.shutdown()
         self.save_settings()
         self.sidebar.commit_delete()

@@ -99,7 +99,12 @@ class ModelController(QObject):
         self.load(self.good_path or self.path)
 
     def load(self, path: str | None) -> None:
-        """Load ``path`` (None: the embedded default model) in the background."""
+        """Load ``path`` (None: the embedded default model) in the background; with an
+        engine URL in the settings, connect to that server instead."""
+        remote = self.window.settings.remote_engine()
+        if remote is not None:
+            self._load_remote(remote)
+            return
         try:
             p = str(check_gguf(path if path else default_model_path()))
         except ModelLoadError as exc:
@@ -114,26 +119,41 @@ class ModelController(QObject):
         s = self.window.settings
         self.client.load(p, s.engine_settings().to_dict(), s.budget_bytes)
 
+    def _load_remote(self, remote: dict) -> None:
+        if not self.client.is_running():
+            self.client.start()
+        self.state = ModelState.LOADING
+        self.window.status.model_label.setText(f"Connecting to {remote['url']}…")
+        self.window.status.loading()
+        s = self.window.settings
+        self.client.load("", s.engine_settings().to_dict(), s.budget_bytes, remote)
+
     def reload(self) -> None:
         self.load(self.good_path or self.path)
 
     @property
     def label(self) -> str:
-        """The label stored on replies (``app.session.model_label``)."""
+        """The label stored on replies (``app.session.model_label``; a remote engine's model name)."""
+        if (self.facts or {}).get("remote"):
+            return str(self.facts.get("name") or "model")
         return model_label(self.path, self.facts)
 
     def _loaded(self, facts: dict) -> None:
         w = self.window
         self.facts = facts
         self.state = ModelState.READY
-        self.good_path = facts.get("path") or self.path
-        w.settings.remember_model(self.good_path)
-        w.save_settings()
         w.status.progress.hide()
-        params = facts.get("parameters") or 0
-        size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.0f}M"
-        w.status.model_label.setText(f"{model_label(self.good_path, facts)} · {size}")
-        w.status.model_label.setToolTip(facts_text(facts))
+        if facts.get("remote"):  # an OpenAI-compatible server: not a model file to remember
+            w.status.model_label.setText(f"{facts.get('name') or 'model'} @ {facts.get('server', '')}")
+            w.status.model_label.setToolTip(f"Replies come from the server at {facts['remote']}")
+        else:
+            self.good_path = facts.get("path") or self.path
+            w.settings.remember_model(self.good_path)
+            w.save_settings()
+            params = facts.get("parameters") or 0
+            size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.0f}M"
+            w.status.model_label.setText(f"{model_label(self.good_path, facts)} · {size}")
+            w.status.model_label.setToolTip(facts_text(facts))
         if facts.get("cache_policy", "full") != "full":
             w.banner.show_message(f"The prefix store is off for this model: {facts['cache_policy']}", "info")
         elif w.banner.isVisible() and w.banner.kind == "error":
@@ -149,6 +169,11 @@ class ModelController(QObject):
         self.window.status.progress.hide()
         self.window.status.model_label.setText("No model")
         self.after_load = None
+        if self.window.settings.remote_engine() is not None:  # the server could not be reached
+            self.window.banner.show_message(f"The engine server could not be used. {message}", "error",
+                                            [("Retry", self.reload), ("Settings…", self.window.open_settings)])
+            self.failed.emit(message)
+            return
         actions = [("Open model…", self.open_dialog)]
         if self.good_path and self.good_path != self.path:
             actions.append(("Load previous model", lambda: self.load(self.good_path)))

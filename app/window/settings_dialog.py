@@ -108,8 +108,29 @@ class SettingsDialog(QDialog):
         folder.setOpenExternalLinks(False)
         folder.linkActivated.connect(lambda url: QDesktopServices.openUrl(QUrl(url)))
         folder.setWordWrap(True)
+        self.engine_kind = QComboBox()
+        self.engine_kind.addItem("Local model file", "local")
+        self.engine_kind.addItem("OpenAI-compatible server", "remote")
+        self.engine_url = QLineEdit(settings.engine_url)
+        self.engine_url.setPlaceholderText("http://gpu-box:8000/v1")
+        self.engine_key = QLineEdit(settings.engine_key)
+        self.engine_key.setEchoMode(QLineEdit.EchoMode.Password)
+        self.engine_key.setPlaceholderText("none")
+        self.engine_model = QLineEdit(settings.engine_model)
+        self.engine_model.setPlaceholderText("the first model the server lists")
+        self.engine_kind.currentIndexChanged.connect(self._engine_kind_changed)
+        self.engine_kind.setCurrentIndex(1 if settings.engine_url else 0)
+        self._engine_kind_changed()
         app_tab = QWidget()
         form2 = QFormLayout(app_tab)
+        form2.addRow("Engine", self.engine_kind)
+        form2.addRow("Server URL", self.engine_url)
+        form2.addRow("Server API key", self.engine_key)
+        form2.addRow("Server model", self.engine_model)
+        remote_note = QLabel("With a server, replies are generated there; chats, edits, branches and search "
+                             "stay on this computer. Branchwise connects only to the URL typed here.")
+        remote_note.setWordWrap(True)
+        form2.addRow(remote_note)
         form2.addRow("Context size (tokens)", self.n_ctx)
         form2.addRow("CPU threads", self.threads)
         form2.addRow("KV cache precision", self.kv)
@@ -120,6 +141,25 @@ class SettingsDialog(QDialog):
         note.setWordWrap(True)
         form2.addRow(note)
         tabs.addTab(app_tab, "App")
+
+        # -- the API server (Server → Start API server)
+        self.api_host = QLineEdit(settings.api_host)
+        self.api_host.setPlaceholderText("127.0.0.1")
+        self.api_port = self._spin(1, 65535, settings.api_port if 0 < int(settings.api_port) < 65536 else 8080)
+        self.api_key = QLineEdit(settings.api_key)
+        self.api_key.setEchoMode(QLineEdit.EchoMode.Password)
+        self.api_key.setPlaceholderText("none (allowed on 127.0.0.1 only)")
+        api_tab = QWidget()
+        form3 = QFormLayout(api_tab)
+        form3.addRow("Address", self.api_host)
+        form3.addRow("Port", self.api_port)
+        form3.addRow("API key", self.api_key)
+        api_note = QLabel("Other apps connect to http://ADDRESS:PORT/v1 with any OpenAI client. Any address "
+                          "but 127.0.0.1 lets other machines connect and needs a key (sent as "
+                          "'Authorization: Bearer KEY'). Changes apply the next time the server starts.")
+        api_note.setWordWrap(True)
+        form3.addRow(api_note)
+        tabs.addTab(api_tab, "API server")
 
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
@@ -176,6 +216,11 @@ class SettingsDialog(QDialog):
                 pass
         super().done(result)
 
+    def _engine_kind_changed(self, *_args) -> None:
+        remote = self.engine_kind.currentData() == "remote"
+        for w in (self.engine_url, self.engine_key, self.engine_model):
+            w.setEnabled(remote)
+
     def conversation_values(self) -> tuple[str, dict]:
         """(system prompt, sampling dict) as entered."""
         seed_text = self.seed.text().strip()
@@ -194,7 +239,17 @@ class SettingsDialog(QDialog):
         }
 
     def app_values(self) -> dict:
-        """n_ctx, n_threads, type_k, type_v, budget_bytes as entered."""
+        """n_ctx, n_threads, type_k, type_v, budget_bytes, api_host, api_port, api_key,
+        engine_url, engine_key, engine_model as entered (an empty address is 127.0.0.1)."""
         type_k, type_v = self.kv.currentData()
         return {"n_ctx": self.n_ctx.value(), "n_threads": self.threads.value(),
-                "type_k": type_k, "type_v": type_v, "budget_bytes": self.budget.value() * MB}
+                "type_k": type_k, "type_v": type_v, "budget_bytes": self.budget.value() * MB,
+                "api_host": self.api_host.text().strip() or "127.0.0.1", "api_port": self.api_port.value(),
+                "api_key": self.api_key.text().strip(), **self._engine_values()}
+
+    def _engine_values(self) -> dict:
+        """engine_url, engine_key, engine_model: all "" for the local model file."""
+        if self.engine_kind.currentData() != "remote" or not self.engine_url.text().strip():
+            return {"engine_url": "", "engine_key": "", "engine_model": ""}
+        return {"engine_url": self.engine_url.text().strip(), "engine_key": self.engine_key.text().strip(),
+                "engine_model": self.engine_model.text().strip()}

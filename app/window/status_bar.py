@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar
 
 from app.session import reply_status_line
@@ -27,11 +28,26 @@ class StatusBar:
         self.progress.hide()
         self.context_label = QLabel()
         self.model_label = QLabel("No model")
+        self.model_label.setTextFormat(Qt.TextFormat.PlainText)  # a file's or a server's model name
+        self.api_label = QLabel()  # "API: http://127.0.0.1:8080/v1" while the API server runs
+        self.api_label.setObjectName("api_status")
+        self.api_label.setTextFormat(Qt.TextFormat.PlainText)
+        self.api_label.hide()
         self.context_used = 0  # tokens of the shown path, as last shown
         bar.addWidget(self.stats_label, 1)
         bar.addPermanentWidget(self.progress)
+        bar.addPermanentWidget(self.api_label)
         bar.addPermanentWidget(self.context_label)
         bar.addPermanentWidget(self.model_label)
+
+    def set_api(self, state: str, url: str) -> None:
+        """The API server's indicator: "API: <url>" while running, "API: starting…" /
+        "API: stopping…" meanwhile, hidden when stopped or failed (``state``: an ApiState)."""
+        text = {"running": f"API: {url.removesuffix('/v1')}", "starting": "API: starting…",
+                "stopping": "API: stopping…"}.get(str(state), "")
+        self.api_label.setText(text)
+        self.api_label.setToolTip(f"OpenAI-compatible API at {url}" if url else "")
+        self.api_label.setVisible(bool(text))
 
     def show_stats(self, stats: dict | None, saved: bool = False) -> None:
         self.stats_label.setText(reply_status_line(stats, saved) if stats else "")

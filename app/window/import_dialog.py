@@ -1,0 +1,298 @@
+"""File → Import… and files dropped on the window: chats from other apps, on a worker thread.
+
+``ImportController.start(paths)`` runs ``storage.importers.import_files`` on a worker
+thread (its own SQLite connection), shows a progress dialog only when the import lasts
+over ``SHOW_PROGRESS_MS``, then a summary dialog (``summary_text``) and refreshes the
+sidebar. The importer holds the chat database's write lock for the whole of each file,
+so while an import runs the window keeps a message the user sends (``hold_send``) and
+sends it when the import has finished, instead of waiting on the lock on the UI thread;
+and an import asked for while a reply streams (which writes as it goes) starts when the
+reply ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from enum import StrEnum
+from pathlib import Path
+
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
+from PySide6.QtWidgets import QFileDialog, QLabel, QMessageBox, QProgressDialog, QWidget
+
+from storage.errors import StorageError
+from storage.importers.records import FileStatus, ImportProgress, ImportSummary
+
+log = logging.getLogger(__name__)
+
+SHOW_PROGRESS_MS = 500
+"""An import that lasts longer than this (milliseconds) shows a progress dialog."""
+SKIPPED_SHOWN = 20
+"""Skipped items listed in the summary dialog's details (the rest are counted)."""
+IMPORT_SUFFIXES = (".json", ".jsonl", ".zip")
+FILE_FILTER = "Chat exports (*.json *.jsonl *.zip);;All files (*)"
+
+
+class ImportState(StrEnum):
+    """The lifecycle of the window's import: IDLE → RUNNING → IDLE."""
+
+    IDLE = "idle"
+    RUNNING = "running"
+
+
+def summary_text(summary: ImportSummary) -> tuple[str, str]:
+    """The summary dialog's (main text, details) for ``summary``, both plain text.
+
+    The main text gives the totals (conversations, messages, branches), each failed file
+    with its reason, and the note that imported chats have no KV cache yet; the details
+    list skipped items ("where: reason"), at most ``SKIPPED_SHOWN`` of them."""
+    n = summary.conversations
+    lines = [f"Imported {n:,} conversation{'s' * (n != 1)}, {summary.messages:,} "
+             f"message{'s' * (summary.messages != 1)}, {summary.branches:,} "
+             f"branch{'es' * (summary.branches != 1)}."]
+    updated = sum(f.conversations_updated for f in summary.files)
+    unchanged = sum(f.conversations_unchanged for f in summary.files)
+    if updated:
+        lines.append(f"{updated:,} conversation{'s' * (updated != 1)} imported before gained new messages.")
+    if unchanged:
+        lines.append(f"{unchanged:,} conversation{'s were' if unchanged != 1 else ' was'} already imported "
+                     "and left as they were.")
+    if summary.cancelled:
+        lines.append("The import was cancelled: the file being read was rolled back; "
+                     "files finished before it are kept.")
+    for f in summary.failed:
+        reason = (f.error or "unknown error").removeprefix(f"{f.path}: ")  # the importer names the path
+        lines.append(f"Nothing was imported from {Path(f.path).name}: {reason}")
+    skipped = [s for f in summary.files for s in f.skipped]
+    if skipped:
+        lines.append(f"{len(skipped):,} item{'s were' if len(skipped) != 1 else ' was'} skipped "
+                     "(see Show Details).")
+    if n or updated:
+        lines.append(summary.note)
+    details = [f"{s.where}: {s.reason}" for s in skipped[:SKIPPED_SHOWN]]
+    if len(skipped) > SKIPPED_SHOWN:
+        details.append(f"… and {len(skipped) - SKIPPED_SHOWN:,} more.")
+    return "\n\n".join(lines), "\n".join(details)
+
+
+class ImportController(QObject):
+    """Runs imports for the window ``w`` (a MainWindow: ``store``, ``sidebar``, ``banner``).
+
+    Signals: ``progressed(ImportProgress)`` (queued from the worker),
+    ``finished(ImportSummary)`` after the summary dialog is shown, ``failed(str)`` when the
+    import could not run at all (the database stayed locked, the disk is full).
+    Attributes for tests: ``state``, ``progress_dialog`` (and its ``progress_label``), ``summary_box``.
+    """
+
+    progressed = Signal(object)
+    finished = Signal(object)
+    failed = Signal(str)
+    _done = Signal(object, str)  # (summary or None, error message), from the worker thread
+
+    def __init__(self, window: QWidget):
+        super().__init__(window)
+        self.w = window
+        self.state = ImportState.IDLE
+        self.progress_dialog: QProgressDialog | None = None
+        self.progress_label: QLabel | None = None
+        self.summary_box: QMessageBox | None = None
+        self._thread: threading.Thread | None = None
+        self._cancel = threading.Event()
+        self._held: list[Callable[[], None]] = []
+        self._waiting: list[Path] | None = None  # paths to import once the streaming reply ends
+        window.chat.reply_finished.connect(self._reply_finished)
+        self._show_timer = QTimer(self)
+        self._show_timer.setSingleShot(True)
+        self._show_timer.timeout.connect(self._show_progress)
+        self._last: ImportProgress | None = None
+        self.progressed.connect(self._on_progress)
+        self._done.connect(self._on_done)
+
+    @property
+    def running(self) -> bool:
+        return self.state == ImportState.RUNNING
+
+    def open_dialog(self) -> None:
+        """Ask for export files (.json, .jsonl, .zip) and import them."""
+        paths, _ = QFileDialog.getOpenFileNames(self.w, "Import chats", str(Path.home()), FILE_FILTER)
+        if paths:
+            self.start([Path(p) for p in paths])
+
+    def open_folder_dialog(self) -> None:
+        """Ask for a folder of export files (LM Studio keeps one file per chat) and import it."""
+        folder = QFileDialog.getExistingDirectory(self.w, "Import a folder of chats", str(Path.home()))
+        if folder:
+            self.start([Path(folder)])
+
+    def start(self, paths: list[Path]) -> bool:
+        """Import ``paths`` (files or folders) on a worker thread; False if one is already running."""
+        if self.running:
+            self.w.banner.show_message("An import is already running; wait for it to finish.", "info")
+            return False
+        if not paths:
+            return False
+        if self.w.chat.streaming:  # the reply writes as it streams; the import would hold the lock
+            self._waiting = list(paths)
+            self.w.banner.show_message("The import starts when this reply finishes.", "info")
+            return True
+        self.state = ImportState.RUNNING
+        self._cancel.clear()
+        self._last = None
+        db_path = self.w.store.path
+        self._thread = threading.Thread(target=self._run, args=(list(paths), db_path),
+                                        name="branchwise-import", daemon=True)
+        self._thread.start()
+        self._show_timer.start(SHOW_PROGRESS_MS)
+        return True
+
+    def _reply_finished(self, _message_id: int) -> None:
+        paths, self._waiting = self._waiting, None
+        if paths and not self.w.closed:
+            if self.w.banner.isVisible() and self.w.banner.text.startswith("The import starts when"):
+                self.w.banner.hide()
+            self.start(paths)
+
+    def cancel(self) -> None:
+        """Ask the worker to stop; the file being read is rolled back."""
+        self._cancel.set()
+
+    def hold_send(self, text: str) -> bool:
+        """While an import runs, keep ``text`` to send when it finishes; False when idle."""
+        return self.hold(lambda: self.w.chat.send(text), "your message will be sent")
+
+    def hold(self, action: Callable[[], None], what: str) -> bool:
+        """While an import runs, keep ``action`` (a change to the chats: a send, an edit, a
+        regenerate, a fork) to run when it finishes, and say so in the banner ("An import
+        is writing…; <what> as soon as it finishes."); False when idle (run it now).
+        Held actions run in the order they were asked for."""
+        if not self.running:
+            return False
+        self._held.append(action)
+        self.w.banner.show_message(
+            f"An import is writing to the chat database; {what} as soon as it finishes.", "info",
+            [("Cancel import", self.cancel)])
+        return True
+
+    def shutdown(self) -> None:
+        """Cancel a running import and wait for its worker (it rolls back the current file)."""
+        self._waiting = None
+        self._show_timer.stop()
+        if self._thread is not None:
+            self._cancel.set()
+            self._thread.join()
+            self._thread = None
+        self._close_progress()
+
+    # -- the worker thread --------------------------------------------------------------
+
+    def _run(self, paths: list[Path], db_path: Path) -> None:
+        from storage.importers import import_files
+
+        try:
+            summary = import_files(paths, db_path, progress=self.progressed.emit, cancel=self._cancel)
+        except StorageError as exc:
+            self._done.emit(None, str(exc))
+        except Exception as exc:  # noqa: BLE001 - shown as words, logged with the traceback
+            log.exception("import failed")
+            self._done.emit(None, f"The import stopped on an unexpected error ({type(exc).__name__}: {exc}); "
+                                  "nothing from the file being read was saved. The log has the details.")
+        else:
+            self._done.emit(summary, "")
+
+    # -- back on the UI thread ----------------------------------------------------------
+
+    def _on_progress(self, p: ImportProgress) -> None:
+        self._last = p
+        dlg = self.progress_dialog
+        if dlg is None:
+            return
+        dlg.setValue(_permille(p))
+        dlg.setLabelText(f"Importing {p.path.name} ({p.file_index + 1} of {p.file_count}): "
+                         f"{p.conversations:,} conversations, {p.messages:,} messages")
+
+    def _show_progress(self) -> None:
+        if not self.running:
+            return
+        dlg = QProgressDialog("", "Cancel", 0, 1000, self.w)
+        label = QLabel("Importing…")
+        label.setTextFormat(Qt.TextFormat.PlainText)  # it shows file names
+        dlg.setLabel(label)
+        self.progress_label = label
+        dlg.setWindowTitle("Import chats")
+        dlg.setWindowModality(Qt.WindowModality.NonModal)
+        dlg.setMinimumDuration(0)
+        dlg.setAutoClose(False)
+        dlg.setAutoReset(False)
+        dlg.canceled.connect(self.cancel)
+        self.progress_dialog = dlg
+        if self._last is not None:
+            self._on_progress(self._last)
+        dlg.show()
+
+    def _close_progress(self) -> None:
+        if self.progress_dialog is not None:
+            self.progress_dialog.canceled.disconnect(self.cancel)
+            self.progress_dialog.close()
+            self.progress_dialog.deleteLater()
+            self.progress_dialog = self.progress_label = None
+
+    def _on_done(self, summary: ImportSummary | None, error: str) -> None:
+        self._show_timer.stop()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.state = ImportState.IDLE
+        self._close_progress()
+        if summary is None:
+            self.w.banner.show_message(f"Import failed: {error}", "error")
+            self.failed.emit(error)
+        else:
+            self._refresh(summary)
+            self._show_summary(summary)
+        held, self._held = self._held, []
+        if held and self.w.banner.isVisible() and self.w.banner.button("Cancel import") is not None:
+            self.w.banner.hide()
+        for action in held:
+            action()
+        if summary is not None:
+            self.finished.emit(summary)
+
+    def _refresh(self, summary: ImportSummary) -> None:
+        self.w.sidebar.refresh()
+        ids = [i for f in summary.files if f.status == FileStatus.IMPORTED for i in f.conversation_ids]
+        if ids and not self.w.chat.streaming:
+            self.w.show_conversation(ids[0])
+
+    def _show_summary(self, summary: ImportSummary) -> None:
+        text, details = summary_text(summary)
+        box = QMessageBox(self.w)
+        box.setWindowTitle("Import chats")
+        box.setTextFormat(Qt.TextFormat.PlainText)
+        box.setIcon(QMessageBox.Icon.Warning if summary.failed else QMessageBox.Icon.Information)
+        box.setText(text)
+        if details:
+            box.setDetailedText(details)
+        box.setStandardButtons(QMessageBox.StandardButton.Ok)
+        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        box.finished.connect(lambda _r: setattr(self, "summary_box", None))
+        self.summary_box = box
+        box.open()
+
+
+def _permille(p: ImportProgress) -> int:
+    """Progress over all files, 0–1000: finished files plus the share of this one read."""
+    share = p.bytes_done / p.bytes_total if p.bytes_total else 0.0
+    return int(1000 * (p.file_index + min(1.0, share)) / max(1, p.file_count))
+
+
+def droppable_paths(urls) -> list[Path]:
+    """The local files and folders among dropped ``urls`` (QUrl) that an import may read."""
+    out = []
+    for url in urls:
+        if not url.isLocalFile():
+            continue
+        p = Path(url.toLocalFile())
+        if p.is_dir() or p.suffix.lower() in IMPORT_SUFFIXES:
+            out.append(p)
+    return out
