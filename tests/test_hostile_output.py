@@ -174,7 +174,7 @@ def test_streamed_chat_reply_is_escaped_on_a_terminal(tmp_path, monkeypatch, mod
         return real(self, messages, sampling, **{**kw, "on_token": hostile})
 
     monkeypatch.setattr(Engine, "generate", generate)
-    monkeypatch.setenv("BRANCHWISE_SUPERVISED", "1")  # run the command here, not in a child (app/cli/supervisor.py)
+    monkeypatch.setenv("BRANCHWISE_SUPERVISED", "inline")  # run the command here, not in a child (app/cli/supervisor.py)
     out = _Tty()
     monkeypatch.setattr(sys, "stdout", out)
     code = cli.main(["chat", "--data-dir", str(tmp_path), "--ctx-size", "512", "--max-tokens", "4",

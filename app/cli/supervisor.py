@@ -134,8 +134,8 @@ def _unanswered_message(data_dir: Path, since: float) -> int | None:
 def exit_with_parent() -> None:
     """In the child: die with the parent, so killing ``branchwise`` ends the generation
     (Linux: ``PR_SET_PDEATHSIG``; other POSIX systems: a thread that watches the parent).
-    The parent's pid comes in ``BRANCHWISE_SUPERVISED``; run by hand (any other value),
-    nothing is watched."""
+    The parent's pid comes in ``BRANCHWISE_SUPERVISED``; any other value (tests set
+    "inline" to run a command in their own process) watches nothing."""
     try:
         parent = int(os.environ.get(CHILD_ENV, ""))
     except ValueError:
