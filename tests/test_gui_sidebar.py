@@ -56,7 +56,7 @@ def test_pin_moves_to_top_and_unpin_moves_back(qtbot, open_window, data_dir):
     assert w.sidebar.ids() == [c, b, a]  # newest first
     w.sidebar.toggle_pin(a)
     assert w.sidebar.ids() == [a, c, b]
-    assert w.sidebar.list.item(0).text().startswith("📌")
+    assert w.sidebar.list.item(0).text().startswith("★ ")
     assert w.store.get_conversation(a).pinned
     w.sidebar.toggle_pin(a)
     assert w.sidebar.ids() == [c, b, a]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QToolButton, QWidget
 
 from app.window.theme import LIGHT, Colors
@@ -27,6 +27,8 @@ class Banner(QFrame):
         self.label = QLabel()
         self.label.setWordWrap(True)
         self.label.setObjectName("banner_text")
+        self.label.setTextFormat(Qt.TextFormat.PlainText)  # messages quote titles, model errors
+        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self._lay = QHBoxLayout(self)
         self._lay.setContentsMargins(12, 8, 8, 8)
         self._lay.addWidget(self.label, 1)

@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.window.plain import elide, tooltip
 from storage.chats import ChatStore
 from storage.errors import NotFoundError, StorageError
 
@@ -39,6 +40,9 @@ log = logging.getLogger(__name__)
 ID_ROLE = Qt.ItemDataRole.UserRole
 DATE_ROLE = Qt.ItemDataRole.UserRole + 1
 SNIPPET_ROLE = Qt.ItemDataRole.UserRole + 2
+PIN_MARK = "★ "
+"""Put before a pinned chat's title: a star every common text font has (not an emoji,
+which shows as an empty box without an emoji font)."""
 UNDO_MS = 10_000
 """How long a deleted chat can be brought back (milliseconds)."""
 
@@ -188,12 +192,13 @@ class Sidebar(QWidget):
         rows = [(c, snippet) for c, snippet in rows if c.id != self.pending_delete]
         now = time.time()
         for conv, snippet in rows:
-            item = QListWidgetItem(("📌 " if conv.pinned else "") + conv.title)
+            item = QListWidgetItem((PIN_MARK if conv.pinned else "") + conv.title)
             item.setData(ID_ROLE, conv.id)
             item.setData(DATE_ROLE, relative_date(conv.updated_at, now))
             if snippet and snippet != conv.title:
                 item.setData(SNIPPET_ROLE, " ".join(snippet.split()))
-            item.setToolTip(f"{conv.title}\nLast message {time.strftime('%d %b %Y, %H:%M', time.localtime(conv.updated_at))}")
+            when = time.strftime('%d %b %Y, %H:%M', time.localtime(conv.updated_at))
+            item.setToolTip(tooltip(f"{elide(conv.title)}\nLast message {when}"))
             self.list.addItem(item)
             if conv.id == self.current_id:
                 item.setSelected(True)

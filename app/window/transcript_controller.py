@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from PySide6.QtCore import QObject, QTimer, Signal
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtWidgets import QMessageBox
 
 from app.session import ConversationSession, ReplyRecorder, ReplyState
@@ -338,6 +338,7 @@ class ChatController(QObject):
         o = self.session.overflow(user_message_id, prompt_tokens, n_ctx, trained)
         box = QMessageBox(w)
         box.setIcon(QMessageBox.Icon.Warning)
+        box.setTextFormat(Qt.TextFormat.PlainText)  # the engine's message may quote the model
         box.setWindowTitle("This chat is too long")
         box.setText(message or f"The prompt is {prompt_tokens:,} tokens; the context holds {n_ctx:,}.")
         box.setInformativeText("Continue on a new branch that keeps the system prompt and the latest turns, "

@@ -19,6 +19,7 @@ from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QFont, QPainter, QPen
 from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QToolTip, QVBoxLayout, QWidget
 
+from app.window.plain import tooltip
 from app.window.theme import LIGHT, Colors
 from storage.chats import Message
 
@@ -160,7 +161,7 @@ class TreeCanvas(QWidget):
                 QToolTip.hideText()
                 event.ignore()
             else:
-                QToolTip.showText(event.globalPos(), self.tooltip_for(n.message.id), self)
+                QToolTip.showText(event.globalPos(), tooltip(self.tooltip_for(n.message.id)), self)
             return True
         return super().event(event)
 

@@ -1,0 +1,148 @@
+"""Issue #16.1 / #10.6: every widget that shows text from a user, a model or a model file
+shows it as plain text. The same hostile strings go to each widget of the real window
+(no model: the engine is not started); the test asserts the text a user sees equals the
+input and that nothing in it became bold, an image or a link.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import pytest  # noqa: E402
+from PySide6.QtCore import QEvent, QPoint, Qt  # noqa: E402
+from PySide6.QtGui import QFont, QHelpEvent, QTextDocument  # noqa: E402
+from PySide6.QtWidgets import QApplication, QMessageBox, QToolTip  # noqa: E402
+
+from app.window.plain import TOOLTIP_CHARS, elide  # noqa: E402
+from storage.chats import ChatStore  # noqa: E402
+from storage.paths import CHATS_DB  # noqa: E402
+
+HOSTILE = [
+    "<b>bold?</b>",
+    '<img src="/dev/zero">',
+    "<img src=/dev/zero>",
+    "I &lt;3 you",
+    "&amp;",
+    "שלום עולם مرحبا 你好世界 🍎👩‍👩‍👧",
+    "x" * 10_000,
+]
+IDS = ["bold", "img-quoted", "img-bare", "entity", "amp", "rtl-cjk-emoji", "long-line"]
+
+
+def rendered(rich: str) -> QTextDocument:
+    """What Qt makes of a tooltip or rich label text (resources are never fetched here:
+    QTextDocument only asks loadResource for images, which this test checks are absent)."""
+    doc = QTextDocument()
+    doc.setHtml(rich)
+    return doc
+
+
+def assert_plain_document(doc: QTextDocument) -> None:
+    """No fragment of ``doc`` is bold, an image or an anchor."""
+    block = doc.begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            fmt = it.fragment().charFormat()
+            assert not fmt.isImageFormat(), it.fragment().text()[:40]
+            assert not fmt.isAnchor()
+            assert fmt.fontWeight() <= QFont.Weight.Normal
+            it += 1
+        block = block.next()
+
+
+def shown_text(doc: QTextDocument) -> str:
+    return doc.toPlainText().replace("\u2028", "\n")
+
+
+def hover(widget, pos: QPoint) -> str:
+    """Send the tooltip event a hover at ``pos`` makes; return the tooltip text shown."""
+    QToolTip.hideText()
+    event = QHelpEvent(QEvent.Type.ToolTip, pos, widget.mapToGlobal(pos))
+    QApplication.sendEvent(widget, event)
+    return QToolTip.text()
+
+
+@pytest.fixture
+def window(open_window, data_dir):
+    return lambda: open_window(data_dir, wait=False, start_engine=False)
+
+
+@pytest.mark.parametrize("text", HOSTILE, ids=IDS)
+def test_hostile_text_is_plain_in_every_widget(qtbot, window, data_dir, text):
+    with ChatStore(data_dir / CHATS_DB) as store:
+        conv = store.create_conversation(title=text)
+        user = store.add_message(conv.id, None, "user", text)
+        store.add_message(conv.id, user.id, "assistant", text)
+    w = window()
+    w.tree.setVisible(True)
+    qtbot.waitExposed(w)
+
+    # the window title
+    assert w.windowTitle() == f"{text} — Branchwise"
+
+    # the sidebar: the row's text, and its tooltip on hover
+    item = w.sidebar.list.item(0)
+    assert item.text() == text
+    rect = w.sidebar.list.visualItemRect(item)
+    tip = hover(w.sidebar.list.viewport(), rect.center())
+    assert tip, "no tooltip on hover"
+    doc = rendered(tip)
+    assert_plain_document(doc)
+    assert shown_text(doc).split("\nLast message ")[0] == elide(text, TOOLTIP_CHARS)
+
+    # the message view: user and assistant bubbles show the typed characters
+    bodies = [mw.body for mw in w.transcript.widgets]
+    assert len(bodies) == 2
+    for body in bodies:
+        doc = rendered(body.text())
+        assert_plain_document(doc)
+        assert shown_text(doc).strip() == text
+
+    # a tree node's tooltip on hover
+    canvas = w.tree.canvas
+    qtbot.waitUntil(lambda: bool(canvas.nodes))
+    centre = canvas.center_of(user.id)
+    tip = hover(canvas, centre.toPoint())
+    doc = rendered(tip)
+    assert_plain_document(doc)
+    assert text[:40] in shown_text(doc)
+
+    # banners: a model load error quoting the text, then "Deleted …"
+    w.model._load_failed(text)
+    assert w.banner.label.textFormat() == Qt.TextFormat.PlainText
+    assert w.banner.text == f"The model could not be loaded. {text}"
+    w.sidebar.delete(conv.id)
+    assert w.banner.text == f"Deleted “{text}”."
+    assert w.banner.label.textFormat() == Qt.TextFormat.PlainText
+    w.sidebar.undo_delete()
+
+    # Model info and the status bar: general.name from a hostile model file
+    facts = {"name": text, "path": "", "architecture": text, "parameters": 135_000_000,
+             "quantization": "Q4_1", "size_bytes": 1, "context_length": 2048, "n_ctx": 2048,
+             "kv_bytes_per_token": 1024, "cache_policy": "full"}
+    w.model.path = None
+    w.model.ready.disconnect()  # no engine process here to ask for the context count
+    w.model._loaded(facts)
+    label = w.status.model_label
+    assert label.textFormat() == Qt.TextFormat.PlainText
+    assert label.text() == f"{text} · 135M"
+    doc = rendered(label.toolTip())
+    assert_plain_document(doc)
+    assert shown_text(doc).startswith(elide(f"Name: {text}", TOOLTIP_CHARS)[:200])
+    w.show_model_info()
+    box = next(b for b in w.findChildren(QMessageBox) if b.windowTitle() == "Model info")
+    assert box.textFormat() == Qt.TextFormat.PlainText
+    assert box.text().splitlines()[0] == f"Name: {text}"
+    box.close()
+
+
+def test_typed_entity_shows_literally_in_the_message_view(qtbot, window, data_dir):
+    with ChatStore(data_dir / CHATS_DB) as store:
+        conv = store.create_conversation(title="entities")
+        store.add_message(conv.id, None, "user", "Tom &amp; Jerry, I &lt;3 you, **real bold**")
+    w = window()
+    doc = rendered(w.transcript.widgets[0].body.text())
+    assert shown_text(doc).strip() == "Tom &amp; Jerry, I &lt;3 you, real bold"
