@@ -11,7 +11,7 @@ import os
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import pytest  # noqa: E402
-from PySide6.QtCore import QEvent, QPoint, Qt  # noqa: E402
+from PySide6.QtCore import QEvent, QPoint, Qt, QUrl  # noqa: E402
 from PySide6.QtGui import QFont, QHelpEvent, QTextDocument  # noqa: E402
 from PySide6.QtWidgets import QApplication, QMessageBox, QToolTip  # noqa: E402
 
@@ -146,3 +146,60 @@ def test_typed_entity_shows_literally_in_the_message_view(qtbot, window, data_di
     w = window()
     doc = rendered(w.transcript.widgets[0].body.text())
     assert shown_text(doc).strip() == "Tom &amp; Jerry, I &lt;3 you, real bold"
+
+
+def anchors(rich: str) -> list[str]:
+    """The hrefs of the links in a rendered message, in order."""
+    doc, hrefs = rendered(rich), []
+    block = doc.begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            fmt = it.fragment().charFormat()
+            if fmt.isAnchor():
+                hrefs.append(fmt.anchorHref())
+            it += 1
+        block = block.next()
+    return hrefs
+
+
+def test_a_web_link_opens_only_after_a_confirmation_showing_the_full_url(qtbot, window, data_dir,
+                                                                          monkeypatch):
+    from PySide6.QtGui import QDesktopServices
+
+    from app.window.link_dialog import OpenLinkDialog
+
+    url = "https://xn--pple-43d.com/login?next=" + "a" * 300 + "&x=<b>1</b>"
+    with ChatStore(data_dir / CHATS_DB) as store:
+        conv = store.create_conversation(title="links")
+        store.add_message(conv.id, None, "user",
+                          f"[your bank]({url}) and [local](file:///etc/passwd) and [js](javascript:alert(1))")
+    opened = []
+    monkeypatch.setattr(QDesktopServices, "openUrl", staticmethod(lambda u: opened.append(u.toString())))
+    w = window()
+    body = w.transcript.widgets[0].body
+    hrefs = anchors(body.text())
+    assert len(hrefs) == 1  # Markdown drops file: and javascript: links: they stay text
+    assert QUrl(hrefs[0]) == QUrl(url)
+
+    # such links, were they clicked, do nothing at all
+    for href in ("file:///etc/passwd", "javascript:alert(1)", "//host/share/x.png", "relative/a.html"):
+        body.linkActivated.emit(href)
+        assert w.link_dialog is None and w.findChildren(OpenLinkDialog) == []
+    assert opened == []
+
+    # the web link: a dialog with the whole URL and the encoded host; Cancel opens nothing
+    body.linkActivated.emit(hrefs[0])
+    dlg = w.link_dialog
+    assert isinstance(dlg, OpenLinkDialog) and dlg.isVisible()
+    assert dlg.url_view.toPlainText() == hrefs[0]  # what the browser would get, whole
+    assert "xn--pple-43d.com" in dlg.question.text()
+    assert dlg.question.textFormat() == Qt.TextFormat.PlainText
+    qtbot.mouseClick(dlg.cancel_button, Qt.MouseButton.LeftButton)
+    assert opened == [] and w.link_dialog is None
+
+    # again, and Open: the browser gets exactly that URL
+    body.linkActivated.emit(hrefs[0])
+    qtbot.mouseClick(w.link_dialog.open_button, Qt.MouseButton.LeftButton)
+    assert len(opened) == 1
+    assert QUrl(opened[0]) == QUrl(url)

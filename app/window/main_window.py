@@ -73,6 +73,7 @@ class MainWindow(QMainWindow):
         self.colors = theme.apply(QApplication.instance(), self.settings.theme)
         self.closed = False
         self.overflow_box = None
+        self.link_dialog = None  # the "Open link?" dialog while it is shown
         self.settings_dialog = None
         self._undo_text = ""  # the banner text that offers to undo a delete
 
@@ -132,6 +133,7 @@ class MainWindow(QMainWindow):
         self.transcript.edit_saved.connect(chat.edit)
         self.transcript.regenerate_requested.connect(chat.regenerate)
         self.transcript.fork_requested.connect(chat.fork)
+        self.transcript.link_requested.connect(self.confirm_link)
         self.composer.send_requested.connect(chat.send)
         self.composer.stop_requested.connect(chat.stop)
         self.tree.node_clicked.connect(chat.select)
@@ -272,6 +274,17 @@ class MainWindow(QMainWindow):
 
     def overflow(self, user_message_id: int, prompt_tokens: int, n_ctx: int, message: str) -> None:
         self.overflow_box = self.chat.overflow_dialog(user_message_id, prompt_tokens, n_ctx, message)
+
+    def confirm_link(self, url: str) -> None:
+        """Ask (showing the full ``url``) before opening a message's http(s) link in the browser."""
+        from app.window.link_dialog import OpenLinkDialog
+
+        if self.link_dialog is not None:
+            self.link_dialog.close()
+        self.link_dialog = dlg = OpenLinkDialog(url, self)
+        dlg.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dlg.finished.connect(lambda _r: setattr(self, "link_dialog", None))
+        dlg.open()
 
     def refresh_title(self) -> None:
         title = "Branchwise"

@@ -23,7 +23,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.window.markdown_view import code_blocks, to_html
+from app.window.markdown_view import LinkKind, classify_link, code_blocks, to_html
 from app.window.theme import LIGHT, Colors
 from storage.chats import Message
 
@@ -56,6 +56,7 @@ class MessageWidget(QFrame):
     edit_saved = Signal(int, str)  # message id, new text
     regenerate_requested = Signal(int)
     fork_requested = Signal(int)
+    link_requested = Signal(str)  # an http(s) link in the text was clicked (not opened yet)
 
     def __init__(self, message: Message | None, role: str, index: int = 1, count: int = 1,
                  colors: Colors = LIGHT, busy: bool = False, parent: QWidget | None = None,
@@ -166,7 +167,10 @@ class MessageWidget(QFrame):
         QGuiApplication.clipboard().setText(self._text)
 
     def _link(self, href: str) -> None:
-        if href.startswith("copy:"):
+        kind = classify_link(href)
+        if kind == LinkKind.EXTERNAL:
+            self.link_requested.emit(href.strip())
+        elif kind == LinkKind.COPY_CODE:
             blocks = code_blocks(self._text)
             n = int(href.split(":", 1)[1])
             if n < len(blocks):
@@ -226,6 +230,7 @@ class TranscriptView(QScrollArea):
     edit_saved = Signal(int, str)
     regenerate_requested = Signal(int)
     fork_requested = Signal(int)
+    link_requested = Signal(str)  # an http(s) link in any message was clicked
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -267,6 +272,7 @@ class TranscriptView(QScrollArea):
             w.edit_saved.connect(self.edit_saved)
             w.regenerate_requested.connect(self.regenerate_requested)
             w.fork_requested.connect(self.fork_requested)
+            w.link_requested.connect(self.link_requested)
             self._add(w)
         self._stick_to_bottom = True
         QTimer.singleShot(0, self.scroll_to_bottom)
@@ -288,6 +294,7 @@ class TranscriptView(QScrollArea):
         self._empty.hide()
         self.pending = MessageWidget(None, "assistant", colors=self.colors)
         self.pending.note.setText("· thinking…")
+        self.pending.link_requested.connect(self.link_requested)
         self._add(self.pending)
         self._stick_to_bottom = True
         return self.pending
