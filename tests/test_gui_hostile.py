@@ -203,3 +203,28 @@ def test_a_web_link_opens_only_after_a_confirmation_showing_the_full_url(qtbot, 
     qtbot.mouseClick(w.link_dialog.open_button, Qt.MouseButton.LeftButton)
     assert len(opened) == 1
     assert QUrl(opened[0]) == QUrl(url)
+
+
+def test_a_chat_error_banner_goes_when_another_chat_is_shown(qtbot, window, data_dir):
+    """#10.6: an error about one chat does not follow the user to New chat or other chats;
+    an error about the model stays."""
+    from engine.events import ErrorEvent, ErrorKind
+
+    with ChatStore(data_dir / CHATS_DB) as store:
+        a = store.create_conversation(title="a")
+        ua = store.add_message(a.id, None, "user", "hi")
+        b = store.create_conversation(title="b")
+        store.add_message(b.id, None, "user", "hello")
+    w = window()
+    w.show_conversation(a.id)
+    # the engine's template error for a reply in chat a
+    w.chat.reply = w.chat.session.start_reply(ua.id, "model")
+    w.chat._failed(w.chat.reply, ErrorEvent(id=0, kind=ErrorKind.TEMPLATE, message="<b>template</b> failed"))
+    assert w.banner.isVisible() and w.banner.text == "<b>template</b> failed"
+    assert w.banner.chat_id == a.id
+    w.sidebar.selected.emit(b.id)
+    assert not w.banner.isVisible()
+    # a model error is about the app, not a chat: it stays through a switch
+    w.model._load_failed("bad file")
+    w.new_chat()
+    assert w.banner.isVisible() and w.banner.text == "The model could not be loaded. bad file"

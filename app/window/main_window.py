@@ -86,8 +86,7 @@ class MainWindow(QMainWindow):
         self.menu_actions["toggle_tree"].setChecked(self.settings.show_tree)
         self.resize(1180, 760)
         self.sidebar.refresh()
-        ids = self.sidebar.ids()
-        self.show_conversation(ids[0] if ids else None)
+        self._open_newest()
         if interrupted:
             self.banner.show_message(
                 f"{interrupted} reply{'s were' if interrupted > 1 else ' was'} cut short when Branchwise "
@@ -221,9 +220,38 @@ class MainWindow(QMainWindow):
         self.show_conversation(None)
         self.composer.input.setFocus()
 
-    def show_conversation(self, conversation_id: int | None) -> None:
-        """Show the active path of ``conversation_id`` (None: the empty new-chat page)."""
-        self.chat.show_conversation(conversation_id)
+    def show_conversation(self, conversation_id: int | None) -> bool:
+        """Show the active path of ``conversation_id`` (None: the empty new-chat page).
+
+        A chat whose data cannot be shown (an error of any kind while reading or drawing
+        it) is never allowed to stop the window: the empty page is shown instead, with a
+        banner that names the chat. Returns False in that case."""
+        try:
+            self.chat.show_conversation(conversation_id)
+            if self.banner.chat_id is not None and self.banner.chat_id != conversation_id:
+                self.banner.hide()  # it was about the chat shown before
+            return True
+        except Exception as exc:  # noqa: BLE001 - whatever the data holds, the window stays up
+            if conversation_id is None:
+                raise
+            log.exception("could not show chat %s", conversation_id)
+            try:
+                title = self.store.get_conversation(conversation_id).title
+            except Exception:  # noqa: BLE001
+                title = f"chat {conversation_id}"
+            self.chat.show_conversation(None)
+            self.banner.show_message(
+                f"The chat “{title}” could not be shown ({type(exc).__name__}); it is left "
+                "unchanged. Export it from the command line (branchwise conversations export) "
+                "or delete it.", "error")
+            return False
+
+    def _open_newest(self) -> None:
+        """At start: show the newest chat that can be shown (see ``show_conversation``)."""
+        for cid in self.sidebar.ids():
+            if self.show_conversation(cid):
+                return
+        self.show_conversation(None)
 
     def render(self) -> None:
         self.chat.render()

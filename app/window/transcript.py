@@ -28,6 +28,10 @@ from app.window.theme import LIGHT, Colors
 from storage.chats import Message
 
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
+SHOWN_MESSAGES = 200
+"""Bubbles built when a chat opens: the newest ones. Older messages wait behind a
+"Show earlier messages" button, so opening a 10,000-message branch costs the same as a
+200-message one (a bubble takes milliseconds to build)."""
 STATUS_NOTES = {"stopped": "stopped", "error": "interrupted", "streaming": "writing…"}
 
 
@@ -250,6 +254,14 @@ class TranscriptView(QScrollArea):
         self._empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self._empty.setWordWrap(True)
         self._layout.insertWidget(0, self._empty)
+        self.earlier_button = QPushButton()
+        self.earlier_button.setObjectName("show_earlier")
+        self.earlier_button.setFlat(True)
+        self.earlier_button.clicked.connect(self.show_earlier)
+        self.earlier_button.hide()
+        self._layout.insertWidget(1, self.earlier_button)
+        self._shown_limit = SHOWN_MESSAGES
+        self._args: tuple = ()
         self.verticalScrollBar().rangeChanged.connect(self._range_changed)
         self._stick_to_bottom = True
 
@@ -257,9 +269,18 @@ class TranscriptView(QScrollArea):
                      colors: Colors, busy: bool = False, empty_text: str = "",
                      unanswered_id: int | None = None) -> None:
         """Show ``path`` (root first). ``positions`` maps message id -> (index, count) among siblings;
-        ``unanswered_id``, a user message with no reply, gets a Retry button."""
+        ``unanswered_id``, a user message with no reply, gets a Retry button. Only the newest
+        ``SHOWN_MESSAGES`` are built; ``show_earlier`` adds more."""
+        new_path = not self._args or [m.id for m in self._args[0][:1]] != [m.id for m in path[:1]]
+        if new_path:
+            self._shown_limit = SHOWN_MESSAGES
+        self._args = (path, positions, colors, busy, empty_text, unanswered_id)
         self.colors = colors
         self.clear()
+        hidden = max(0, len(path) - self._shown_limit)
+        self.earlier_button.setText(f"Show earlier messages ({hidden:,} not shown)")
+        self.earlier_button.setVisible(hidden > 0)
+        path = path[hidden:]
         self._empty.setText(empty_text)
         self._empty.setStyleSheet(f"color:{colors.muted}; font-size:15px;")
         self._empty.setVisible(not path and bool(empty_text))
@@ -276,6 +297,14 @@ class TranscriptView(QScrollArea):
             self._add(w)
         self._stick_to_bottom = True
         QTimer.singleShot(0, self.scroll_to_bottom)
+
+    def show_earlier(self) -> None:
+        """Build ``SHOWN_MESSAGES`` more of the older messages of the shown path."""
+        if self._args:
+            self._shown_limit += SHOWN_MESSAGES
+            self.set_messages(*self._args)
+            self._stick_to_bottom = False
+            QTimer.singleShot(0, lambda: self.verticalScrollBar().setValue(0))
 
     def _add(self, w: MessageWidget) -> None:
         self._layout.insertWidget(self._layout.count() - 1, w)
