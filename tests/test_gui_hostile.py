@@ -228,3 +228,72 @@ def test_a_chat_error_banner_goes_when_another_chat_is_shown(qtbot, window, data
     w.model._load_failed("bad file")
     w.new_chat()
     assert w.banner.isVisible() and w.banner.text == "The model could not be loaded. bad file"
+
+
+def _kv_blocks(data_dir) -> int:
+    import sqlite3
+
+    from storage.paths import KVCACHE_DB
+
+    path = data_dir / KVCACHE_DB
+    if not path.exists():
+        return 0
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+        return conn.execute("SELECT count(*) FROM blocks").fetchone()[0]
+
+
+def _menu_action(qtbot, w, cid: int, text: str) -> None:
+    """Right-click ``cid``'s row in the sidebar and choose ``text`` from the menu."""
+    from PySide6.QtCore import QTimer
+
+    from app.window.sidebar import ID_ROLE
+
+    row = next(w.sidebar.list.item(i) for i in range(w.sidebar.list.count())
+               if w.sidebar.list.item(i).data(ID_ROLE) == cid)
+    pos = w.sidebar.list.visualItemRect(row).center()
+    chosen = []
+
+    def choose():
+        action = next(a for a in w.sidebar.menu.actions() if a.text() == text)
+        chosen.append(action.toolTip())
+        action.trigger()
+        w.sidebar.menu.close()
+
+    QTimer.singleShot(50, choose)
+    w.sidebar.list.customContextMenuRequested.emit(pos)
+    qtbot.waitUntil(lambda: bool(chosen))
+    return chosen[0]
+
+
+def test_delete_and_forget_drops_the_chats_kv_blocks_after_the_undo_time(qtbot, open_window, data_dir):
+    """#16.4: Delete and forget in the sidebar menu: Undo works as for Delete; when the undo
+    time is up the engine process deletes the rows and the chat's own KV blocks."""
+    from gui_helpers import new_chat, send_and_wait
+
+    from app.window.sidebar import FORGET_NOTE
+    from storage.errors import NotFoundError
+
+    w = open_window(data_dir)
+    cid = new_chat(w)
+    send_and_wait(qtbot, w, "My bank PIN is 4711, remember it.")
+    qtbot.waitUntil(lambda: _kv_blocks(data_dir) > 0, timeout=60_000)
+    before = _kv_blocks(data_dir)
+
+    tip = _menu_action(qtbot, w, cid, "Delete and forget")
+    assert FORGET_NOTE in tip
+    assert cid not in w.sidebar.ids()
+    assert FORGET_NOTE in w.banner.text
+    qtbot.mouseClick(w.banner.button("Undo"), Qt.MouseButton.LeftButton)
+    assert cid in w.sidebar.ids() and _kv_blocks(data_dir) == before
+    assert w.store.get_conversation(cid).id == cid
+
+    _menu_action(qtbot, w, cid, "Delete and forget")
+    with qtbot.waitSignal(w.forgotten, timeout=60_000) as blocker:
+        w.sidebar.commit_delete()  # what the undo timer does when it runs out
+    assert blocker.args[0] == cid and blocker.args[1] > 0
+    assert _kv_blocks(data_dir) == before - blocker.args[1]
+    with pytest.raises(NotFoundError):
+        w.store.get_conversation(cid)
+    assert cid not in w.sidebar.ids()
+    assert w.banner.text.startswith("Deleted and forgot “")
+    assert "Blocks it shares with other chats stay." in w.banner.text
