@@ -297,3 +297,49 @@ def test_delete_and_forget_drops_the_chats_kv_blocks_after_the_undo_time(qtbot, 
     assert cid not in w.sidebar.ids()
     assert w.banner.text.startswith("Deleted and forgot “")
     assert "Blocks it shares with other chats stay." in w.banner.text
+
+
+def test_model_info_shows_the_real_kv_cache_per_token(qtbot, open_window, data_dir):
+    """#10.6: Model info's "KV cache per token" is the loaded model's figure, not 0 bytes."""
+    from app.window.settings_dialog import human_bytes
+
+    w = open_window(data_dir)
+    per_token = w.facts["kv_bytes_per_token"]
+    # the default model, SmolLM2-135M: 30 layers x 3 KV heads x 64 x (K + V) x 2 bytes (f16)
+    assert per_token == 30 * 3 * 64 * 2 * 2
+    w.show_model_info()
+    box = next(b for b in w.findChildren(QMessageBox) if b.windowTitle() == "Model info")
+    assert f"KV cache per token: {human_bytes(per_token)}" in box.text().splitlines()
+    box.close()
+
+
+def test_the_pin_marker_is_drawn_not_an_emoji(qtbot, window, data_dir):
+    """#10.6: a pinned chat's marker is a shape the delegate draws (no emoji font needed):
+    the pinned row has dark pixels left of its title where the unpinned row has none."""
+    from app.window.sidebar import PIN_DOT, PINNED_ROLE
+
+    with ChatStore(data_dir / CHATS_DB) as store:
+        plain = store.create_conversation(title="Wplain")
+        pinned = store.create_conversation(title="Wpinned")
+        store.set_pinned(pinned.id, True)
+    w = window()
+    qtbot.waitExposed(w)
+    lst = w.sidebar.list
+    # (the rows are drawn by ConversationDelegate)
+    top, other = lst.item(0), lst.item(1)
+    assert top.text() == "Wpinned" and top.data(PINNED_ROLE) is True
+    assert top.data(Qt.ItemDataRole.AccessibleTextRole) == "Pinned: Wpinned"
+    assert other.text() == "Wplain" and not other.data(PINNED_ROLE)
+    lst.clearSelection()
+    image = lst.viewport().grab().toImage()
+
+    def dark_pixels(item) -> int:
+        r = lst.visualItemRect(item)
+        x0 = r.left() + 8  # the delegate's PAD_X
+        y = r.center().y()
+        return sum(1 for x in range(x0, x0 + 2 * PIN_DOT + 1) for dy in (-1, 0, 1)
+                   if image.pixelColor(x, y + dy).lightness() < 128)
+
+    lst.viewport().grab().save(str(data_dir / "pinned.png"))
+    assert dark_pixels(top) >= 3 * 2 * PIN_DOT  # a filled dot across three pixel rows
+    assert dark_pixels(top) > dark_pixels(other)  # the first letter's strokes fill less

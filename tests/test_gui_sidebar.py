@@ -12,7 +12,7 @@ import time  # noqa: E402
 from PySide6.QtCore import QTimer  # noqa: E402
 from PySide6.QtWidgets import QApplication, QInputDialog  # noqa: E402
 
-from app.window.sidebar import DATE_ROLE, SNIPPET_ROLE, relative_date  # noqa: E402
+from app.window.sidebar import DATE_ROLE, PINNED_ROLE, SNIPPET_ROLE, relative_date  # noqa: E402
 from storage.chats import ChatStore  # noqa: E402
 from storage.paths import CHATS_DB  # noqa: E402
 
@@ -56,7 +56,7 @@ def test_pin_moves_to_top_and_unpin_moves_back(qtbot, open_window, data_dir):
     assert w.sidebar.ids() == [c, b, a]  # newest first
     w.sidebar.toggle_pin(a)
     assert w.sidebar.ids() == [a, c, b]
-    assert w.sidebar.list.item(0).text().startswith("★ ")
+    assert w.sidebar.list.item(0).data(PINNED_ROLE) is True
     assert w.store.get_conversation(a).pinned
     w.sidebar.toggle_pin(a)
     assert w.sidebar.ids() == [c, b, a]

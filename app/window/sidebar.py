@@ -14,8 +14,8 @@ import logging
 import threading
 import time
 
-from PySide6.QtCore import QRect, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QFont, QFontMetrics, QPalette
+from PySide6.QtCore import QPointF, QRect, QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QFont, QFontMetrics, QPainter, QPalette
 from PySide6.QtWidgets import (
     QApplication,
     QInputDialog,
@@ -40,9 +40,10 @@ log = logging.getLogger(__name__)
 ID_ROLE = Qt.ItemDataRole.UserRole
 DATE_ROLE = Qt.ItemDataRole.UserRole + 1
 SNIPPET_ROLE = Qt.ItemDataRole.UserRole + 2
-PIN_MARK = "★ "
-"""Put before a pinned chat's title: a star every common text font has (not an emoji,
-which shows as an empty box without an emoji font)."""
+PINNED_ROLE = Qt.ItemDataRole.UserRole + 3
+"""True on a pinned chat's row: the delegate draws a small filled dot before its title (a
+shape, not an emoji, which shows as an empty box without an emoji font)."""
+PIN_DOT = 3  # the pin dot's radius (pixels)
 FORGET_NOTE = ("KV blocks this chat shares with other chats stay; its own are removed from "
                "kvcache.sqlite3, so its text cannot be rebuilt from the cache.")
 """What "Delete and forget" does to the KV cache, in the words the menu and banner use."""
@@ -121,9 +122,16 @@ class ConversationDelegate(QStyledItemDelegate):
             else:
                 date_w = 0
         painter.setFont(opt.font)
+        left = line.left()
+        if index.data(PINNED_ROLE):  # the pin marker: a dot in the text colour
+            painter.setPen(Qt.PenStyle.NoPen)
+            painter.setBrush(text_color)
+            painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+            painter.drawEllipse(QPointF(left + PIN_DOT, line.center().y() + 0.5), PIN_DOT, PIN_DOT)
+            left += 2 * PIN_DOT + 6
         painter.setPen(text_color)
-        title_w = line.width() - (date_w + self.GAP if date_w else 0)
-        painter.drawText(QRect(line.left(), line.top(), title_w, line.height()),
+        title_w = line.right() + 1 - left - (date_w + self.GAP if date_w else 0)
+        painter.drawText(QRect(left, line.top(), title_w, line.height()),
                          Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
                          fm.elidedText(title, Qt.TextElideMode.ElideRight, title_w))
         snippet = index.data(SNIPPET_ROLE)
@@ -203,7 +211,9 @@ class Sidebar(QWidget):
         rows = [(c, snippet) for c, snippet in rows if c.id != self.pending_delete]
         now = time.time()
         for conv, snippet in rows:
-            item = QListWidgetItem((PIN_MARK if conv.pinned else "") + conv.title)
+            item = QListWidgetItem(conv.title)
+            item.setData(PINNED_ROLE, bool(conv.pinned))
+            item.setData(Qt.ItemDataRole.AccessibleTextRole, ("Pinned: " if conv.pinned else "") + conv.title)
             item.setData(ID_ROLE, conv.id)
             item.setData(DATE_ROLE, relative_date(conv.updated_at, now))
             if snippet and snippet != conv.title:
