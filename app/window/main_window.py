@@ -25,6 +25,7 @@ from app.window.actions import build_menus
 from app.window.app_settings import AppSettings
 from app.window.banner import Banner
 from app.window.composer import Composer
+from app.window.forget_flow import ForgetFlow
 from app.window.model_controller import ModelController
 from app.window.settings_dialog import SettingsDialog
 from app.window.sidebar import FORGET_NOTE, Sidebar
@@ -75,7 +76,6 @@ class MainWindow(QMainWindow):
         self.closed = False
         self.overflow_box = None
         self.link_dialog = None  # the "Open link?" dialog while it is shown
-        self.forget_pending = None  # the engine's Delete and forget request in flight
         self.settings_dialog = None
         self._undo_text = ""  # the banner text that offers to undo a delete
 
@@ -83,6 +83,7 @@ class MainWindow(QMainWindow):
         self.status = StatusBar(self.statusBar())
         self.model = ModelController(self, model_path)
         self.chat = ChatController(self)
+        self.forget_flow = ForgetFlow(self)
         self._connect()
         self.menu_actions = build_menus(self)
         self.menu_actions["toggle_tree"].setChecked(self.settings.show_tree)
@@ -129,7 +130,7 @@ class MainWindow(QMainWindow):
         self.sidebar.deleted.connect(self._conversation_deleted)
         self.sidebar.restored.connect(self.show_conversation)
         self.sidebar.delete_committed.connect(self._delete_committed)
-        self.sidebar.forget_requested.connect(self.forget_chat)
+        self.sidebar.forget_requested.connect(self.forget_flow.forget)
         self.sidebar.changed.connect(self.refresh_title)
         self.transcript.sibling_requested.connect(chat.switch_sibling)
         self.transcript.edit_saved.connect(chat.edit)
@@ -343,44 +344,6 @@ class MainWindow(QMainWindow):
         if self.sidebar.pending_forget:
             self._undo_text += f" When Undo goes, it is forgotten: {FORGET_NOTE}"
         self.banner.show_message(self._undo_text, "info", [("Undo", self.sidebar.undo_delete)])
-
-    def forget_chat(self, cid: int) -> None:
-        """Delete and forget ``cid`` (its undo time is up): the engine process deletes the
-        rows and drops the KV blocks no other chat shares (``engine.forget``), off the UI
-        thread. Without a loaded model the rows are deleted here and the banner says the
-        KV blocks stay until evicted."""
-        try:
-            title = self.store.get_conversation(cid).title
-        except StorageError:
-            title = "the chat"
-        handle = None
-        if self.model.state == "ready" and self.client.is_running():
-            handle = self.client.forget(cid, str(self.store.path))
-        if handle is None:
-            self.sidebar.delete_rows(cid)
-            if not self.closed:
-                self.banner.show_message(
-                    f"Deleted “{title}”. No model is loaded, so its KV blocks could not be matched: "
-                    "they stay in kvcache.sqlite3 until the cache budget evicts them or you clear "
-                    "the cache.", "info")
-            return
-        self.forget_pending = handle
-        handle.done.connect(lambda event: self._forgotten(cid, title, int(getattr(event, "dropped", 0))))
-        handle.failed.connect(lambda event: self._forget_failed(title, event.message))
-
-    def _forgotten(self, cid: int, title: str, dropped: int) -> None:
-        self.forget_pending = None
-        self.sidebar.refresh()
-        self.sidebar.delete_committed.emit(cid)
-        self.banner.show_message(
-            f"Deleted and forgot “{title}”: {dropped:,} KV block{'' if dropped == 1 else 's'} only it "
-            "used were removed from kvcache.sqlite3. Blocks it shares with other chats stay.", "info")
-        self.forgotten.emit(cid, dropped)
-
-    def _forget_failed(self, title: str, message: str) -> None:
-        self.forget_pending = None
-        self.sidebar.refresh()
-        self.banner.show_message(f"“{title}” could not be deleted and forgotten: {message}", "error")
 
     def _delete_committed(self, _cid: int) -> None:
         if self.banner.isVisible() and self.banner.text == self._undo_text:
