@@ -343,3 +343,24 @@ def test_the_pin_marker_is_drawn_not_an_emoji(qtbot, window, data_dir):
     lst.viewport().grab().save(str(data_dir / "pinned.png"))
     assert dark_pixels(top) >= 3 * 2 * PIN_DOT  # a filled dot across three pixel rows
     assert dark_pixels(top) > dark_pixels(other)  # the first letter's strokes fill less
+
+
+def test_every_unanswered_user_message_has_retry(qtbot, open_window, data_dir):
+    """#10.2: a user message whose reply failed (the next message is the user's again) and an
+    unanswered leaf both offer Retry; Retry answers that message on a branch of its own."""
+    with ChatStore(data_dir / CHATS_DB) as store:
+        conv = store.create_conversation(title="two user turns",
+                                         sampling={"temperature": 0.0, "max_tokens": 8, "seed": 1})
+        first = store.add_message(conv.id, None, "user", "Say hi.")
+        second = store.add_message(conv.id, first.id, "user", "Say bye.")
+    w = open_window(data_dir)
+    widgets = {mw.message.id: mw for mw in w.transcript.widgets}
+    assert set(widgets) == {first.id, second.id}
+    assert "retry" in widgets[first.id].buttons and "retry" in widgets[second.id].buttons
+    with qtbot.waitSignal(w.reply_finished, timeout=180_000) as blocker:
+        qtbot.mouseClick(widgets[first.id].buttons["retry"], Qt.MouseButton.LeftButton)
+    reply = w.store.get_message(blocker.args[0])
+    assert reply.parent_id == first.id and reply.role == "assistant" and reply.content
+    roles = [(mw.message.id, mw.message.role) for mw in w.transcript.widgets]
+    assert roles == [(first.id, "user"), (reply.id, "assistant")]
+    assert "retry" not in w.transcript.widgets[0].buttons

@@ -269,7 +269,8 @@ class TranscriptView(QScrollArea):
                      colors: Colors, busy: bool = False, empty_text: str = "",
                      unanswered_id: int | None = None) -> None:
         """Show ``path`` (root first). ``positions`` maps message id -> (index, count) among siblings;
-        ``unanswered_id``, a user message with no reply, gets a Retry button. Only the newest
+        ``unanswered_id``, a user message with no reply, gets a Retry button, as does every user
+        message followed by another user message. Only the newest
         ``SHOWN_MESSAGES`` are built; ``show_earlier`` adds more."""
         new_path = not self._args or [m.id for m in self._args[0][:1]] != [m.id for m in path[:1]]
         if new_path:
@@ -277,6 +278,11 @@ class TranscriptView(QScrollArea):
         self._args = (path, positions, colors, busy, empty_text, unanswered_id)
         self.colors = colors
         self.clear()
+        # every user message with no reply gets Retry: the leaf the controller names, and
+        # one followed by another user message (a reply that failed or was cancelled)
+        unanswered = {m.id for m, nxt in zip(path, path[1:]) if m.role == "user" and nxt.role == "user"}
+        if unanswered_id is not None:
+            unanswered.add(unanswered_id)
         hidden = max(0, len(path) - self._shown_limit)
         self.earlier_button.setText(f"Show earlier messages ({hidden:,} not shown)")
         self.earlier_button.setVisible(hidden > 0)
@@ -288,7 +294,7 @@ class TranscriptView(QScrollArea):
             if m.role == "system":
                 continue
             index, count = positions.get(m.id, (1, 1))
-            w = MessageWidget(m, m.role, index, count, colors, busy, unanswered=m.id == unanswered_id)
+            w = MessageWidget(m, m.role, index, count, colors, busy, unanswered=m.id in unanswered)
             w.sibling_requested.connect(self.sibling_requested)
             w.edit_saved.connect(self.edit_saved)
             w.regenerate_requested.connect(self.regenerate_requested)
