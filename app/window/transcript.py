@@ -32,6 +32,9 @@ SHOWN_MESSAGES = 200
 """Bubbles built when a chat opens: the newest ones. Older messages wait behind a
 "Show earlier messages" button, so opening a 10,000-message branch costs the same as a
 200-message one (a bubble takes milliseconds to build)."""
+UNANSWERED_NOTE = "no reply (stopped or failed)"
+"""The note beside a user message that has no reply: Esc before the first token, an engine
+crash or error. Its Retry button answers it."""
 STATUS_NOTES = {"stopped": "stopped", "error": "interrupted", "streaming": "writing…"}
 
 
@@ -70,6 +73,7 @@ class MessageWidget(QFrame):
         self.role = role
         self.colors = colors
         self._text = message.content if message else ""
+        self.unanswered_note = ""  # set on a user message left without a reply
         self.setObjectName("bubble_" + role)
         bg = colors.user_bubble if role == "user" else colors.assistant_bubble
         self.setStyleSheet(
@@ -105,7 +109,8 @@ class MessageWidget(QFrame):
             if role == "user":
                 self.buttons["edit"] = self._tool("Edit", "Edit this message (a new branch)", self.begin_edit)
                 header.addWidget(self.buttons["edit"])
-            if role == "user" and unanswered:  # a turn that failed: answer it in place
+            if role == "user" and unanswered:  # a turn that failed or was stopped: answer it in place
+                self.unanswered_note = UNANSWERED_NOTE
                 self.buttons["retry"] = self._tool("Retry", "Generate the reply to this message",
                                                    lambda: self.regenerate_requested.emit(message.id))
                 header.addWidget(self.buttons["retry"])
@@ -164,7 +169,7 @@ class MessageWidget(QFrame):
     def set_stats(self, stats: dict | None, status: str = "complete") -> None:
         self.footer.setText(stats_line(stats) if self.role == "assistant" else "")
         self.footer.setVisible(bool(self.footer.text()))
-        note = STATUS_NOTES.get(status, "")
+        note = STATUS_NOTES.get(status, "") or self.unanswered_note
         self.note.setText(f"· {note}" if note else "")
 
     def _copy_all(self) -> None:
