@@ -70,6 +70,7 @@ class CacheAction(StrEnum):
     CLEAR = "clear"    # remove every block, and the engine's in-memory KV
     VERIFY = "verify"  # check every block's checksum, remove bad ones
     SET_BUDGET = "set_budget"  # new byte budget (``budget_bytes``), evicting down to it
+    FORGET = "forget"  # delete conversation ``conversation_id`` of ``chats_path`` and its unshared KV blocks
 
 
 # -- requests ----------------------------------------------------------------------------
@@ -113,6 +114,8 @@ class CacheRequest:
     id: int
     action: CacheAction
     budget_bytes: int | None = None
+    conversation_id: int | None = None  # FORGET: the conversation (``engine.forget``)
+    chats_path: str | None = None  # FORGET: the chats.sqlite3 it is in
 
 
 @dataclass(frozen=True)
@@ -204,6 +207,7 @@ class CacheEvent:
     id: int
     stats: dict
     verify: dict | None = None
+    dropped: int = 0  # FORGET: KV blocks removed
 
 
 Event = (LoadProgressEvent | LoadedEvent | LoadFailedEvent | ProgressEvent | TokenEvent | DoneEvent

@@ -147,7 +147,7 @@ class LoadedModel:
             chat_template=bool(self.template_text),
             prompt_format=str(self.prompts.format),
             chat_template_note=self.prompts.note,
-            kv_bytes_per_token=0,
+            kv_bytes_per_token=kv_bytes_per_token(self.llama.model, meta, settings.type_k, settings.type_v),
             cache_policy=self.cache_policy,
             repack=("on" if self.repack.repack else "off") + f" ({self.repack.reason})",
             cache_mode=self.cache_mode.value,
@@ -269,3 +269,34 @@ def _load_error_text(path: Path, detail: str) -> str:
     if "unknown model architecture" in detail:
         return f"{path.name} uses a model architecture this version of llama.cpp does not support.{reason}"
     return f"{path.name} could not be loaded. It may be damaged or an unsupported model.{reason}"
+
+
+_KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32,
+                  "q5_0": 22 / 32, "q4_1": 20 / 32, "q4_0": 18 / 32}
+"""Bytes per element of a KV cache type (block types: block bytes / 32 elements)."""
+
+
+def kv_bytes_per_token(model, meta: dict, type_k: str, type_v: str) -> int:
+    """Bytes of KV cache one token takes in context (all layers, K and V), from the model's
+    shape: layers x KV heads x head size x bytes per element of ``type_k`` / ``type_v``.
+    Head sizes come from ``<arch>.attention.key_length`` / ``value_length`` when the GGUF
+    has them, else embedding size / heads. 0 when the shape is unknown. The prefix store's
+    learned layout (exact, after the first snapshot) replaces it in the worker."""
+    try:
+        n_layer = int(llama_cpp.llama_model_n_layer(model))
+        n_embd = int(llama_cpp.llama_model_n_embd(model))
+        n_head = int(llama_cpp.llama_model_n_head(model))
+        n_head_kv = int(llama_cpp.llama_model_n_head_kv(model)) or n_head
+    except (AttributeError, TypeError, ValueError):
+        return 0
+    if n_layer <= 0 or n_head <= 0 or n_embd <= 0:
+        return 0
+    arch = meta.get("general.architecture", "")
+
+    def head_size(key: str) -> int:
+        value = str(meta.get(f"{arch}.attention.{key}", ""))
+        return int(value) if value.isdigit() else n_embd // n_head
+
+    k = n_layer * n_head_kv * head_size("key_length") * _KV_TYPE_BYTES.get(type_k, 2.0)
+    v = n_layer * n_head_kv * head_size("value_length") * _KV_TYPE_BYTES.get(type_v, 2.0)
+    return int(round(k + v))

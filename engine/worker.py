@@ -316,7 +316,7 @@ class _Server:
         self.send(CoverageEvent(msg.id, results))
 
     def op_cache(self, msg: CacheRequest) -> None:
-        verify = None
+        verify, dropped = None, 0
         if msg.action == CacheAction.CLEAR:
             if self.store is not None:
                 self.store.clear()
@@ -327,5 +327,23 @@ class _Server:
         elif msg.action == CacheAction.SET_BUDGET and self.store is not None and msg.budget_bytes:
             self.store.budget_bytes = int(msg.budget_bytes)
             self.store.evict()
+        elif msg.action == CacheAction.FORGET:
+            dropped = self._forget(msg)
         stats = self.store.stats() if self.store is not None else {}
-        self.send(CacheEvent(msg.id, stats, verify))
+        self.send(CacheEvent(msg.id, stats, verify, dropped))
+
+    def _forget(self, msg: CacheRequest) -> int:
+        """Delete and forget (``engine.forget.delete_and_forget``) with the loaded model's
+        tokenizer (no model: the rows only). Returns the KV blocks dropped."""
+        from pathlib import Path
+
+        from engine.forget import delete_and_forget
+        from storage.chats import ChatStore
+        from storage.errors import NotFoundError
+
+        build = self.engine.model.prompts.build if self.engine is not None else None
+        with ChatStore(Path(msg.chats_path)) as chats:
+            try:
+                return delete_and_forget(chats, self.store, int(msg.conversation_id), build)
+            except NotFoundError:
+                return 0

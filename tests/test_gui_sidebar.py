@@ -12,7 +12,7 @@ import time  # noqa: E402
 from PySide6.QtCore import QTimer  # noqa: E402
 from PySide6.QtWidgets import QApplication, QInputDialog  # noqa: E402
 
-from app.window.sidebar import DATE_ROLE, SNIPPET_ROLE, relative_date  # noqa: E402
+from app.window.sidebar import DATE_ROLE, PINNED_ROLE, SNIPPET_ROLE, relative_date  # noqa: E402
 from storage.chats import ChatStore  # noqa: E402
 from storage.paths import CHATS_DB  # noqa: E402
 
@@ -47,7 +47,7 @@ def test_rename_through_the_dialog(qtbot, open_window, data_dir):
     assert w.store.get_conversation(a).title == "Trip to Lisbon"
     row = w.sidebar.list.item(w.sidebar.ids().index(a))
     assert row.text() == "Trip to Lisbon"
-    assert row.toolTip().startswith("Trip to Lisbon")
+    assert row.toolTip().startswith("<qt>Trip to Lisbon<br>")  # escaped, shown as plain text
 
 
 def test_pin_moves_to_top_and_unpin_moves_back(qtbot, open_window, data_dir):
@@ -56,7 +56,7 @@ def test_pin_moves_to_top_and_unpin_moves_back(qtbot, open_window, data_dir):
     assert w.sidebar.ids() == [c, b, a]  # newest first
     w.sidebar.toggle_pin(a)
     assert w.sidebar.ids() == [a, c, b]
-    assert w.sidebar.list.item(0).text().startswith("📌")
+    assert w.sidebar.list.item(0).data(PINNED_ROLE) is True
     assert w.store.get_conversation(a).pinned
     w.sidebar.toggle_pin(a)
     assert w.sidebar.ids() == [c, b, a]
@@ -129,7 +129,7 @@ def test_long_title_is_one_line_with_a_date(qtbot, open_window, data_dir):
     assert item.data(DATE_ROLE) == "now"
     one_line = lst.fontMetrics().height()
     assert lst.visualItemRect(item).height() < 2 * one_line
-    assert item.toolTip().startswith(title.strip())
+    assert item.toolTip().startswith("<qt>" + title.strip())
 
 
 def test_relative_date():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QToolButton, QWidget
 
 from app.window.theme import LIGHT, Colors
@@ -17,7 +17,9 @@ STYLES = {
 
 
 class Banner(QFrame):
-    """Call ``show_message(text, kind, actions)``; ``shown(text)`` fires for each message."""
+    """Call ``show_message(text, kind, actions, chat_id)``; ``shown(text)`` fires for each
+    message. ``chat_id`` ties a message to the chat it is about (None: about the app or the
+    model); the window hides a tied message when another chat is shown."""
 
     shown = Signal(str)
 
@@ -27,6 +29,8 @@ class Banner(QFrame):
         self.label = QLabel()
         self.label.setWordWrap(True)
         self.label.setObjectName("banner_text")
+        self.label.setTextFormat(Qt.TextFormat.PlainText)  # messages quote titles, model errors
+        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self._lay = QHBoxLayout(self)
         self._lay.setContentsMargins(12, 8, 8, 8)
         self._lay.addWidget(self.label, 1)
@@ -40,6 +44,7 @@ class Banner(QFrame):
         self._lay.addWidget(close)
         self.colors: Colors = LIGHT
         self.kind = "info"
+        self.chat_id: int | None = None
         self.hide()
 
     @property
@@ -50,13 +55,17 @@ class Banner(QFrame):
         return next((b for b in self._buttons if b.text() == label), None)
 
     def show_message(self, text: str, kind: str = "error",
-                     actions: list[tuple[str, Callable[[], None]]] | None = None) -> None:
+                     actions: list[tuple[str, Callable[[], None]]] | None = None,
+                     chat_id: int | None = None) -> None:
+        """Show ``text`` (plain text, never HTML) as a ``kind`` ("error" or "info") message
+        with ``actions`` (button label, callback; a click also hides the banner)."""
         for b in self._buttons:  # deleteLater: ``b`` may be the button being clicked
             self._lay.removeWidget(b)
             b.hide()
             b.deleteLater()
         self._buttons = []
         self.kind = kind
+        self.chat_id = chat_id
         self.label.setText(text)
         for label, callback in actions or []:
             b = QPushButton(label)

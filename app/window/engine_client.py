@@ -213,6 +213,13 @@ class EngineClient(QObject):
         """A prefix-store operation: ``done(CacheEvent)``."""
         return self._track(lambda rid: ev.CacheRequest(rid, ev.CacheAction(action), budget_bytes))
 
+    def forget(self, conversation_id: int, chats_path: str) -> PendingRequest | None:
+        """Delete ``conversation_id`` from ``chats_path`` and drop the KV blocks no other
+        conversation shares, in the engine process: ``done(CacheEvent)`` (``dropped``
+        blocks) or ``failed(ErrorEvent)``; None if the engine is gone."""
+        return self._track(lambda rid: ev.CacheRequest(rid, ev.CacheAction.FORGET, None,
+                                                       int(conversation_id), str(chats_path)))
+
     # -- the reader thread ---------------------------------------------------------------
 
     def _read_loop(self, proc: EngineProcess) -> None:

@@ -26,10 +26,11 @@ from app.window.app_settings import AppSettings
 from app.window.banner import Banner
 from app.window.composer import Composer
 from app.window.import_dialog import ImportController, droppable_paths
+from app.window.forget_flow import ForgetFlow
 from app.window.model_controller import ModelController
 from app.window.server_controller import ServerController
 from app.window.settings_dialog import SettingsDialog
-from app.window.sidebar import Sidebar
+from app.window.sidebar import FORGET_NOTE, Sidebar
 from app.window.status_bar import StatusBar
 from app.window.transcript import TranscriptView
 from app.window.transcript_controller import ChatController
@@ -61,6 +62,7 @@ class MainWindow(QMainWindow):
     reply_finished = Signal(int)
     engine_died = Signal(str)
     coverage_ready = Signal()
+    forgotten = Signal(int, int)  # conversation id, KV blocks dropped (Delete and forget done)
 
     def __init__(self, data_dir: Path, model_path: str | None = None, use_cache: bool = True,
                  start_engine: bool = True):
@@ -75,6 +77,7 @@ class MainWindow(QMainWindow):
         self.colors = theme.apply(QApplication.instance(), self.settings.theme)
         self.closed = False
         self.overflow_box = None
+        self.link_dialog = None  # the "Open link?" dialog while it is shown
         self.settings_dialog = None
         self._undo_text = ""  # the banner text that offers to undo a delete
 
@@ -84,6 +87,7 @@ class MainWindow(QMainWindow):
         self.chat = ChatController(self)
         self.importer = ImportController(self)
         self.api_server = ServerController(self)
+        self.forget_flow = ForgetFlow(self)
         self._connect()
         self.menu_actions = build_menus(self)
         self.menu_actions["toggle_tree"].setChecked(self.settings.show_tree)
@@ -92,8 +96,7 @@ class MainWindow(QMainWindow):
         self.resize(1180, 760)
         self.setAcceptDrops(True)
         self.sidebar.refresh()
-        ids = self.sidebar.ids()
-        self.show_conversation(ids[0] if ids else None)
+        self._open_newest()
         if interrupted:
             self.banner.show_message(
                 f"{interrupted} reply{'s were' if interrupted > 1 else ' was'} cut short when Branchwise "
@@ -134,11 +137,13 @@ class MainWindow(QMainWindow):
         self.sidebar.deleted.connect(self._conversation_deleted)
         self.sidebar.restored.connect(self.show_conversation)
         self.sidebar.delete_committed.connect(self._delete_committed)
+        self.sidebar.forget_requested.connect(self.forget_flow.forget)
         self.sidebar.changed.connect(self.refresh_title)
         self.transcript.sibling_requested.connect(chat.switch_sibling)
         self.transcript.edit_saved.connect(self.edit_message)
         self.transcript.regenerate_requested.connect(self.regenerate)
         self.transcript.fork_requested.connect(self.fork)
+        self.transcript.link_requested.connect(self.confirm_link)
         self.composer.send_requested.connect(self.send_message)
         self.composer.stop_requested.connect(chat.stop)
         self.tree.node_clicked.connect(chat.select)
@@ -226,9 +231,38 @@ class MainWindow(QMainWindow):
         self.show_conversation(None)
         self.composer.input.setFocus()
 
-    def show_conversation(self, conversation_id: int | None) -> None:
-        """Show the active path of ``conversation_id`` (None: the empty new-chat page)."""
-        self.chat.show_conversation(conversation_id)
+    def show_conversation(self, conversation_id: int | None) -> bool:
+        """Show the active path of ``conversation_id`` (None: the empty new-chat page).
+
+        A chat whose data cannot be shown (an error of any kind while reading or drawing
+        it) is never allowed to stop the window: the empty page is shown instead, with a
+        banner that names the chat. Returns False in that case."""
+        try:
+            self.chat.show_conversation(conversation_id)
+            if self.banner.chat_id is not None and self.banner.chat_id != conversation_id:
+                self.banner.hide()  # it was about the chat shown before
+            return True
+        except Exception as exc:  # noqa: BLE001 - whatever the data holds, the window stays up
+            if conversation_id is None:
+                raise
+            log.exception("could not show chat %s", conversation_id)
+            try:
+                title = self.store.get_conversation(conversation_id).title
+            except Exception:  # noqa: BLE001
+                title = f"chat {conversation_id}"
+            self.chat.show_conversation(None)
+            self.banner.show_message(
+                f"The chat “{title}” could not be shown ({type(exc).__name__}); it is left "
+                "unchanged. Export it from the command line (branchwise conversations export) "
+                "or delete it.", "error")
+            return False
+
+    def _open_newest(self) -> None:
+        """At start: show the newest chat that can be shown (see ``show_conversation``)."""
+        for cid in self.sidebar.ids():
+            if self.show_conversation(cid):
+                return
+        self.show_conversation(None)
 
     def render(self) -> None:
         self.chat.render()
@@ -316,6 +350,17 @@ class MainWindow(QMainWindow):
     def overflow(self, user_message_id: int, prompt_tokens: int, n_ctx: int, message: str) -> None:
         self.overflow_box = self.chat.overflow_dialog(user_message_id, prompt_tokens, n_ctx, message)
 
+    def confirm_link(self, url: str) -> None:
+        """Ask (showing the full ``url``) before opening a message's http(s) link in the browser."""
+        from app.window.link_dialog import OpenLinkDialog
+
+        if self.link_dialog is not None:
+            self.link_dialog.close()
+        self.link_dialog = dlg = OpenLinkDialog(url, self)
+        dlg.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dlg.finished.connect(lambda _r: setattr(self, "link_dialog", None))
+        dlg.open()
+
     def refresh_title(self) -> None:
         title = "Branchwise"
         if self.chat.conversation_id is not None:
@@ -339,6 +384,8 @@ class MainWindow(QMainWindow):
             ids = self.sidebar.ids()
             self.show_conversation(ids[0] if ids else None)
         self._undo_text = f"Deleted “{title}”."
+        if self.sidebar.pending_forget:
+            self._undo_text += f" When Undo goes, it is forgotten: {FORGET_NOTE}"
         self.banner.show_message(self._undo_text, "info", [("Undo", self.sidebar.undo_delete)])
 
     def _delete_committed(self, _cid: int) -> None:
@@ -413,11 +460,11 @@ class MainWindow(QMainWindow):
         if self.closed:
             return
         self.closed = True
+        self.sidebar.commit_delete()  # before the engine stops: it carries out a Delete and forget
         self.importer.shutdown()
         self.api_server.shutdown()
         self.chat.shutdown()
         self.save_settings()
-        self.sidebar.commit_delete()
         self.store.close()
 
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt override

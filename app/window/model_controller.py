@@ -14,12 +14,13 @@ import logging
 from enum import StrEnum
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
 from app.session import model_label
 from app.window.crash import crash_name, describe_exit
 from app.window.engine_client import EngineClient, EngineExit
+from app.window.plain import menu_text, tooltip
 from app.window.settings_dialog import human_bytes
 from engine.cpu import remember_crash
 from engine.errors import ModelLoadError
@@ -145,7 +146,7 @@ class ModelController(QObject):
         w.status.progress.hide()
         if facts.get("remote"):  # an OpenAI-compatible server: not a model file to remember
             w.status.model_label.setText(f"{facts.get('name') or 'model'} @ {facts.get('server', '')}")
-            w.status.model_label.setToolTip(f"Replies come from the server at {facts['remote']}")
+            w.status.model_label.setToolTip(tooltip(f"Replies come from the server at {facts['remote']}"))
         else:
             self.good_path = facts.get("path") or self.path
             w.settings.remember_model(self.good_path)
@@ -153,7 +154,7 @@ class ModelController(QObject):
             params = facts.get("parameters") or 0
             size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.0f}M"
             w.status.model_label.setText(f"{model_label(self.good_path, facts)} · {size}")
-            w.status.model_label.setToolTip(facts_text(facts))
+            w.status.model_label.setToolTip(tooltip(facts_text(facts)))
         if facts.get("cache_policy", "full") != "full":
             w.banner.show_message(f"The prefix store is off for this model: {facts['cache_policy']}", "info")
         elif w.banner.isVisible() and w.banner.kind == "error":
@@ -215,8 +216,8 @@ class ModelController(QObject):
     def fill_recent(self, menu) -> None:
         menu.clear()
         for p in self.window.settings.recent_models:
-            a = menu.addAction(Path(p).name, lambda _c=False, q=p: self.load(q))
-            a.setToolTip(p)
+            a = menu.addAction(menu_text(Path(p).name), lambda _c=False, q=p: self.load(q))
+            a.setToolTip(tooltip(p))
         if not self.window.settings.recent_models:
             menu.addAction("(none yet)").setEnabled(False)
         menu.addSeparator()
@@ -225,5 +226,6 @@ class ModelController(QObject):
     def show_info(self) -> None:
         box = QMessageBox(self.window)
         box.setWindowTitle("Model info")
+        box.setTextFormat(Qt.TextFormat.PlainText)  # general.name etc. come from the model file
         box.setText(facts_text(self.facts) if self.facts else "No model is loaded.")
         box.open()

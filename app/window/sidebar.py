@@ -14,8 +14,8 @@ import logging
 import threading
 import time
 
-from PySide6.QtCore import QRect, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QFont, QFontMetrics, QPalette
+from PySide6.QtCore import QPointF, QRect, QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QFont, QFontMetrics, QPainter, QPalette
 from PySide6.QtWidgets import (
     QApplication,
     QInputDialog,
@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.window.plain import elide, tooltip
 from storage.chats import ChatStore
 from storage.errors import NotFoundError, StorageError
 
@@ -39,6 +40,13 @@ log = logging.getLogger(__name__)
 ID_ROLE = Qt.ItemDataRole.UserRole
 DATE_ROLE = Qt.ItemDataRole.UserRole + 1
 SNIPPET_ROLE = Qt.ItemDataRole.UserRole + 2
+PINNED_ROLE = Qt.ItemDataRole.UserRole + 3
+"""True on a pinned chat's row: the delegate draws a small filled dot before its title (a
+shape, not an emoji, which shows as an empty box without an emoji font)."""
+PIN_DOT = 3  # the pin dot's radius (pixels)
+FORGET_NOTE = ("KV blocks this chat shares with other chats stay; its own are removed from "
+               "kvcache.sqlite3, so its text cannot be rebuilt from the cache.")
+"""What "Delete and forget" does to the KV cache, in the words the menu and banner use."""
 UNDO_MS = 10_000
 """How long a deleted chat can be brought back (milliseconds)."""
 
@@ -114,9 +122,16 @@ class ConversationDelegate(QStyledItemDelegate):
             else:
                 date_w = 0
         painter.setFont(opt.font)
+        left = line.left()
+        if index.data(PINNED_ROLE):  # the pin marker: a dot in the text colour
+            painter.setPen(Qt.PenStyle.NoPen)
+            painter.setBrush(text_color)
+            painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+            painter.drawEllipse(QPointF(left + PIN_DOT, line.center().y() + 0.5), PIN_DOT, PIN_DOT)
+            left += 2 * PIN_DOT + 6
         painter.setPen(text_color)
-        title_w = line.width() - (date_w + self.GAP if date_w else 0)
-        painter.drawText(QRect(line.left(), line.top(), title_w, line.height()),
+        title_w = line.right() + 1 - left - (date_w + self.GAP if date_w else 0)
+        painter.drawText(QRect(left, line.top(), title_w, line.height()),
                          Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
                          fm.elidedText(title, Qt.TextElideMode.ElideRight, title_w))
         snippet = index.data(SNIPPET_ROLE)
@@ -132,7 +147,13 @@ class Sidebar(QWidget):
     """Signals: ``selected(conversation_id)``, ``new_chat()``, ``deleted(conversation_id)``
     (hidden, the delete can still be undone), ``restored(conversation_id)`` (undone),
     ``delete_committed(conversation_id)`` (gone from the database), ``changed()`` (a rename,
-    pin or duplicate happened)."""
+    pin or duplicate happened), ``forget_requested(conversation_id)`` (a "Delete and forget"
+    whose undo time is up: the window has the engine process delete the rows and the KV
+    blocks; this class does not touch the database for it).
+
+    Delete and forget, and Undo: both deletes are deferred the same way, so Undo works the
+    same for both within ``UNDO_MS``; nothing is removed (rows or KV blocks) before the undo
+    time is up, so Undo never needs anything back from the cache."""
 
     selected = Signal(int)
     new_chat = Signal()
@@ -140,6 +161,7 @@ class Sidebar(QWidget):
     restored = Signal(int)
     delete_committed = Signal(int)
     changed = Signal()
+    forget_requested = Signal(int)
 
     def __init__(self, store: ChatStore, parent: QWidget | None = None):
         super().__init__(parent)
@@ -147,6 +169,7 @@ class Sidebar(QWidget):
         self.current_id: int | None = None
         self.busy_id: int | None = None
         self.pending_delete: int | None = None  # hidden, deleted when the undo time is up
+        self.pending_forget = False  # the pending delete also forgets its KV blocks
         self._delete_timer = QTimer(self, singleShot=True, interval=UNDO_MS)
         self._delete_timer.timeout.connect(self.commit_delete)
         self.new_button = QPushButton("+  New chat")
@@ -188,12 +211,15 @@ class Sidebar(QWidget):
         rows = [(c, snippet) for c, snippet in rows if c.id != self.pending_delete]
         now = time.time()
         for conv, snippet in rows:
-            item = QListWidgetItem(("📌 " if conv.pinned else "") + conv.title)
+            item = QListWidgetItem(conv.title)
+            item.setData(PINNED_ROLE, bool(conv.pinned))
+            item.setData(Qt.ItemDataRole.AccessibleTextRole, ("Pinned: " if conv.pinned else "") + conv.title)
             item.setData(ID_ROLE, conv.id)
             item.setData(DATE_ROLE, relative_date(conv.updated_at, now))
             if snippet and snippet != conv.title:
                 item.setData(SNIPPET_ROLE, " ".join(snippet.split()))
-            item.setToolTip(f"{conv.title}\nLast message {time.strftime('%d %b %Y, %H:%M', time.localtime(conv.updated_at))}")
+            when = time.strftime('%d %b %Y, %H:%M', time.localtime(conv.updated_at))
+            item.setToolTip(tooltip(f"{elide(conv.title)}\nLast message {when}"))
             self.list.addItem(item)
             if conv.id == self.current_id:
                 item.setSelected(True)
@@ -236,6 +262,12 @@ class Sidebar(QWidget):
         menu.addSeparator()
         delete = menu.addAction("Delete", lambda: self.delete(cid))
         delete.setEnabled(cid != self.busy_id)
+        forget = menu.addAction("Delete and forget", lambda: self.delete(cid, forget=True))
+        forget.setEnabled(cid != self.busy_id)
+        forget.setToolTip("Delete this chat and its KV cache. " + FORGET_NOTE)
+        forget.setStatusTip(forget.toolTip())
+        menu.setToolTipsVisible(True)
+        self.menu = menu  # for tests: the menu while it is open
         menu.exec(self.list.viewport().mapToGlobal(pos))
 
     def rename(self, cid: int, title: str | None = None) -> None:
@@ -265,13 +297,15 @@ class Sidebar(QWidget):
         self.changed.emit()
         return copy.id
 
-    def delete(self, cid: int) -> None:
+    def delete(self, cid: int, forget: bool = False) -> None:
         """Hide ``cid`` at once and delete it from the database after ``UNDO_MS`` unless
-        ``undo_delete`` is called first. A delete already pending is carried out now."""
+        ``undo_delete`` is called first. A delete already pending is carried out now.
+        ``forget``: then emit ``forget_requested`` instead (Delete and forget)."""
         if cid == self.busy_id:
             return
         self.commit_delete()
         self.pending_delete = cid
+        self.pending_forget = forget
         self._delete_timer.start()
         self.refresh()
         self.deleted.emit(cid)
@@ -279,6 +313,7 @@ class Sidebar(QWidget):
     def undo_delete(self) -> int | None:
         """Bring back the chat whose delete is pending; returns its id (None if there is none)."""
         cid, self.pending_delete = self.pending_delete, None
+        self.pending_forget = False
         self._delete_timer.stop()
         if cid is not None:
             self.refresh()
@@ -290,9 +325,18 @@ class Sidebar(QWidget):
 
         A storage error is logged and the chat stays; it is never raised to the caller."""
         cid, self.pending_delete = self.pending_delete, None
+        forget, self.pending_forget = self.pending_forget, False
         self._delete_timer.stop()
         if cid is None:
             return
+        if forget:
+            self.forget_requested.emit(cid)
+            return
+        self.delete_rows(cid)
+
+    def delete_rows(self, cid: int) -> None:
+        """Delete ``cid``'s rows now (milliseconds) and scrub the search index and WAL on a
+        worker thread; emits ``delete_committed``. A storage error is logged, never raised."""
         try:
             self.store.delete_conversation(cid, forget=False)  # the rows: milliseconds
         except NotFoundError:

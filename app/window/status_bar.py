@@ -6,6 +6,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar
 
 from app.session import reply_status_line
+from app.window.plain import plain_label
 from engine.events import Phase
 
 PROGRESS_MIN_TOKENS = 64  # show the progress bar only for restores/prefills at least this long
@@ -34,6 +35,8 @@ class StatusBar:
         self.api_label.setTextFormat(Qt.TextFormat.PlainText)
         self.api_label.hide()
         self.context_used = 0  # tokens of the shown path, as last shown
+        for label in (self.stats_label, self.context_label, self.model_label):
+            plain_label(label)  # the model label shows general.name from the model file
         bar.addWidget(self.stats_label, 1)
         bar.addPermanentWidget(self.progress)
         bar.addPermanentWidget(self.api_label)

@@ -23,11 +23,18 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.window.markdown_view import code_blocks, to_html
+from app.window.markdown_view import LinkKind, classify_link, code_blocks, to_html
 from app.window.theme import LIGHT, Colors
 from storage.chats import Message
 
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
+SHOWN_MESSAGES = 200
+"""Bubbles built when a chat opens: the newest ones. Older messages wait behind a
+"Show earlier messages" button, so opening a 10,000-message branch costs the same as a
+200-message one (a bubble takes milliseconds to build)."""
+UNANSWERED_NOTE = "no reply (stopped or failed)"
+"""The note beside a user message that has no reply: Esc before the first token, an engine
+crash or error. Its Retry button answers it."""
 STATUS_NOTES = {"stopped": "stopped", "error": "interrupted", "streaming": "writing…"}
 
 
@@ -56,6 +63,7 @@ class MessageWidget(QFrame):
     edit_saved = Signal(int, str)  # message id, new text
     regenerate_requested = Signal(int)
     fork_requested = Signal(int)
+    link_requested = Signal(str)  # an http(s) link in the text was clicked (not opened yet)
 
     def __init__(self, message: Message | None, role: str, index: int = 1, count: int = 1,
                  colors: Colors = LIGHT, busy: bool = False, parent: QWidget | None = None,
@@ -65,6 +73,7 @@ class MessageWidget(QFrame):
         self.role = role
         self.colors = colors
         self._text = message.content if message else ""
+        self.unanswered_note = ""  # set on a user message left without a reply
         self.setObjectName("bubble_" + role)
         bg = colors.user_bubble if role == "user" else colors.assistant_bubble
         self.setStyleSheet(
@@ -100,7 +109,8 @@ class MessageWidget(QFrame):
             if role == "user":
                 self.buttons["edit"] = self._tool("Edit", "Edit this message (a new branch)", self.begin_edit)
                 header.addWidget(self.buttons["edit"])
-            if role == "user" and unanswered:  # a turn that failed: answer it in place
+            if role == "user" and unanswered:  # a turn that failed or was stopped: answer it in place
+                self.unanswered_note = UNANSWERED_NOTE
                 self.buttons["retry"] = self._tool("Retry", "Generate the reply to this message",
                                                    lambda: self.regenerate_requested.emit(message.id))
                 header.addWidget(self.buttons["retry"])
@@ -159,14 +169,17 @@ class MessageWidget(QFrame):
     def set_stats(self, stats: dict | None, status: str = "complete") -> None:
         self.footer.setText(stats_line(stats) if self.role == "assistant" else "")
         self.footer.setVisible(bool(self.footer.text()))
-        note = STATUS_NOTES.get(status, "")
+        note = STATUS_NOTES.get(status, "") or self.unanswered_note
         self.note.setText(f"· {note}" if note else "")
 
     def _copy_all(self) -> None:
         QGuiApplication.clipboard().setText(self._text)
 
     def _link(self, href: str) -> None:
-        if href.startswith("copy:"):
+        kind = classify_link(href)
+        if kind == LinkKind.EXTERNAL:
+            self.link_requested.emit(href.strip())
+        elif kind == LinkKind.COPY_CODE:
             blocks = code_blocks(self._text)
             n = int(href.split(":", 1)[1])
             if n < len(blocks):
@@ -226,6 +239,7 @@ class TranscriptView(QScrollArea):
     edit_saved = Signal(int, str)
     regenerate_requested = Signal(int)
     fork_requested = Signal(int)
+    link_requested = Signal(str)  # an http(s) link in any message was clicked
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -245,6 +259,14 @@ class TranscriptView(QScrollArea):
         self._empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self._empty.setWordWrap(True)
         self._layout.insertWidget(0, self._empty)
+        self.earlier_button = QPushButton()
+        self.earlier_button.setObjectName("show_earlier")
+        self.earlier_button.setFlat(True)
+        self.earlier_button.clicked.connect(self.show_earlier)
+        self.earlier_button.hide()
+        self._layout.insertWidget(1, self.earlier_button)
+        self._shown_limit = SHOWN_MESSAGES
+        self._args: tuple = ()
         self.verticalScrollBar().rangeChanged.connect(self._range_changed)
         self._stick_to_bottom = True
 
@@ -252,9 +274,24 @@ class TranscriptView(QScrollArea):
                      colors: Colors, busy: bool = False, empty_text: str = "",
                      unanswered_id: int | None = None) -> None:
         """Show ``path`` (root first). ``positions`` maps message id -> (index, count) among siblings;
-        ``unanswered_id``, a user message with no reply, gets a Retry button."""
+        ``unanswered_id``, a user message with no reply, gets a Retry button, as does every user
+        message followed by another user message. Only the newest
+        ``SHOWN_MESSAGES`` are built; ``show_earlier`` adds more."""
+        new_path = not self._args or [m.id for m in self._args[0][:1]] != [m.id for m in path[:1]]
+        if new_path:
+            self._shown_limit = SHOWN_MESSAGES
+        self._args = (path, positions, colors, busy, empty_text, unanswered_id)
         self.colors = colors
         self.clear()
+        # every user message with no reply gets Retry: the leaf the controller names, and
+        # one followed by another user message (a reply that failed or was cancelled)
+        unanswered = {m.id for m, nxt in zip(path, path[1:]) if m.role == "user" and nxt.role == "user"}
+        if unanswered_id is not None:
+            unanswered.add(unanswered_id)
+        hidden = max(0, len(path) - self._shown_limit)
+        self.earlier_button.setText(f"Show earlier messages ({hidden:,} not shown)")
+        self.earlier_button.setVisible(hidden > 0)
+        path = path[hidden:]
         self._empty.setText(empty_text)
         self._empty.setStyleSheet(f"color:{colors.muted}; font-size:15px;")
         self._empty.setVisible(not path and bool(empty_text))
@@ -262,14 +299,23 @@ class TranscriptView(QScrollArea):
             if m.role == "system":
                 continue
             index, count = positions.get(m.id, (1, 1))
-            w = MessageWidget(m, m.role, index, count, colors, busy, unanswered=m.id == unanswered_id)
+            w = MessageWidget(m, m.role, index, count, colors, busy, unanswered=m.id in unanswered)
             w.sibling_requested.connect(self.sibling_requested)
             w.edit_saved.connect(self.edit_saved)
             w.regenerate_requested.connect(self.regenerate_requested)
             w.fork_requested.connect(self.fork_requested)
+            w.link_requested.connect(self.link_requested)
             self._add(w)
         self._stick_to_bottom = True
         QTimer.singleShot(0, self.scroll_to_bottom)
+
+    def show_earlier(self) -> None:
+        """Build ``SHOWN_MESSAGES`` more of the older messages of the shown path."""
+        if self._args:
+            self._shown_limit += SHOWN_MESSAGES
+            self.set_messages(*self._args)
+            self._stick_to_bottom = False
+            QTimer.singleShot(0, lambda: self.verticalScrollBar().setValue(0))
 
     def _add(self, w: MessageWidget) -> None:
         self._layout.insertWidget(self._layout.count() - 1, w)
@@ -288,6 +334,7 @@ class TranscriptView(QScrollArea):
         self._empty.hide()
         self.pending = MessageWidget(None, "assistant", colors=self.colors)
         self.pending.note.setText("· thinking…")
+        self.pending.link_requested.connect(self.link_requested)
         self._add(self.pending)
         self._stick_to_bottom = True
         return self.pending

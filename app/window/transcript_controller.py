@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from PySide6.QtCore import QObject, QTimer, Signal
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtWidgets import QMessageBox
 
 from app.session import ConversationSession, ReplyRecorder, ReplyState
@@ -207,7 +207,8 @@ class ChatController(QObject):
             return
         conv = self.session.fork(message_id)
         self.show_conversation(conv.id)
-        self.w.banner.show_message(f"Forked into a new chat, “{conv.title}”. Its KV cache is shared.", "info")
+        self.w.banner.show_message(f"Forked into a new chat, “{conv.title}”. Its KV cache is shared.", "info",
+                                   chat_id=conv.id)
 
     def last_message_id(self) -> int | None:
         if self.conversation_id is None:
@@ -307,7 +308,8 @@ class ChatController(QObject):
         if event.kind == ErrorKind.OVERFLOW:
             self.w.overflow(parent, event.prompt_tokens, event.n_ctx, event.message)
         else:
-            self.w.banner.show_message(event.message or "The engine could not do that.", "error")
+            self.w.banner.show_message(event.message or "The engine could not do that.", "error",
+                                       chat_id=reply.conversation_id)
 
     def abandon(self, state: ReplyState) -> None:
         """Save what was streamed so far (marked ``state``) and forget the request."""
@@ -338,6 +340,7 @@ class ChatController(QObject):
         o = self.session.overflow(user_message_id, prompt_tokens, n_ctx, trained)
         box = QMessageBox(w)
         box.setIcon(QMessageBox.Icon.Warning)
+        box.setTextFormat(Qt.TextFormat.PlainText)  # the engine's message may quote the model
         box.setWindowTitle("This chat is too long")
         box.setText(message or f"The prompt is {prompt_tokens:,} tokens; the context holds {n_ctx:,}.")
         box.setInformativeText("Continue on a new branch that keeps the system prompt and the latest turns, "
@@ -365,7 +368,7 @@ class ChatController(QObject):
         if new_parent is None:
             self.w.banner.show_message("The newest message alone does not fit the context window; raise the "
                                        "context size in Settings or shorten the message.", "error",
-                                       [("Settings…", self.w.open_settings)])
+                                       [("Settings…", self.w.open_settings)], chat_id=self.conversation_id)
             return
         self.render()
         self.start_reply(new_parent)

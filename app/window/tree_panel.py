@@ -19,6 +19,7 @@ from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QFont, QPainter, QPen
 from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QToolTip, QVBoxLayout, QWidget
 
+from app.window.plain import tooltip
 from app.window.theme import LIGHT, Colors
 from storage.chats import Message
 
@@ -43,26 +44,31 @@ class _Node:
 
 def layout_tree(messages: list[Message]) -> dict[int, tuple[float, float]]:
     """Grid positions (column, depth) for ``messages`` (parents before children): leaves take
-    consecutive columns in depth-first order, a parent sits above the middle of its children."""
+    consecutive columns in depth-first order, a parent sits above the middle of its children.
+
+    Iterative (an explicit stack), so a branch of any length lays out: no recursion limit.
+    A message whose parent is not in ``messages`` is laid out as a root."""
+    ids = {m.id for m in messages}
     children: dict[int | None, list[Message]] = {}
     for m in messages:
-        children.setdefault(m.parent_id, []).append(m)
+        children.setdefault(m.parent_id if m.parent_id in ids else None, []).append(m)
     pos: dict[int, tuple[float, float]] = {}
-    next_col = [0]
-
-    def place(m: Message, depth: int) -> float:
-        kids = children.get(m.id, [])
-        if not kids:
-            x = float(next_col[0])
-            next_col[0] += 1
-        else:
-            xs = [place(k, depth + 1) for k in kids]
-            x = (xs[0] + xs[-1]) / 2
-        pos[m.id] = (x, float(depth))
-        return x
-
+    next_col = 0
     for root in children.get(None, []):
-        place(root, 0)
+        # (message, depth, children done?): a node is placed after all of its children
+        stack: list[tuple[Message, int, bool]] = [(root, 0, False)]
+        while stack:
+            m, depth, done = stack.pop()
+            kids = children.get(m.id, [])
+            if not kids:
+                pos[m.id] = (float(next_col), float(depth))
+                next_col += 1
+            elif done:
+                pos[m.id] = ((pos[kids[0].id][0] + pos[kids[-1].id][0]) / 2, float(depth))
+            elif m.id not in pos:  # a cycle in corrupt data is cut, not followed forever
+                pos[m.id] = (0.0, float(depth))  # placeholder, replaced when its children are done
+                stack.append((m, depth, True))
+                stack.extend((k, depth + 1, False) for k in reversed(kids) if k.id not in pos)
     return pos
 
 
@@ -160,7 +166,7 @@ class TreeCanvas(QWidget):
                 QToolTip.hideText()
                 event.ignore()
             else:
-                QToolTip.showText(event.globalPos(), self.tooltip_for(n.message.id), self)
+                QToolTip.showText(event.globalPos(), tooltip(self.tooltip_for(n.message.id)), self)
             return True
         return super().event(event)
 
