@@ -296,3 +296,24 @@ def droppable_paths(urls) -> list[Path]:
         if p.is_dir() or p.suffix.lower() in IMPORT_SUFFIXES:
             out.append(p)
     return out
+
+
+class ImportDropMixin:
+    """MainWindow's import actions and drag-and-drop: File → Import… and files dropped on
+    the window go to ``self.importer`` (an :class:`ImportController`)."""
+
+    def import_chats(self) -> None:
+        self.importer.open_dialog()
+
+    def import_folder(self) -> None:
+        self.importer.open_folder_dialog()
+
+    def dragEnterEvent(self, event) -> None:  # noqa: N802 - Qt override
+        if event.mimeData().hasUrls() and droppable_paths(event.mimeData().urls()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event) -> None:  # noqa: N802 - Qt override
+        paths = droppable_paths(event.mimeData().urls()) if event.mimeData().hasUrls() else []
+        if paths:
+            event.acceptProposedAction()
+            self.importer.start(paths)

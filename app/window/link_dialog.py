@@ -59,3 +59,16 @@ class OpenLinkDialog(QDialog):
     def _open(self) -> None:
         QDesktopServices.openUrl(QUrl(self.url))
         self.opened.emit(self.url)
+
+
+class LinkConfirmMixin:
+    """MainWindow's answer to a click on a message's http(s) link: an :class:`OpenLinkDialog`
+    showing the full URL (one at a time, kept in ``self.link_dialog``); only Open opens it."""
+
+    def confirm_link(self, url: str) -> None:
+        if self.link_dialog is not None:
+            self.link_dialog.close()
+        self.link_dialog = dlg = OpenLinkDialog(url, self)
+        dlg.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dlg.finished.connect(lambda _r: setattr(self, "link_dialog", None))
+        dlg.open()

@@ -25,10 +25,11 @@ from app.window.actions import build_menus
 from app.window.app_settings import AppSettings
 from app.window.banner import Banner
 from app.window.composer import Composer
-from app.window.import_dialog import ImportController, droppable_paths
 from app.window.forget_flow import ForgetFlow
+from app.window.import_dialog import ImportController, ImportDropMixin
+from app.window.link_dialog import LinkConfirmMixin
 from app.window.model_controller import ModelController
-from app.window.server_controller import ServerController
+from app.window.server_controller import ServerActionsMixin, ServerController
 from app.window.settings_dialog import SettingsDialog
 from app.window.sidebar import FORGET_NOTE, Sidebar
 from app.window.status_bar import StatusBar
@@ -42,7 +43,7 @@ from storage.paths import CHATS_DB
 log = logging.getLogger(__name__)
 
 
-class MainWindow(QMainWindow):
+class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, QMainWindow):
     """The Branchwise window on ``data_dir``.
 
     Args:
@@ -311,36 +312,6 @@ class MainWindow(QMainWindow):
         if w is not None:
             w.begin_edit()
 
-    # -- import (ImportController) ---------------------------------------------------------
-
-    def import_chats(self) -> None:
-        self.importer.open_dialog()
-
-    def import_folder(self) -> None:
-        self.importer.open_folder_dialog()
-
-    def dragEnterEvent(self, event) -> None:  # noqa: N802 - Qt override
-        if event.mimeData().hasUrls() and droppable_paths(event.mimeData().urls()):
-            event.acceptProposedAction()
-
-    def dropEvent(self, event) -> None:  # noqa: N802 - Qt override
-        paths = droppable_paths(event.mimeData().urls()) if event.mimeData().hasUrls() else []
-        if paths:
-            event.acceptProposedAction()
-            self.importer.start(paths)
-
-    # -- the API server (ServerController) ------------------------------------------------
-
-    def start_api_server(self) -> None:
-        self.api_server.start()
-
-    def stop_api_server(self) -> None:
-        self.api_server.stop()
-
-    def _api_state_changed(self, state: str) -> None:
-        self.menu_actions["start_api_server"].setEnabled(state in ("stopped", "failed"))
-        self.menu_actions["stop_api_server"].setEnabled(state in ("starting", "running"))
-
     def focus_search(self) -> None:
         self.sidebar.focus_search()
 
@@ -349,17 +320,6 @@ class MainWindow(QMainWindow):
 
     def overflow(self, user_message_id: int, prompt_tokens: int, n_ctx: int, message: str) -> None:
         self.overflow_box = self.chat.overflow_dialog(user_message_id, prompt_tokens, n_ctx, message)
-
-    def confirm_link(self, url: str) -> None:
-        """Ask (showing the full ``url``) before opening a message's http(s) link in the browser."""
-        from app.window.link_dialog import OpenLinkDialog
-
-        if self.link_dialog is not None:
-            self.link_dialog.close()
-        self.link_dialog = dlg = OpenLinkDialog(url, self)
-        dlg.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dlg.finished.connect(lambda _r: setattr(self, "link_dialog", None))
-        dlg.open()
 
     def refresh_title(self) -> None:
         title = "Branchwise"

@@ -186,3 +186,18 @@ def _last_line(text: str) -> str:
     """The last non-empty line of ``text`` (a child's standard error), without a traceback's frames."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return lines[-1][:500] if lines else ""
+
+
+class ServerActionsMixin:
+    """MainWindow's Server menu: start and stop ``self.api_server`` (a
+    :class:`ServerController`), each action enabled only when it can work."""
+
+    def start_api_server(self) -> None:
+        self.api_server.start()
+
+    def stop_api_server(self) -> None:
+        self.api_server.stop()
+
+    def _api_state_changed(self, state: str) -> None:
+        self.menu_actions["start_api_server"].setEnabled(state in ("stopped", "failed"))
+        self.menu_actions["stop_api_server"].setEnabled(state in ("starting", "running"))
