@@ -210,8 +210,9 @@ def test_the_repository_explains_itself():
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
     if not tracked:
         pytest.skip("not a git checkout")
+    outside_file = "DESIGN" + ".md"  # spelled in two parts, so this test does not cite it either
     hits = [p for p in tracked if p.endswith((".py", ".md", ".spec", ".toml"))
-            and p != "tests/test_session.py" and "DESIGN.md" in (ROOT / p).read_text(encoding="utf-8")]
+            and outside_file in (ROOT / p).read_text(encoding="utf-8")]
     assert hits == []
 
 
