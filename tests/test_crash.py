@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from app.cli.supervisor import EXIT_CRASHED
 
@@ -56,3 +57,22 @@ def test_version_names_the_builds_and_the_repacking_decision(tmp_path):
     assert fields["llama.cpp system"].startswith("CPU :")
     assert fields["weight repacking"].startswith("off (environment: BRANCHWISE_REPACK=off is set)")
     assert _bw(tmp_path, "--version", env_extra={"BRANCHWISE_REPACK": "maybe"}).returncode == 2
+
+
+def test_a_supervised_child_does_not_pass_its_supervision_on(tmp_path):
+    """A command that runs branchwise again (bench does, for each turn) must give that run
+    its own supervisor: a grandchild that inherited the variable saw a parent pid that was
+    not its parent and exited 70 without a word (`branchwise bench --model` failed so)."""
+    script = (
+        "import os, subprocess, sys\n"
+        "from app.cli import supervisor\n"
+        "supervisor.exit_with_parent()\n"
+        "out = subprocess.run([sys.executable, '-c', 'import os; print(os.environ.get(\"BRANCHWISE_SUPERVISED\"))'],"
+        " capture_output=True, text=True).stdout.strip()\n"
+        "print(out)\n"
+    )
+    env = {**os.environ, "BRANCHWISE_SUPERVISED": str(os.getpid())}
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                       cwd=Path(__file__).resolve().parents[1], timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "None"

@@ -140,6 +140,8 @@ def exit_with_parent() -> None:
         parent = int(os.environ.get(CHILD_ENV, ""))
     except ValueError:
         return
+    # Not inherited: a command that runs branchwise again (bench) must supervise its own child.
+    del os.environ[CHILD_ENV]
     if os.name != "posix":
         return
     if sys.platform.startswith("linux"):
