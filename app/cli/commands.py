@@ -18,7 +18,7 @@ log = logging.getLogger("branchwise")
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command ended by Ctrl+C
 
 
 def _size(text: str) -> int:

@@ -185,6 +185,9 @@ class ModelController(QObject):
 
     def _died(self, exit_info: EngineExit) -> None:
         w = self.window
+        if exit_info.unresponsive:
+            self._restart_unresponsive()
+            return
         report = describe_exit(exit_info.exitcode, self.log_file,
                                early=exit_info.during_load or exit_info.during_first_reply,
                                repack=w.settings.repack)
@@ -205,6 +208,21 @@ class ModelController(QObject):
             w.restart_engine()
 
         w.banner.show_message(report.message, "error", [("Restart engine", restart)])
+
+    def _restart_unresponsive(self) -> None:
+        """The watchdog behind Stop ended an engine that did not answer: say so, keep the
+        reply up to where it stopped, and start a new engine at once."""
+        w = self.window
+        log.warning("engine ended after Stop went unanswered")
+        self.state = ModelState.DEAD
+        self.facts = None
+        self.after_load = None
+        self.died.emit("The engine did not answer Stop.")  # the transcript saves the reply first
+        w.restart_engine()
+        w.banner.show_message(
+            "The engine did not answer Stop, so Branchwise ended it and is starting a new one (the model "
+            f"reloads). The reply was kept up to where it stopped. The details are in {self.log_file}.",
+            "info")
 
     def open_dialog(self) -> None:
         start = str(Path(self.good_path).parent) if self.good_path else str(Path.home())

@@ -16,7 +16,7 @@ from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtWidgets import QMessageBox
 
 from app.session import ConversationSession, ReplyRecorder, ReplyState
-from app.window.engine_client import PendingRequest
+from app.window.engine_client import STOP_HINT_S, STOP_WATCHDOG_S, PendingRequest
 from app.window.model_controller import ModelState
 from engine.events import CountEvent, CoverageEvent, DoneEvent, ErrorEvent, ErrorKind, SnapshotEvent
 from storage.errors import NotFoundError, StorageError
@@ -51,6 +51,12 @@ class ChatController(QObject):
         self._count: PendingRequest | None = None
         self.flush_timer = QTimer(self, interval=FLUSH_MS)
         self.flush_timer.timeout.connect(self._flush)
+        # the watchdog behind Stop: offer to end a slow engine, then end one that never answers
+        self.stop_hint = QTimer(self, singleShot=True, interval=int(STOP_HINT_S * 1000))
+        self.stop_hint.timeout.connect(self._offer_force_stop)
+        self.stop_watchdog = QTimer(self, singleShot=True, interval=int(STOP_WATCHDOG_S * 1000))
+        self.stop_watchdog.timeout.connect(self.force_stop)
+        self._hint_shown = False
 
     @property
     def streaming(self) -> bool:
@@ -250,6 +256,22 @@ class ChatController(QObject):
             self._stopping = True
             self.w.status.stats_label.setText("Stopping…")
             self.w.client.cancel(self._request)
+            self.stop_hint.start()
+            self.stop_watchdog.start()
+
+    def _offer_force_stop(self) -> None:
+        if self._request is None or not self._stopping:
+            return
+        self._hint_shown = True
+        self.w.banner.show_message(
+            "The engine finishes its current step before it stops; on a busy machine that can take a while. "
+            f"It will be ended after {STOP_WATCHDOG_S:g} seconds.", "info", [("End engine now", self.force_stop)])
+
+    def force_stop(self) -> None:
+        """End an engine that has not answered Stop: its process is killed, the reply is
+        saved as stopped when the death is reported, and ModelController starts a new one."""
+        if self._request is not None and self._stopping:
+            self.w.client.kill_unresponsive()
 
     def _token(self, text: str) -> None:
         try:
@@ -271,6 +293,12 @@ class ChatController(QObject):
     def _end(self) -> ReplyRecorder | None:
         r, self.reply, self._request = self.reply, None, None
         self.flush_timer.stop()
+        self.stop_hint.stop()
+        self.stop_watchdog.stop()
+        if self._hint_shown:
+            self._hint_shown = False
+            if self.w.banner.button("End engine now") is not None:
+                self.w.banner.hide()
         self.w.status.progress.hide()
         self.w.composer.set_streaming(False)
         self.w.sidebar.busy_id = None
