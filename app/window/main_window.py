@@ -28,6 +28,7 @@ from app.window.composer import Composer
 from app.window.forget_flow import ForgetFlow
 from app.window.import_dialog import ImportController, ImportDropMixin
 from app.window.link_dialog import LinkConfirmMixin
+from app.window.message_actions import MessageActionsMixin
 from app.window.model_controller import ModelController
 from app.window.server_controller import ServerActionsMixin, ServerController
 from app.window.settings_dialog import SettingsDialog
@@ -43,7 +44,7 @@ from storage.paths import CHATS_DB
 log = logging.getLogger(__name__)
 
 
-class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, QMainWindow):
+class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageActionsMixin, QMainWindow):
     """The Branchwise window on ``data_dir``.
 
     Args:
@@ -134,6 +135,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, QMainWin
     def _connect(self) -> None:
         chat, model = self.chat, self.model
         self.sidebar.selected.connect(self.show_conversation)
+        self.sidebar.hit_opened.connect(self.open_search_hit)
         self.sidebar.new_chat.connect(self.new_chat)
         self.sidebar.deleted.connect(self._conversation_deleted)
         self.sidebar.restored.connect(self.show_conversation)
@@ -145,6 +147,8 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, QMainWin
         self.transcript.regenerate_requested.connect(self.regenerate)
         self.transcript.fork_requested.connect(self.fork)
         self.transcript.link_requested.connect(self.confirm_link)
+        self.transcript.delete_requested.connect(self.delete_message)
+        self.transcript.copy_conversation_requested.connect(self.copy_conversation_markdown)
         self.composer.send_requested.connect(self.send_message)
         self.composer.stop_requested.connect(chat.stop)
         self.tree.node_clicked.connect(chat.select)
