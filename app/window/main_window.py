@@ -79,6 +79,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         self.colors = theme.apply(QApplication.instance(), self.settings.theme)
         self.closed = False
         self.overflow_box = None
+        self.unanswered_box = None  # "Your last message has no reply" while it is shown
         self.link_dialog = None  # the "Open link?" dialog while it is shown
         self.settings_dialog = None
         self._undo_text = ""  # the banner text that offers to undo a delete

@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.session import is_empty_reply
 from app.window.markdown_view import LinkKind, classify_link, code_blocks, to_html
 from app.window.theme import LIGHT, Colors
 from storage.chats import Message
@@ -122,7 +123,13 @@ class MessageWidget(QFrame):
             header.addWidget(self.position)
             header.addWidget(nxt)
             self.buttons["prev"], self.buttons["next"] = prev_b, nxt
-        if message is not None:
+        self.empty_reply = message is not None and is_empty_reply(message)
+        if self.empty_reply:  # stopped before its first token: Retry takes its place
+            self.buttons["retry"] = self._tool("Retry", "Generate this reply again",
+                                               lambda: self.regenerate_requested.emit(message.id))
+            self.buttons["retry"].setEnabled(not busy)
+            header.addWidget(self.buttons["retry"])
+        elif message is not None:
             self.buttons["copy"] = self._tool("Copy", "Copy this message", self._copy_all)
             header.addWidget(self.buttons["copy"])
             if role == "user":
@@ -210,6 +217,9 @@ class MessageWidget(QFrame):
         self._text = text
         if not text and self.message is None:
             self.body.setText(f'<span style="color:{self.colors.muted};">…</span>')
+        elif not text and self.empty_reply:
+            what = "Stopped" if self.message.status == "stopped" else "Failed"
+            self.body.setText(f'<i style="color:{self.colors.muted};">{what} before the first token.</i>')
         else:
             self.body.setText(to_html(text, self.colors, streaming=self.message is None))
 
