@@ -151,3 +151,47 @@ def test_copy_the_branch_as_markdown_from_the_menu_and_the_message(qtbot, open_w
     clip.setText("")
     _menu_choose(qtbot, w.transcript.widget_for(ids["paris"]), "Copy conversation as Markdown")
     assert clip.text() == text
+
+
+def _vertical_run(image, color, tolerance: int = 12) -> int:
+    """The longest vertical run of pixels within ``tolerance`` of ``color`` in ``image``."""
+    best = 0
+    for x in range(image.width()):
+        run = 0
+        for y in range(image.height()):
+            p = image.pixelColor(x, y)
+            if max(abs(p.red() - color.red()), abs(p.green() - color.green()), abs(p.blue() - color.blue())) <= tolerance:
+                run += 1
+                best = max(best, run)
+            else:
+                run = 0
+    return best
+
+
+def test_a_table_in_a_message_has_a_visible_grid_and_images_stay_links(qtbot, open_window, data_dir):
+    """#10.9: a Markdown table is drawn with grid lines that show on the bubble (the lines
+    run the table's height); a local and a remote image are links, never loaded."""
+    from PySide6.QtGui import QColor
+
+    text = ("| city | km |\n|---|---|\n| Toledo | 70 |\n| Segovia | 90 |\n\n"
+            "![map](/home/me/map.png) ![logo](https://example.com/logo.png)")
+    with ChatStore(data_dir / CHATS_DB) as s:
+        conv = s.create_conversation(title="Tables")
+        u = s.add_message(conv.id, None, "user", text)
+        a = s.add_message(conv.id, u.id, "assistant", text)
+    w = _window(open_window, data_dir)
+    qtbot.waitExposed(w)
+    for mid in (u.id, a.id):
+        body = w.transcript.widget_for(mid).body
+        assert "<img" not in body.text()
+        assert 'href="/home/me/map.png">Image: map</a>' in body.text()
+        assert 'href="https://example.com/logo.png">Image: logo</a>' in body.text()
+        image = body.grab().toImage()
+        rows = _line_height(body) * 3  # three table rows, each taller than a line of text
+        assert _vertical_run(image, QColor(w.colors.muted)) >= rows, mid
+
+
+def _line_height(widget) -> int:
+    from PySide6.QtGui import QFontMetrics
+
+    return QFontMetrics(widget.font()).height()

@@ -21,6 +21,7 @@ from PySide6.QtWidgets import QApplication, QMainWindow, QSplitter, QVBoxLayout,
 
 from app.session import ReplyState
 from app.window import theme
+from app.window.a11y import name_controls
 from app.window.actions import build_menus
 from app.window.app_settings import AppSettings
 from app.window.banner import Banner
@@ -132,6 +133,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         split.setChildrenCollapsible(False)
         self.splitter = split
         self.setCentralWidget(split)
+        name_controls(self)  # the composer's box and button, and what has no name of its own
 
     def _connect(self) -> None:
         chat, model = self.chat, self.model
@@ -371,6 +373,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         conv = self.store.get_conversation(cid) if cid else None
         dlg = SettingsDialog(conv, self.settings, self.data_dir, self.client, self)
         self.settings_dialog = dlg
+        name_controls(dlg)
         dlg.finished.connect(lambda result: self._settings_done(dlg, conv, result))
         dlg.open()
 

@@ -251,6 +251,7 @@ class MessageWidget(QFrame):
             return
         self.editor = QPlainTextEdit(self._text)
         self.editor.setObjectName("inline_editor")
+        self.editor.setAccessibleName("Edit your message")
         self.editor.setMinimumHeight(80)
         row = QHBoxLayout()
         row.addStretch(1)
@@ -322,6 +323,7 @@ class TranscriptView(QScrollArea):
         self.earlier_button = QPushButton()
         self.earlier_button.setObjectName("show_earlier")
         self.earlier_button.setFlat(True)
+        self.earlier_button.setAccessibleName("Show earlier messages")
         self.earlier_button.clicked.connect(self.show_earlier)
         self.earlier_button.hide()
         self._layout.insertWidget(1, self.earlier_button)

@@ -89,7 +89,7 @@ class ChatController(QObject):
             pending = w.transcript.start_pending()
             if self.reply.text:
                 pending.set_text(self.reply.text)
-        w.tree.set_tree(w.store.tree(cid), {m.id for m in path}, w.colors)
+        w.tree.set_tree(w.store.tree(cid), {m.id for m in path}, w.colors, w.store.get_conversation(cid).title)
         w.refresh_title()
         if busy:
             return  # the reply owns the status line until it ends
