@@ -6,7 +6,8 @@ Deleting is carried out at once (``ChatStore.delete_subtree``, one transaction) 
 removed messages are kept in memory: Undo in the banner puts them back
 (``ChatStore.restore_messages``, new ids, the same text, token ids and stats, so their KV
 cache is found again). The undo lasts until the next message delete or until the window
-closes.
+closes. As for a deleted chat, a worker then scrubs the deleted text out of the search
+index and the WAL.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import logging
 from PySide6.QtGui import QGuiApplication
 
 from app.export import conversation_markdown
+from app.window.sidebar import scrub_in_background
 from storage.errors import NotFoundError, StorageError
 
 log = logging.getLogger(__name__)
@@ -40,7 +42,7 @@ class MessageActionsMixin:
     """MainWindow's message actions (see the module docstring). Needs ``store``, ``chat``
     (ChatController), ``transcript``, ``banner`` and ``show_conversation``."""
 
-    _deleted_messages: list = []
+    _deleted_messages: tuple = ()  # what Undo puts back (set per window by delete_message)
     _deleted_active_leaf: int | None = None
 
     def open_search_hit(self, conversation_id: int, message_id: int) -> None:
@@ -70,6 +72,7 @@ class MessageActionsMixin:
             self.storage_failed(exc)
             return
         self._deleted_messages, self._deleted_active_leaf = removed, leaf
+        scrub_in_background(self.store.path)  # Undo puts back the copies held here
         self.chat.render()
         self.chat.refresh_coverage()
         n = len(removed)
@@ -78,7 +81,7 @@ class MessageActionsMixin:
 
     def undo_message_delete(self) -> None:
         """Put back the messages of the last message delete (see the module docstring)."""
-        removed, self._deleted_messages = self._deleted_messages, []
+        removed, self._deleted_messages = list(self._deleted_messages), ()
         if not removed:
             return
         try:

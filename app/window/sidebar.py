@@ -395,12 +395,16 @@ class Sidebar(QWidget):
             log.error("could not delete chat %s: %s", cid, exc)
             self.refresh()
             return
-        # Scrubbing the deleted text out of the search index and the WAL takes time in
-        # proportion to the whole database (seconds for 10,000 messages): a worker does it
-        # on a connection of its own, so the UI thread never waits for it.
-        threading.Thread(target=_forget_deleted, args=(self.store.path,), daemon=True,
-                         name="forget-deleted").start()
+        scrub_in_background(self.store.path)
         self.delete_committed.emit(cid)
+
+
+def scrub_in_background(path) -> None:
+    """Scrub deleted text out of the search index and the WAL of ``chats.sqlite3`` at
+    ``path``. That takes time in proportion to the whole database (seconds for 10,000
+    messages): a worker thread does it on a connection of its own, so the UI thread never
+    waits for it."""
+    threading.Thread(target=_forget_deleted, args=(path,), daemon=True, name="forget-deleted").start()
 
 
 def _forget_deleted(path) -> None:

@@ -411,11 +411,12 @@ class TreePanel(QWidget):
         titled ``title``, with ``active`` (message ids) as the active path, then scroll its
         leaf into view once the layout has settled."""
         self.legend.setText(
-            f'<span style="color:{colors.cached};">━━</span> KV stored (a node\'s bar; part of a bar: '
-            f'partly; none: not stored)<br>'
+            f'<span style="color:{colors.cached};">━━━</span> KV stored&nbsp;&nbsp; '
+            f'<span style="color:{colors.cached};">━</span> partly<br>'
+            f'no bar: not stored<br>'
             f'<span style="color:{colors.accent};">━</span> active branch<br>'
-            f'<span style="color:{colors.muted};">Hover a node to read it; click it, or arrows and Enter, '
-            f'to show its branch.</span>')
+            f'<span style="color:{colors.muted};">Hover a node to read it; click it (or arrows, '
+            f'Enter) to show its branch.</span>')
         self.canvas.set_tree(messages, active, colors, title)
         self._reveal_timer.start()
 
