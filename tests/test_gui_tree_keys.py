@@ -132,3 +132,7 @@ def test_every_control_has_an_accessible_name(qtbot, open_window, data_dir):
     qtbot.waitExposed(dialog)
     assert _unnamed(dialog) == []
     dialog.reject()
+    w.confirm_link("https://example.com/a?b=1")
+    qtbot.waitExposed(w.link_dialog)
+    assert _unnamed(w.link_dialog) == []
+    w.link_dialog.reject()
