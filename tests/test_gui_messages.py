@@ -195,3 +195,14 @@ def _line_height(widget) -> int:
     from PySide6.QtGui import QFontMetrics
 
     return QFontMetrics(widget.font()).height()
+
+
+def test_words_in_different_messages_find_the_chat(qtbot, open_window, data_dir):
+    ids = _capitals(data_dir)
+    with ChatStore(data_dir / CHATS_DB) as s:
+        other = s.create_conversation(title="Other")
+        s.add_message(other.id, None, "user", "Madrid only.")
+    w = _window(open_window, data_dir)
+    qtbot.keyClicks(w.sidebar.search, "madrid paris")  # two messages on two branches
+    qtbot.waitUntil(lambda: w.sidebar.list.item(0).data(SNIPPET_ROLE) is not None, timeout=3000)
+    assert w.sidebar.ids() == [ids["cid"]]
