@@ -44,6 +44,13 @@ def suggested_context_size(prompt_tokens: int, n_ctx: int, max_tokens: int, trai
     return size
 
 
+def is_empty_reply(message) -> bool:
+    """True for an assistant reply with no text that was stopped or failed (Esc before its
+    first token): the transcript shows it as stopped, with Retry."""
+    return message.role == "assistant" and not message.content and message.status in (
+        ReplyState.STOPPED, ReplyState.ERROR)
+
+
 class ConversationSession:
     """The rules of one data folder's conversations, on a ``storage.chats.ChatStore``.
 
@@ -93,6 +100,18 @@ class ConversationSession:
         path = self.chats.active_path(conversation_id)
         if path and path[-1].role == "user" and not self.chats.children(path[-1].id, conversation_id):
             return path[-1].id
+        return None
+
+    def unanswered_leaf(self, conversation_id: int):
+        """The user message the active branch ends on without an answer, or None: the leaf
+        itself when it is a user message, or the parent of a leaf that is an empty reply
+        stopped or failed before its first token. Sending under it would put two questions
+        in a row, so the window asks first (answer it, or replace it)."""
+        path = self.chats.active_path(conversation_id)
+        if path and path[-1].role == "user":
+            return path[-1]
+        if len(path) >= 2 and is_empty_reply(path[-1]) and path[-2].role == "user":
+            return path[-2]
         return None
 
     def coverage_paths(self, conversation_id: int, limit: int = 300) -> tuple[list[int], list[list[ChatMessage]]]:
@@ -147,6 +166,17 @@ class ConversationSession:
         if m.role == "user":
             return m.id
         raise ValueError(f"Message {m.id} is a {m.role} message; regenerate takes an assistant reply.")
+
+    def retry(self, message_id: int) -> int:
+        """``regenerate_target`` for a Retry: when ``message_id`` is an empty reply stopped
+        or failed before its first token (and nothing hangs under it), it is deleted first,
+        so the new reply takes its place instead of becoming its sibling. Returns the id of
+        the user message to answer."""
+        target = self.regenerate_target(message_id)
+        m = self.chats.get_message(message_id)
+        if is_empty_reply(m) and not self.chats.children(m.id, m.conversation_id):
+            self.chats.delete_subtree(m.id)
+        return target
 
     def fork(self, message_id: int):
         """Copy the path to ``message_id`` into a new conversation (its KV is shared through

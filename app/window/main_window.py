@@ -21,6 +21,7 @@ from PySide6.QtWidgets import QApplication, QMainWindow, QSplitter, QVBoxLayout,
 
 from app.session import ReplyState
 from app.window import theme
+from app.window.a11y import name_controls
 from app.window.actions import build_menus
 from app.window.app_settings import AppSettings
 from app.window.banner import Banner
@@ -28,6 +29,7 @@ from app.window.composer import Composer
 from app.window.forget_flow import ForgetFlow
 from app.window.import_dialog import ImportController, ImportDropMixin
 from app.window.link_dialog import LinkConfirmMixin
+from app.window.message_actions import MessageActionsMixin
 from app.window.model_controller import ModelController
 from app.window.server_controller import ServerActionsMixin, ServerController
 from app.window.settings_dialog import SettingsDialog
@@ -43,7 +45,7 @@ from storage.paths import CHATS_DB
 log = logging.getLogger(__name__)
 
 
-class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, QMainWindow):
+class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageActionsMixin, QMainWindow):
     """The Branchwise window on ``data_dir``.
 
     Args:
@@ -78,6 +80,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, QMainWin
         self.colors = theme.apply(QApplication.instance(), self.settings.theme)
         self.closed = False
         self.overflow_box = None
+        self.unanswered_box = None  # "Your last message has no reply" while it is shown
         self.link_dialog = None  # the "Open link?" dialog while it is shown
         self.settings_dialog = None
         self._undo_text = ""  # the banner text that offers to undo a delete
@@ -130,10 +133,12 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, QMainWin
         split.setChildrenCollapsible(False)
         self.splitter = split
         self.setCentralWidget(split)
+        name_controls(self)  # the composer's box and button, and what has no name of its own
 
     def _connect(self) -> None:
         chat, model = self.chat, self.model
         self.sidebar.selected.connect(self.show_conversation)
+        self.sidebar.hit_opened.connect(self.open_search_hit)
         self.sidebar.new_chat.connect(self.new_chat)
         self.sidebar.deleted.connect(self._conversation_deleted)
         self.sidebar.restored.connect(self.show_conversation)
@@ -145,6 +150,8 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, QMainWin
         self.transcript.regenerate_requested.connect(self.regenerate)
         self.transcript.fork_requested.connect(self.fork)
         self.transcript.link_requested.connect(self.confirm_link)
+        self.transcript.delete_requested.connect(self.delete_message)
+        self.transcript.copy_conversation_requested.connect(self.copy_conversation_markdown)
         self.composer.send_requested.connect(self.send_message)
         self.composer.stop_requested.connect(chat.stop)
         self.tree.node_clicked.connect(chat.select)
@@ -366,6 +373,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, QMainWin
         conv = self.store.get_conversation(cid) if cid else None
         dlg = SettingsDialog(conv, self.settings, self.data_dir, self.client, self)
         self.settings_dialog = dlg
+        name_controls(dlg)
         dlg.finished.connect(lambda result: self._settings_done(dlg, conv, result))
         dlg.open()
 

@@ -125,8 +125,9 @@ def to_html(text: str, colors: Colors, streaming: bool = False) -> str:
         )
 
     def table_open(tokens, idx, options, env):
-        return (f'<table border="1" cellspacing="0" cellpadding="6" '
-                f'style="border-collapse:collapse; border-color:{colors.border}; margin:4px 0px;">')
+        # the grid in the muted text colour: the border colour is too faint on a bubble
+        return (f'<table border="1" cellspacing="0" cellpadding="6" style="border-collapse:collapse; '
+                f'border-color:{colors.muted}; border-style:solid; margin:4px 0px;">')
 
     renderer = _md.renderer
     rules = renderer.rules
@@ -140,6 +141,7 @@ def to_html(text: str, colors: Colors, streaming: bool = False) -> str:
         rules["fence"], rules["code_block"], rules["table_open"] = saved
     return (
         f'<style>code {{ background-color:{colors.code_bg}; font-family:monospace; }}'
+        f" th {{ background-color:{colors.code_bg}; }}"
         f" a {{ color:{colors.accent}; }} p {{ margin-top:2px; margin-bottom:6px; }}</style>{body}"
     )
 

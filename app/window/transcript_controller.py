@@ -18,6 +18,7 @@ from PySide6.QtWidgets import QMessageBox
 from app.session import ConversationSession, ReplyRecorder, ReplyState
 from app.window.engine_client import STOP_HINT_S, STOP_WATCHDOG_S, PendingRequest
 from app.window.model_controller import ModelState
+from app.window.unanswered import ask_unanswered
 from engine.events import CountEvent, CoverageEvent, DoneEvent, ErrorEvent, ErrorKind, SnapshotEvent
 from storage.errors import NotFoundError, StorageError
 
@@ -94,7 +95,7 @@ class ChatController(QObject):
             pending = w.transcript.start_pending()
             if self.reply.text:
                 pending.set_text(self.reply.text)
-        w.tree.set_tree(w.store.tree(cid), {m.id for m in path}, w.colors)
+        w.tree.set_tree(w.store.tree(cid), {m.id for m in path}, w.colors, w.store.get_conversation(cid).title)
         w.refresh_title()
         if busy:
             return  # the reply owns the status line until it ends
@@ -181,9 +182,14 @@ class ChatController(QObject):
         return False
 
     def send(self, text: str) -> None:
-        """Add ``text`` as a user message under the active leaf and generate the reply."""
+        """Add ``text`` as a user message under the active leaf and generate the reply.
+        When the branch ends on a question with no answer, ask first (``ask_unanswered``)."""
         if not self.can_generate():
             self.w.composer.set_text(text)
+            return
+        pending = self.session.unanswered_leaf(self.conversation_id) if self.conversation_id else None
+        if pending is not None:
+            self.w.unanswered_box = ask_unanswered(self.w, pending, text, self)
             return
         user = self.session.send(self.conversation_id, text)
         self.conversation_id = user.conversation_id
@@ -195,9 +201,10 @@ class ChatController(QObject):
             self.start_reply(self.session.edit(message_id, text).id)
 
     def regenerate(self, message_id: int) -> None:
-        """A new sibling of an assistant reply; on a user message, a reply under it (retry)."""
+        """A new sibling of an assistant reply; on a user message, a reply under it (retry);
+        an empty reply stopped before its first token is replaced (``ConversationSession.retry``)."""
         if self.can_generate():
-            self.start_reply(self.session.regenerate_target(message_id))
+            self.start_reply(self.session.retry(message_id))
 
     def switch_sibling(self, message_id: int, delta: int) -> None:
         if not self.streaming and self.session.switch_sibling(message_id, delta):
