@@ -113,11 +113,17 @@ class ConversationSession:
 
     # -- changing the tree ---------------------------------------------------------------
 
-    def send(self, conversation_id: int | None, text: str, parent_id: int | None = None):
+    def send(self, conversation_id: int | None, text: str, parent_id: int | None = None,
+             new_chat: tuple[str, dict] | None = None):
         """Store ``text`` as a user message under ``parent_id`` (default: the active leaf) of
-        ``conversation_id`` (None: a new conversation). Returns the user Message."""
+        ``conversation_id`` (None: a new conversation, with ``new_chat``'s system prompt and
+        sampling when given). Returns the user Message.
+
+        Raises:
+            ValueError: ``new_chat``'s sampling has an unknown key (nothing is written)."""
         if conversation_id is None:
-            conversation_id = self.chats.create_conversation().id
+            prompt, sampling = new_chat or ("", None)
+            conversation_id = self.chats.create_conversation(system_prompt=prompt, sampling=sampling).id
         if parent_id is None:
             parent_id = self.chats.get_conversation(conversation_id).active_leaf_id
         return self.chats.add_message(conversation_id, parent_id, "user", text)

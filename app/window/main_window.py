@@ -30,7 +30,7 @@ from app.window.import_dialog import ImportController, ImportDropMixin
 from app.window.link_dialog import LinkConfirmMixin
 from app.window.model_controller import ModelController
 from app.window.server_controller import ServerActionsMixin, ServerController
-from app.window.settings_dialog import SettingsDialog
+from app.window.settings_flow import SettingsFlow
 from app.window.sidebar import FORGET_NOTE, Sidebar
 from app.window.status_bar import StatusBar
 from app.window.transcript import TranscriptView
@@ -89,6 +89,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, QMainWin
         self.importer = ImportController(self)
         self.api_server = ServerController(self)
         self.forget_flow = ForgetFlow(self)
+        self.settings_flow = SettingsFlow(self)
         self._connect()
         self.menu_actions = build_menus(self)
         self.menu_actions["toggle_tree"].setChecked(self.settings.show_tree)
@@ -102,6 +103,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, QMainWin
             self.banner.show_message(
                 f"{interrupted} reply{'s were' if interrupted > 1 else ' was'} cut short when Branchwise "
                 "last closed; the partial text is kept and marked as stopped.", "info")
+        self.settings_flow.report_reset_fields()
         if start_engine:
             QTimer.singleShot(0, self.start_engine)
 
@@ -362,34 +364,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, QMainWin
         self.chat.refresh_coverage()
 
     def open_settings(self) -> None:
-        cid = self.chat.conversation_id
-        conv = self.store.get_conversation(cid) if cid else None
-        dlg = SettingsDialog(conv, self.settings, self.data_dir, self.client, self)
-        self.settings_dialog = dlg
-        dlg.finished.connect(lambda result: self._settings_done(dlg, conv, result))
-        dlg.open()
-
-    def _settings_done(self, dlg: SettingsDialog, conv, result: int) -> None:
-        self.settings_dialog = None
-        if result != SettingsDialog.DialogCode.Accepted:
-            return
-        if conv is not None:
-            prompt, sampling = dlg.conversation_values()
-            self.store.set_system_prompt(conv.id, prompt)
-            self.store.set_sampling(conv.id, sampling)
-        values = dlg.app_values()
-        reload_needed = any(getattr(self.settings, k) != values[k] for k in ("n_ctx", "n_threads", "type_k", "type_v",
-                                                                      "engine_url", "engine_key", "engine_model"))
-        budget_changed = values["budget_bytes"] != self.settings.budget_bytes
-        for k, v in values.items():
-            setattr(self.settings, k, v)
-        self.save_settings()
-        if budget_changed and self.client.is_running():
-            from engine.events import CacheAction
-
-            self.client.cache(CacheAction.SET_BUDGET, values["budget_bytes"])
-        if reload_needed and not self.chat.streaming:
-            self.model.reload()
+        self.settings_flow.open()
 
     def set_theme(self, name: str) -> None:
         self.settings.theme = name

@@ -49,6 +49,7 @@ class ChatController(QObject):
         self._coverage: PendingRequest | None = None
         self._coverage_ids: list[int] = []
         self._count: PendingRequest | None = None
+        self._new_chat: tuple[str, dict] | None = None  # set in Settings before a new chat's first message
         self.flush_timer = QTimer(self, interval=FLUSH_MS)
         self.flush_timer.timeout.connect(self._flush)
 
@@ -98,6 +99,15 @@ class ChatController(QObject):
             self.request_context_count()  # the exact figure, asynchronously
         else:  # no engine to ask: the saved figures of the leaf reply, if it has them
             self.update_context_label(path[-1].stats if path and path[-1].role == "assistant" else None)
+
+    def new_chat_settings(self) -> tuple[str, dict]:
+        """(system prompt, sampling) the next new chat starts with: what Settings set for it,
+        else the app-wide defaults for new chats."""
+        s = self.w.settings
+        return self._new_chat or (s.default_system_prompt, dict(s.default_sampling))
+
+    def set_new_chat_settings(self, system_prompt: str, sampling: dict) -> None:
+        self._new_chat = (system_prompt, dict(sampling))
 
     def n_ctx(self) -> int:
         return (self.w.model.facts or {}).get("n_ctx") or self.w.settings.n_ctx
@@ -179,7 +189,9 @@ class ChatController(QObject):
         if not self.can_generate():
             self.w.composer.set_text(text)
             return
-        user = self.session.send(self.conversation_id, text)
+        user = self.session.send(self.conversation_id, text, new_chat=self.new_chat_settings())
+        if self.conversation_id is None:
+            self._new_chat = None
         self.conversation_id = user.conversation_id
         self.w.sidebar.set_current(self.conversation_id)
         self.start_reply(user.id)
