@@ -57,3 +57,13 @@ def memory_bytes() -> tuple[int, int]:
     except (OSError, ValueError, IndexError):
         pass
     return max(0, total), max(0, min(available, total) if total else available)
+
+
+def default_threads() -> int:
+    """CPU threads used when the setting is 0 (automatic): the physical core count less one,
+    at least 1. llama.cpp's own default is the physical core count, but its threads
+    spin-wait for each other, so when anything else wants a core (the window, other
+    programs) one descheduled thread stalls them all: on a busy 2-core machine decode fell
+    from 40.9 tok/s with 1 thread to 5.5 tok/s with 2 (README "CPU threads"; re-measure with
+    ``branchwise bench --threads``)."""
+    return max(1, physical_cores() - 1)

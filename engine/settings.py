@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-from engine.machine import physical_cores
+from engine.machine import default_threads
 from storage.chat_records import DEFAULT_SAMPLING as _SAMPLING
 
 KV_TYPES = {"f16": 1, "q8_0": 8}  # ggml type ids (ggml/include/ggml.h: GGML_TYPE_F16, GGML_TYPE_Q8_0)
@@ -15,7 +15,7 @@ REPACK_CHOICES = ("auto", "on", "off")
 class EngineSettings:
     """How a model is loaded.
 
-    n_ctx: context window (tokens). n_threads: CPU threads (0 = the physical core count).
+    n_ctx: context window (tokens). n_threads: CPU threads (0 = automatic: the physical core count less one, at least 1).
     type_k / type_v: KV cache precision, "f16" or "q8_0" (q8_0 V needs flash attention).
     flash_attn: use flash attention. Off by default: llama.cpp's CPU flash-attention kernel
         gives slightly different KV for different prefill batch shapes, and then a reply
@@ -59,10 +59,9 @@ class EngineSettings:
 
     @property
     def threads(self) -> int:
-        """CPU threads used: ``n_threads``, or with 0 the physical core count (llama.cpp's own
-        default; measured faster than every logical core on a loaded machine, README "CPU
-        threads")."""
-        return self.n_threads or physical_cores()
+        """CPU threads used: ``n_threads``, or with 0 ``engine.machine.default_threads()``
+        (the physical core count less one; README "CPU threads")."""
+        return self.n_threads or default_threads()
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -119,3 +119,19 @@ def test_new_chat_settings_before_the_first_message_and_app_wide_defaults(qtbot,
     # the next new chat starts from the defaults again
     w.new_chat()
     assert w.chat.new_chat_settings()[0] == "You are terse."
+
+
+def test_automatic_threads_leave_a_core_free(qtbot, open_window, tmp_path):
+    from engine.machine import default_threads, physical_cores
+
+    folder = tmp_path / "auto-threads"
+    folder.mkdir()
+    (folder / "settings.json").write_text(json.dumps({"n_ctx": 2048, "n_threads": 0}))
+    w = open_window(folder)
+    assert w.facts["n_threads"] == default_threads() == max(1, physical_cores() - 1)
+    w.open_settings()
+    dlg = w.settings_dialog
+    _app_tab(dlg)
+    assert dlg.threads.value() == 0
+    assert dlg.threads.specialValueText() == f"automatic ({default_threads()} of {physical_cores()} cores)"
+    dlg.reject()

@@ -58,7 +58,7 @@ def _same_kind(value, default) -> bool:
 class AppSettings:
     """What the window remembers between runs.
 
-    n_ctx: context window (tokens). n_threads: CPU threads (0 = all cores).
+    n_ctx: context window (tokens). n_threads: CPU threads (0 = automatic, see EngineSettings).
     type_k / type_v: KV cache precision ("f16" or "q8_0").
     repack: llama.cpp's CPU weight repacking ("auto", "on", "off"; see EngineSettings.repack).
         The window sets it to "off" when the engine crashed natively while loading or before

@@ -48,6 +48,7 @@ def facts_text(f: dict) -> str:
         f"File size: {human_bytes(int(f.get('size_bytes') or 0))}",
         f"Trained context: {int(f.get('context_length') or 0):,} tokens",
         f"Context in use: {int(f.get('n_ctx') or 0):,} tokens",
+        f"CPU threads: {int(f.get('n_threads') or 0)}",
         f"KV cache per token: {human_bytes(int(f.get('kv_bytes_per_token') or 0))}",
         f"Prefix store: {'on' if f.get('cache_policy') == 'full' else f.get('cache_policy')}",
     ])

@@ -27,6 +27,7 @@ from app.window.app_settings import ENGINE_FIELDS, AppSettings
 from app.window.chat_settings_form import ChatSettingsForm, spin
 from app.window.engine_client import EngineClient
 from engine.events import CacheAction, CacheEvent
+from engine.machine import default_threads, physical_cores
 from storage.chats import Conversation
 
 MB = 1024 * 1024
@@ -93,7 +94,10 @@ class SettingsDialog(QDialog):
         self.n_ctx = spin(256, 262144, settings.n_ctx)
         self.n_ctx.setSingleStep(1024)
         self.threads = spin(0, 256, settings.n_threads)
-        self.threads.setSpecialValueText("all cores")
+        auto = default_threads()
+        self.threads.setSpecialValueText(f"automatic ({auto} of {physical_cores()} cores)")
+        self.threads.setToolTip("Automatic: one thread per physical core, less one, so llama.cpp's threads "
+                                "do not wait on each other when the machine is busy.")
         self.kv = QComboBox()
         self.kv.addItem("f16 (exact)", ("f16", "f16"))
         self.kv.addItem("q8_0 (half the memory)", ("q8_0", "q8_0"))
