@@ -44,6 +44,12 @@ def suggested_context_size(prompt_tokens: int, n_ctx: int, max_tokens: int, trai
     return size
 
 
+def _prompt_ids(messages: list[ChatMessage], path) -> list[int | None]:
+    """The message id of each of ``messages`` (``conversation_messages`` of ``path``)."""
+    turns = [m.id for m in path if m.role in ("user", "assistant")]
+    return [None] * (len(messages) - len(turns)) + turns
+
+
 class ConversationSession:
     """The rules of one data folder's conversations, on a ``storage.chats.ChatStore``.
 
@@ -62,6 +68,25 @@ class ConversationSession:
         m = self.chats.get_message(user_message_id)
         conv = self.chats.get_conversation(m.conversation_id)
         return conversation_messages(conv.system_prompt, self.chats.path_to(user_message_id))
+
+    def prompt_for_send(self, conversation_id: int | None, text: str,
+                        system_prompt: str = "") -> tuple[list[ChatMessage], list[int | None]]:
+        """The engine's messages for sending ``text`` under the active leaf of
+        ``conversation_id`` (None: a new chat with ``system_prompt``), before it is stored;
+        and the message id of each (None for the system prompt and the new message)."""
+        path = self.chats.active_path(conversation_id) if conversation_id is not None else []
+        if conversation_id is not None:
+            system_prompt = self.chats.get_conversation(conversation_id).system_prompt
+        messages = conversation_messages(system_prompt, path) + [ChatMessage("user", text)]
+        return messages, _prompt_ids(messages[:-1], path) + [None]
+
+    def prompt_with_ids(self, user_message_id: int) -> tuple[list[ChatMessage], list[int | None]]:
+        """``prompt(user_message_id)`` and the message id of each (None: the system prompt)."""
+        m = self.chats.get_message(user_message_id)
+        conv = self.chats.get_conversation(m.conversation_id)
+        path = self.chats.path_to(user_message_id)
+        messages = conversation_messages(conv.system_prompt, path)
+        return messages, _prompt_ids(messages, path)
 
     def active_prompt(self, conversation_id: int) -> list[ChatMessage]:
         """The engine's messages for the active path of ``conversation_id`` (for a token count)."""
@@ -189,10 +214,12 @@ class ConversationSession:
         return Overflow(user_message_id, prompt_tokens, n_ctx,
                         suggested_context_size(prompt_tokens, n_ctx, max_tokens, trained))
 
-    def branch_dropping_oldest(self, user_message_id: int, n_ctx: int) -> int | None:
+    def branch_dropping_oldest(self, user_message_id: int, n_ctx: int,
+                               costs: dict[int, int] | None = None) -> int | None:
         """"Continue on a new branch": copy the newest turns of the path to ``user_message_id``
-        into a new root branch that fits about ``BRANCH_FILL`` of ``n_ctx`` (token counts of
-        messages without saved ids are estimated), starting at a user message. Returns the
+        into a new root branch that fits about ``BRANCH_FILL`` of ``n_ctx``, starting at a user
+        message. ``costs`` (message id -> tokens, as the engine counted them) gives each
+        message's size; without it, saved ids are counted and other text is estimated. Returns the
         copy of ``user_message_id`` (to be answered), or None when the newest message alone
         does not fit (nothing is written then)."""
         path = [m for m in self.chats.path_to(user_message_id) if m.role != "system"]
@@ -200,8 +227,11 @@ class ConversationSession:
         kept: list = []
         used = 0
         for m in reversed(path):
-            cost = (len(m.token_ids) if m.token_ids is not None else int(len(m.content) * TOKENS_PER_CHAR))
-            cost += TEMPLATE_TOKENS
+            if costs and m.id in costs:
+                cost = costs[m.id]
+            else:
+                cost = (len(m.token_ids) if m.token_ids is not None else int(len(m.content) * TOKENS_PER_CHAR))
+                cost += TEMPLATE_TOKENS
             if kept and used + cost > budget:
                 break
             kept.insert(0, m)

@@ -30,6 +30,7 @@ from app.window.import_dialog import ImportController, ImportDropMixin
 from app.window.link_dialog import LinkConfirmMixin
 from app.window.model_controller import ModelController
 from app.window.server_controller import ServerActionsMixin, ServerController
+from app.window.overflow_flow import OverflowFlow
 from app.window.settings_flow import SettingsFlow
 from app.window.sidebar import FORGET_NOTE, Sidebar
 from app.window.status_bar import StatusBar
@@ -90,6 +91,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, QMainWin
         self.api_server = ServerController(self)
         self.forget_flow = ForgetFlow(self)
         self.settings_flow = SettingsFlow(self)
+        self.overflow_flow = OverflowFlow(self)
         self._connect()
         self.menu_actions = build_menus(self)
         self.menu_actions["toggle_tree"].setChecked(self.settings.show_tree)
@@ -319,9 +321,6 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, QMainWin
 
     def refresh_coverage(self) -> None:
         self.chat.refresh_coverage()
-
-    def overflow(self, user_message_id: int, prompt_tokens: int, n_ctx: int, message: str) -> None:
-        self.overflow_box = self.chat.overflow_dialog(user_message_id, prompt_tokens, n_ctx, message)
 
     def refresh_title(self) -> None:
         title = "Branchwise"
