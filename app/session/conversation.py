@@ -112,10 +112,11 @@ class ConversationSession:
             positions[m.id] = (next(i for i, s in enumerate(sibs) if s.id == m.id) + 1, len(sibs))
         return positions
 
-    def unanswered(self, conversation_id: int) -> int | None:
+    def unanswered(self, conversation_id: int, path: list | None = None) -> int | None:
         """The id of the active leaf when it is a user message with no reply (a turn that
-        failed, e.g. the engine crashed), else None. ``retry`` answers it in place."""
-        path = self.chats.active_path(conversation_id)
+        failed, e.g. the engine crashed), else None. ``retry`` answers it in place.
+        ``path``: the active path when the caller has read it already (not read again)."""
+        path = self.chats.active_path(conversation_id) if path is None else path
         if path and path[-1].role == "user" and not self.chats.children(path[-1].id, conversation_id):
             return path[-1].id
         return None

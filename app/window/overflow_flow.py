@@ -33,6 +33,7 @@ class OverflowFlow(QObject):
         super().__init__(window)
         self.w = window
         self.checking = None  # the count request of a message being sent
+        self.stopped = False  # Esc or Stop was pressed while counting
 
     # -- before storing ---------------------------------------------------------------------
 
@@ -56,10 +57,17 @@ class OverflowFlow(QObject):
         handle.done.connect(lambda e: self._counted(handle, cid, text, new_chat, messages, ids, e))
         handle.failed.connect(lambda e: self._count_failed(handle, cid, text, new_chat, e))
 
+    def stop(self) -> None:
+        """Esc or Stop while counting: the message is stored unanswered (with Retry) when it
+        fits, put back in the composer when it does not; no reply is generated."""
+        if self.checking is not None:
+            self.stopped = True
+
     def _busy(self, busy: bool, chars: int = 0) -> None:
         w = self.w
-        w.composer.setEnabled(not busy)
+        w.composer.set_streaming(busy)  # Stop (and Esc) stop the send
         if busy:
+            self.stopped = False
             w.status.stats_label.setText(f"Counting tokens ({chars:,} characters)…" if chars > 20_000
                                          else "Counting tokens…")
         else:
@@ -70,10 +78,18 @@ class OverflowFlow(QObject):
         if handle is not self.checking:
             return
         n_ctx = event.n_ctx or self.w.chat.n_ctx()
-        if event.prompt_tokens + 1 <= n_ctx or not event.n_ctx:  # fits (a remote engine counts nothing)
+        fits = event.prompt_tokens + 1 <= n_ctx or not event.n_ctx  # a remote engine counts nothing
+        if fits or self.stopped:
             self.checking = None
             self._busy(False)
-            self.w.chat.store_and_reply(cid, text, new_chat)
+            if not self.stopped:
+                self.w.chat.store_and_reply(cid, text, new_chat)
+                return
+            if not fits:
+                self.w.composer.set_text(text)
+            elif self.w.chat.store(cid, text, new_chat) is not None:
+                self.w.chat.render()  # unanswered: shown with Retry
+            self.w.chat.reply_finished.emit(0)
             return
         self.w.status.set_context(event.prompt_tokens, n_ctx)
         per = self.w.client.count(messages, per_message=True)

@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.window.long_text import LongTextExpander, collapsed
 from app.window.markdown_view import LinkKind, classify_link, code_blocks, to_html
 from app.window.theme import LIGHT, Colors
 from storage.chats import Message
@@ -135,6 +136,8 @@ class MessageWidget(QFrame):
         self.body.linkActivated.connect(self._link)
         self.body.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
         outer.addWidget(self.body)
+        self.expander = LongTextExpander()  # "Show all N lines" of a long message
+        outer.addWidget(self.expander)
 
         self.editor: QPlainTextEdit | None = None
         self.footer = QLabel()
@@ -163,8 +166,10 @@ class MessageWidget(QFrame):
         self._text = text
         if not text and self.message is None:
             self.body.setText(f'<span style="color:{self.colors.muted};">…</span>')
-        else:
-            self.body.setText(to_html(text, self.colors, streaming=self.message is None))
+        else:  # a long saved message is drawn collapsed (its first lines), never whole
+            cut = collapsed(text) if self.message is not None else None
+            self.body.setText(to_html(cut.preview if cut else text, self.colors, streaming=self.message is None))
+            self.expander.set_text(text, cut)
 
     def set_stats(self, stats: dict | None, status: str = "complete") -> None:
         self.footer.setText(stats_line(stats) if self.role == "assistant" else "")
@@ -210,6 +215,7 @@ class MessageWidget(QFrame):
         lay.insertWidget(2, self.editor)
         lay.insertWidget(3, self._edit_row)
         self.body.hide()
+        self.expander.hide()
         QShortcut(QKeySequence("Ctrl+Return"), self.editor, self._save_edit)
         QShortcut(QKeySequence("Escape"), self.editor, self.end_edit)
         self.editor.setFocus()
@@ -222,6 +228,7 @@ class MessageWidget(QFrame):
         self._edit_row.deleteLater()
         self.editor = None
         self.body.show()
+        self.expander.setVisible(collapsed(self._text) is not None)
 
     def _save_edit(self) -> None:
         if self.editor is None or self.message is None:

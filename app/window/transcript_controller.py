@@ -81,7 +81,7 @@ class ChatController(QObject):
             return
         path = self.session.shown_path(cid, self.reply)
         streaming_here = busy and self.reply.conversation_id == cid
-        unanswered = None if busy else self.session.unanswered(cid)
+        unanswered = None if busy else self.session.unanswered(cid, path)  # path: the active one when not busy
         w.transcript.set_messages(path, self.session.sibling_positions(path), w.colors, busy, EMPTY_TEXT,
                                   unanswered_id=unanswered)
         if streaming_here:
@@ -94,8 +94,8 @@ class ChatController(QObject):
             return  # the reply owns the status line until it ends
         last = next((m for m in reversed(path) if m.role == "assistant"), None)
         w.status.show_stats(last.stats if last else None, saved=True)
-        if w.model.state == ModelState.READY:
-            self.request_context_count()  # the exact figure, asynchronously
+        if w.model.state == ModelState.READY:  # the exact figure, asynchronously; sending a long
+            QTimer.singleShot(0, self, self.request_context_count)  # prompt to the engine waits a beat
         else:  # no engine to ask: the saved figures of the leaf reply, if it has them
             self.update_context_label(path[-1].stats if path and path[-1].role == "assistant" else None)
 
@@ -279,6 +279,7 @@ class ChatController(QObject):
 
     def stop(self) -> None:
         """Cancel the reply; the engine answers with ``done`` (finish_reason "cancelled")."""
+        self.w.overflow_flow.stop()  # a message still being counted is not answered
         if self._request is not None and not self._stopping:
             self._stopping = True
             self.w.status.stats_label.setText("Stopping…")
