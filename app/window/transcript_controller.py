@@ -117,6 +117,8 @@ class ChatController(QObject):
     def request_context_count(self) -> None:
         """Ask the engine how many tokens the shown path takes (the context figure); older
         answers are dropped. Does nothing while a reply streams or no model is ready."""
+        if self.w.closed:  # a deferred call after the window shut down
+            return
         cid, self._count = self.conversation_id, None
         if cid is None or self.streaming or self.w.model.state != ModelState.READY:
             if cid is None:
