@@ -8,7 +8,8 @@ how many gaps exceeded 50 ms (the target is none), plus ``--json``.
 
 ``--big`` measures the same for a 1 MB message (20,000 lines): pressing Enter with it in
 the composer until the "too long" dialog shows (the engine counts it in its own process),
-opening a chat that holds it, and searching for a word in it.
+opening a chat that holds it, and searching for a word in it; and for opening a chat of
+200 messages (the first second after the click).
 """
 
 from __future__ import annotations
@@ -135,6 +136,12 @@ def measure_big() -> dict:
                 raise SystemExit(f"the model did not load: {w.banner.text}")
             other = w.store.create_conversation(title="Other")
             w.store.add_message(other.id, None, "user", "hello")
+            long = w.store.create_conversation(title="200 messages")
+            parent = None
+            for i in range(100):
+                parent = w.store.add_message(long.id, parent, "user", f"Question {i}: how do rivers **flow**?").id
+                parent = w.store.add_message(long.id, parent, "assistant", f"Answer {i}: downhill.\n\n- one\n- two"
+                                             f"\n\n```python\nprint({i})\n```").id
             big = w.store.create_conversation(title="Big paste")
             w.store.add_message(big.id, None, "user", text)
             w.sidebar.refresh()
@@ -160,6 +167,15 @@ def measure_big() -> dict:
             wait_until(lambda: w.context_used > 4096, 600_000)  # the engine's count of it came back
             out["open"] = {**beat.stop(), "seconds": round(time.perf_counter() - t0, 2)}
 
+            # opening a chat of 200 messages (bubbles are built as they come into view)
+            beat.start()
+            t0 = time.perf_counter()
+            w.sidebar.selected.emit(long.id)
+            wait_until(lambda: w.conversation_id == long.id)
+            end = time.perf_counter() + 1.0
+            wait_until(lambda: time.perf_counter() > end)
+            out["open_long"] = {**beat.stop(), "seconds": round(time.perf_counter() - t0, 2)}
+
             # searching for a word that is only in it
             beat.start()
             t0 = time.perf_counter()
@@ -184,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(r))
             return 0
         print(f"a {r['message_bytes']:,}-byte message of {r['message_lines']:,} lines; UI thread stalls:")
-        for phase in ("send", "open", "search"):
+        for phase in ("send", "open", "open_long", "search"):
             f = r[phase]
             print(f"  {phase:<7} max {f['max_stall_ms']} ms, {f['stalls_over_50ms']} over 50 ms "
                   f"({f['seconds']} s until done)")
