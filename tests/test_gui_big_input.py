@@ -57,3 +57,19 @@ def test_a_long_message_opens_collapsed_with_show_all(qtbot, open_window, data_d
     bubble = w.transcript.widgets[-1]
     qtbot.waitUntil(bubble.body.isVisible)
     assert LINES[39] in bubble.body.text() and not bubble.expander.isVisible()
+
+
+def test_the_engine_dying_while_counting_keeps_the_message_with_retry(qtbot, open_window, data_dir):
+    import signal
+
+    w = open_window(data_dir)
+    cid = new_chat(w)
+    w.composer.input.setPlainText(PASTE)
+    qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
+    assert w.overflow_flow.checking is not None  # a 1 MB count takes the engine seconds
+    with qtbot.waitSignal(w.engine_died, timeout=30_000):
+        os.kill(w.client.pid, signal.SIGKILL)
+    assert w.overflow_flow.checking is None and w.composer.button.text() == "Send"
+    path = w.store.active_path(cid)
+    assert [m.content for m in path] == [PASTE]
+    assert "retry" in w.transcript.widget_for(path[0].id).buttons

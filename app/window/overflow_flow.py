@@ -34,6 +34,7 @@ class OverflowFlow(QObject):
         self.w = window
         self.checking = None  # the count request of a message being sent
         self.stopped = False  # Esc or Stop was pressed while counting
+        self._sending: tuple = ()  # (conversation id, text, new chat settings) being counted
 
     # -- before storing ---------------------------------------------------------------------
 
@@ -52,10 +53,21 @@ class OverflowFlow(QObject):
         if handle is None:  # the engine is gone: keep the text
             w.composer.set_text(text)
             return
-        self.checking = handle
+        self.checking, self._sending = handle, (cid, text, new_chat)
         self._busy(True, len(text))
         handle.done.connect(lambda e: self._counted(handle, cid, text, new_chat, messages, ids, e))
         handle.failed.connect(lambda e: self._count_failed(handle, cid, text, new_chat, e))
+
+    def engine_gone(self) -> None:
+        """The engine died while counting: the message is kept, unanswered (Retry answers it
+        once the engine is restarted), as a message whose reply was cut short is."""
+        if self.checking is None:
+            return
+        self.checking = None
+        self._busy(False)
+        cid, text, new_chat = self._sending
+        if self.w.chat.store(cid, text, new_chat) is not None:
+            self.w.chat.render()
 
     def stop(self) -> None:
         """Esc or Stop while counting: the message is stored unanswered (with Retry) when it

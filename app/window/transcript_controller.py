@@ -164,6 +164,7 @@ class ChatController(QObject):
     def engine_gone(self) -> None:
         """The engine process ended: in-flight requests will not be answered."""
         self._coverage = self._count = None
+        self.w.overflow_flow.engine_gone()
         if self.reply is not None:
             self.abandon(ReplyState.STOPPED)
 
