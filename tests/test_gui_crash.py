@@ -50,8 +50,9 @@ def test_segfault_before_the_first_token_then_restart_and_retry(qtbot, open_wind
     cid = new_chat(w, {"max_tokens": 16})
     # a long prompt: the engine is still prefilling when it is killed, before the first token
     w.composer.input.setPlainText("Summarise: " + "The lighthouse keeper climbed the stairs at dusk. " * 120)
+    qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: w.chat.streaming, timeout=30_000)  # counted, stored, the reply started
     with qtbot.waitSignal(w.engine_died, timeout=30_000) as died:
-        qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
         os.kill(w.client.pid, signal.SIGSEGV)
     message = died.args[0]
     log_file = str(data_dir / "logs" / "engine.log")

@@ -223,9 +223,10 @@ class EngineClient(QObject):
         """Stop a reply; it still ends with ``done`` (finish_reason "cancelled")."""
         self._send(ev.CancelRequest(handle.id))
 
-    def count(self, messages: list[ChatMessage]) -> PendingRequest | None:
-        """How many tokens ``messages`` take as a prompt: ``done(CountEvent)``."""
-        return self._track(lambda rid: ev.CountRequest(rid, list(messages)))
+    def count(self, messages: list[ChatMessage], per_message: bool = False) -> PendingRequest | None:
+        """How many tokens ``messages`` take as a prompt: ``done(CountEvent)``; with
+        ``per_message``, each message's too (``CountEvent.message_tokens``)."""
+        return self._track(lambda rid: ev.CountRequest(rid, list(messages), per_message))
 
     def coverage(self, paths: list[list[ChatMessage]]) -> PendingRequest | None:
         """How many tokens of each path's prompt the prefix store holds: ``done(CoverageEvent)``."""

@@ -32,7 +32,8 @@ from app.window.link_dialog import LinkConfirmMixin
 from app.window.message_actions import MessageActionsMixin
 from app.window.model_controller import ModelController
 from app.window.server_controller import ServerActionsMixin, ServerController
-from app.window.settings_dialog import SettingsDialog
+from app.window.overflow_flow import OverflowFlow
+from app.window.settings_flow import SettingsFlow
 from app.window.sidebar import FORGET_NOTE, Sidebar
 from app.window.status_bar import StatusBar
 from app.window.transcript import TranscriptView
@@ -92,6 +93,8 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         self.importer = ImportController(self)
         self.api_server = ServerController(self)
         self.forget_flow = ForgetFlow(self)
+        self.settings_flow = SettingsFlow(self)
+        self.overflow_flow = OverflowFlow(self)
         self._connect()
         self.menu_actions = build_menus(self)
         self.menu_actions["toggle_tree"].setChecked(self.settings.show_tree)
@@ -105,6 +108,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
             self.banner.show_message(
                 f"{interrupted} reply{'s were' if interrupted > 1 else ' was'} cut short when Branchwise "
                 "last closed; the partial text is kept and marked as stopped.", "info")
+        self.settings_flow.report_reset_fields()
         if start_engine:
             QTimer.singleShot(0, self.start_engine)
 
@@ -325,9 +329,6 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
     def refresh_coverage(self) -> None:
         self.chat.refresh_coverage()
 
-    def overflow(self, user_message_id: int, prompt_tokens: int, n_ctx: int, message: str) -> None:
-        self.overflow_box = self.chat.overflow_dialog(user_message_id, prompt_tokens, n_ctx, message)
-
     def refresh_title(self) -> None:
         title = "Branchwise"
         if self.chat.conversation_id is not None:
@@ -369,35 +370,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         self.chat.refresh_coverage()
 
     def open_settings(self) -> None:
-        cid = self.chat.conversation_id
-        conv = self.store.get_conversation(cid) if cid else None
-        dlg = SettingsDialog(conv, self.settings, self.data_dir, self.client, self)
-        self.settings_dialog = dlg
-        name_controls(dlg)
-        dlg.finished.connect(lambda result: self._settings_done(dlg, conv, result))
-        dlg.open()
-
-    def _settings_done(self, dlg: SettingsDialog, conv, result: int) -> None:
-        self.settings_dialog = None
-        if result != SettingsDialog.DialogCode.Accepted:
-            return
-        if conv is not None:
-            prompt, sampling = dlg.conversation_values()
-            self.store.set_system_prompt(conv.id, prompt)
-            self.store.set_sampling(conv.id, sampling)
-        values = dlg.app_values()
-        reload_needed = any(getattr(self.settings, k) != values[k] for k in ("n_ctx", "n_threads", "type_k", "type_v",
-                                                                      "engine_url", "engine_key", "engine_model"))
-        budget_changed = values["budget_bytes"] != self.settings.budget_bytes
-        for k, v in values.items():
-            setattr(self.settings, k, v)
-        self.save_settings()
-        if budget_changed and self.client.is_running():
-            from engine.events import CacheAction
-
-            self.client.cache(CacheAction.SET_BUDGET, values["budget_bytes"])
-        if reload_needed and not self.chat.streaming:
-            self.model.reload()
+        self.settings_flow.open()
 
     def set_theme(self, name: str) -> None:
         self.settings.theme = name

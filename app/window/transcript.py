@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.session import is_empty_reply
+from app.window.long_text import LongTextExpander, collapsed
 from app.window.markdown_view import LinkKind, classify_link, code_blocks, to_html
 from app.window.theme import LIGHT, Colors
 from storage.chats import Message
@@ -36,6 +37,13 @@ SHOWN_MESSAGES = 200
 """Bubbles built when a chat opens: the newest ones. Older messages wait behind a
 "Show earlier messages" button, so opening a 10,000-message branch costs the same as a
 200-message one (a bubble takes milliseconds to build)."""
+FIRST_BUBBLES = 4
+"""Bubbles built when a chat opens (the newest). The older ones are built
+``BUBBLES_PER_TURN`` at a time as the view scrolls near the top (``NEAR_TOP_PX``): a bubble
+takes milliseconds to build and lay out, and building 200 at once stalled the window for
+seconds; built lazily, opening a chat costs the same however long it is."""
+BUBBLES_PER_TURN = 4
+NEAR_TOP_PX = 300
 UNANSWERED_NOTE = "no reply (stopped or failed)"
 """The note beside a user message that has no reply: Esc before the first token, an engine
 crash or error. Its Retry button answers it."""
@@ -162,6 +170,8 @@ class MessageWidget(QFrame):
         self.body.setContextMenuPolicy(Qt.ContextMenuPolicy.NoContextMenu)  # the bubble's menu
         self.body.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
         outer.addWidget(self.body)
+        self.expander = LongTextExpander()  # "Show all N lines" of a long message
+        outer.addWidget(self.expander)
 
         self.editor: QPlainTextEdit | None = None
         self.footer = QLabel()
@@ -220,8 +230,11 @@ class MessageWidget(QFrame):
         elif not text and self.empty_reply:
             what = "Stopped" if self.message.status == "stopped" else "Failed"
             self.body.setText(f'<i style="color:{self.colors.muted};">{what} before the first token.</i>')
-        else:
-            self.body.setText(to_html(text, self.colors, streaming=self.message is None))
+            self.expander.set_text(text, None)
+        else:  # a long saved message is drawn collapsed (its first lines), never whole
+            cut = collapsed(text) if self.message is not None else None
+            self.body.setText(to_html(cut.preview if cut else text, self.colors, streaming=self.message is None))
+            self.expander.set_text(text, cut)
 
     def set_stats(self, stats: dict | None, status: str = "complete") -> None:
         when = self.message.created_at if self.message is not None else None
@@ -269,6 +282,7 @@ class MessageWidget(QFrame):
         lay.insertWidget(2, self.editor)
         lay.insertWidget(3, self._edit_row)
         self.body.hide()
+        self.expander.hide()
         QShortcut(QKeySequence("Ctrl+Return"), self.editor, self._save_edit)
         QShortcut(QKeySequence("Escape"), self.editor, self.end_edit)
         self.editor.setFocus()
@@ -281,6 +295,7 @@ class MessageWidget(QFrame):
         self._edit_row.deleteLater()
         self.editor = None
         self.body.show()
+        self.expander.setVisible(collapsed(self._text) is not None)
 
     def _save_edit(self) -> None:
         if self.editor is None or self.message is None:
@@ -329,7 +344,11 @@ class TranscriptView(QScrollArea):
         self._layout.insertWidget(1, self.earlier_button)
         self._shown_limit = SHOWN_MESSAGES
         self._args: tuple = ()
+        self._older: list = []  # (message, position, unanswered) of bubbles not built yet, oldest first
+        self._settled = False  # the view was put at the bottom after set_messages
+        self._anchor: int | None = None  # keep this distance from the bottom after building older bubbles
         self.verticalScrollBar().rangeChanged.connect(self._range_changed)
+        self.verticalScrollBar().valueChanged.connect(self._scrolled)
         self._stick_to_bottom = True
         self._revealed: MessageWidget | None = None  # scrolled into view while the layout settles
         self.setAccessibleName("Messages")
@@ -359,19 +378,12 @@ class TranscriptView(QScrollArea):
         self._empty.setText(empty_text)
         self._empty.setStyleSheet(f"color:{colors.muted}; font-size:15px;")
         self._empty.setVisible(not path and bool(empty_text))
-        for m in path:
-            if m.role == "system":
-                continue
-            index, count = positions.get(m.id, (1, 1))
-            w = MessageWidget(m, m.role, index, count, colors, busy, unanswered=m.id in unanswered)
-            w.sibling_requested.connect(self.sibling_requested)
-            w.edit_saved.connect(self.edit_saved)
-            w.regenerate_requested.connect(self.regenerate_requested)
-            w.fork_requested.connect(self.fork_requested)
-            w.link_requested.connect(self.link_requested)
-            w.delete_requested.connect(self.delete_requested)
-            w.copy_conversation_requested.connect(self.copy_conversation_requested)
-            self._add(w)
+        # the newest bubbles now, the older ones a batch per event-loop turn (``_build_older``)
+        todo = [(m, positions.get(m.id, (1, 1)), m.id in unanswered) for m in path if m.role != "system"]
+        self._older = todo[:-FIRST_BUBBLES] if len(todo) > FIRST_BUBBLES else []
+        self._settled, self._anchor = False, None
+        for item in todo[len(self._older):]:
+            self._add(self._bubble(*item))
         self._stick_to_bottom = True
         self._revealed = None
         QTimer.singleShot(0, self._settle)
@@ -404,6 +416,50 @@ class TranscriptView(QScrollArea):
         if self._revealed is not None and self._revealed in self.widgets:
             self.ensureWidgetVisible(self._revealed, 0, 40)
 
+    def _bubble(self, m: Message, position: tuple[int, int], unanswered: bool) -> MessageWidget:
+        _path, _positions, colors, busy, *_rest = self._args
+        w = MessageWidget(m, m.role, position[0], position[1], colors, busy, unanswered=unanswered)
+        w.sibling_requested.connect(self.sibling_requested)
+        w.edit_saved.connect(self.edit_saved)
+        w.regenerate_requested.connect(self.regenerate_requested)
+        w.fork_requested.connect(self.fork_requested)
+        w.link_requested.connect(self.link_requested)
+        w.delete_requested.connect(self.delete_requested)
+        w.copy_conversation_requested.connect(self.copy_conversation_requested)
+        return w
+
+    @property
+    def building(self) -> bool:
+        """True while older bubbles of the shown path are still being built."""
+        return bool(self._older)
+
+    def _build_older(self, count: int = BUBBLES_PER_TURN) -> None:
+        """Build up to ``count`` of the not yet built older bubbles above the others, keeping
+        what is on screen where it is."""
+        if not self._older:
+            return
+        bar = self.verticalScrollBar()
+        self._anchor = bar.maximum() - bar.value()  # distance from the bottom, kept by _range_changed
+        batch, self._older = self._older[-count:], self._older[:-count]
+        for item in reversed(batch):
+            w = self._bubble(*item)
+            self._layout.insertWidget(2, w)  # after the empty-page label and "Show earlier"
+            self.widgets.insert(0, w)
+        self._fill()  # the scroll range may not change (short bubbles): check again next turn
+
+    def _scrolled(self, value: int) -> None:
+        """Near the top: build the next older bubbles (the transcript is laid out lazily)."""
+        if not self._settled:  # still opening: the view has not been put at the bottom yet
+            return
+        self._stick_to_bottom = value >= self.verticalScrollBar().maximum() - 40
+        if self._older and value < NEAR_TOP_PX:
+            self._build_older()
+
+    def finish_building(self) -> None:
+        """Build every remaining bubble now (tests, tools, and finding a message)."""
+        if self._older:
+            self._build_older(len(self._older))
+
     def show_earlier(self) -> None:
         """Build ``SHOWN_MESSAGES`` more of the older messages of the shown path."""
         if self._args:
@@ -423,6 +479,8 @@ class TranscriptView(QScrollArea):
             w.deleteLater()
         self.widgets = []
         self.pending = None
+        self._older = []
+        self._anchor = None
 
     def start_pending(self) -> MessageWidget:
         """Add an empty assistant bubble for the reply about to stream."""
@@ -435,6 +493,8 @@ class TranscriptView(QScrollArea):
         return self.pending
 
     def widget_for(self, message_id: int) -> MessageWidget | None:
+        if any(item[0].id == message_id for item in self._older):
+            self.finish_building()
         return next((w for w in self.widgets if w.message and w.message.id == message_id), None)
 
     def _settle(self) -> None:
@@ -447,12 +507,23 @@ class TranscriptView(QScrollArea):
     def scroll_to_bottom(self) -> None:
         bar = self.verticalScrollBar()
         bar.setValue(bar.maximum())
+        self._settled = True
+        self._fill()
+
+    def _fill(self) -> None:
+        """While the view's top is near the built bubbles' top, build older ones (next turn)."""
+        if self._settled and self._older and self.verticalScrollBar().value() < NEAR_TOP_PX:
+            QTimer.singleShot(0, self, self._build_older)
 
     def _range_changed(self, _lo: int, hi: int) -> None:
+        bar = self.verticalScrollBar()
         if self._revealed is not None:
             self._scroll_to_revealed()
         elif self._stick_to_bottom:
-            self.verticalScrollBar().setValue(hi)
+            bar.setValue(hi)
+        elif self._anchor is not None:
+            bar.setValue(max(0, hi - self._anchor))
+        self._fill()
 
     def note_user_scroll(self) -> None:
         self._revealed = None
