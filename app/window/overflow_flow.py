@@ -17,7 +17,7 @@ from PySide6.QtCore import QObject, Qt
 from PySide6.QtWidgets import QMessageBox
 
 from app.session.overflow import OverflowChoices, largest_context, overflow_choices
-from engine.events import CountEvent
+from engine.events import CountEvent, FinishReason
 from engine.machine import memory_bytes
 from storage.chats import DEFAULT_SAMPLING
 from storage.errors import StorageError
@@ -97,11 +97,13 @@ class OverflowFlow(QObject):
             if not self.stopped:
                 self.w.chat.store_and_reply(cid, text, new_chat)
                 return
+            reply_id = None
             if not fits:
                 self.w.composer.set_text(text)
-            elif self.w.chat.store(cid, text, new_chat) is not None:
-                self.w.chat.render()  # unanswered: shown with Retry
-            self.w.chat.reply_finished.emit(0)
+            elif (user_id := self.w.chat.store(cid, text, new_chat)) is not None:
+                reply_id = self._stopped_reply(user_id)
+                self.w.chat.render()  # "Stopped before the first token", with Retry
+            self.w.chat.reply_finished.emit(reply_id or 0)
             return
         self.w.status.set_context(event.prompt_tokens, n_ctx)
         per = self.w.client.count(messages, per_message=True)
@@ -113,6 +115,16 @@ class OverflowFlow(QObject):
         self.checking = per
         per.done.connect(lambda e: self._counted_each(per, cid, text, new_chat, ids, e))
         per.failed.connect(lambda e: self._count_failed(per, cid, text, new_chat, e))
+
+    def _stopped_reply(self, user_id: int) -> int | None:
+        """Esc before the first token, here while counting: the same empty STOPPED reply the
+        engine's "cancelled" answer leaves (``ReplyRecorder.complete``)."""
+        try:
+            reply = self.w.chat.session.start_reply(user_id, self.w.model.label)
+            return reply.complete("", None, {"finish_reason": FinishReason.CANCELLED})
+        except StorageError as exc:
+            self.w.storage_failed(exc)
+            return None
 
     def _counted_each(self, handle, cid, text, new_chat, ids, event: CountEvent) -> None:
         if handle is not self.checking:
