@@ -284,8 +284,9 @@ class ChatStore:
 
         The subtree is found with a recursive CTE and deleted leaves first, so SQLite's
         ``ON DELETE CASCADE`` never chains (a chain of cascades stops at SQLite's trigger
-        depth, 1,000 levels). When the active leaf was inside the subtree, the parent of
-        ``message_id`` becomes the active leaf (None when it was a root). Like
+        depth, 1,000 levels). When the active leaf was inside the subtree, the branch moves to
+        the newest leaf under the nearest remaining sibling of ``message_id``, else to its
+        parent (None when it was a lone root). Like
         ``delete_conversation(forget=False)``, the deleted text may stay in the search
         index's old segments until ``forget_deleted`` runs.
 
@@ -307,8 +308,25 @@ class ChatStore:
             _delete_leaves_first(conn, [m.id for m in reversed(removed)])
             if conv.active_leaf_id is None or conv.active_leaf_id in gone:
                 conn.execute("UPDATE conversations SET active_leaf_id = ? WHERE id = ?",
-                             (top.parent_id, top.conversation_id))
+                             (self._leaf_after_delete(conn, top), top.conversation_id))
             return removed
+
+    @staticmethod
+    def _leaf_after_delete(conn, top: Message) -> int | None:
+        """The active leaf once ``top``'s subtree is gone: the newest leaf under its nearest
+        remaining sibling (the one before it, else the one after), else its parent."""
+        row = conn.execute(
+            "SELECT id FROM messages WHERE conversation_id = ? AND parent_id IS ? AND id != ?"
+            " ORDER BY (id > ?), abs(id - ?) LIMIT 1",
+            (top.conversation_id, top.parent_id, top.id, top.id, top.id),
+        ).fetchone()
+        if row is None:
+            return top.parent_id
+        leaf = row[0]
+        while (child := conn.execute("SELECT id FROM messages WHERE parent_id = ? ORDER BY id DESC LIMIT 1",
+                                     (leaf,)).fetchone()) is not None:
+            leaf = child[0]
+        return leaf
 
     def restore_messages(self, messages: list[Message], active_leaf_id: int | None = None) -> dict[int, int]:
         """Put back messages that ``delete_subtree`` returned (parents before children),

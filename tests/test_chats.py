@@ -774,11 +774,27 @@ def test_delete_subtree_removes_a_message_and_its_replies_and_restores_them(stor
     removed = store.delete_subtree(ids[1])
     assert [m.id for m in removed] == ids[1:]
     assert [m.id for m in store.tree(cid)] == [ids[0], other.id]
-    assert store.get_conversation(cid).active_leaf_id == ids[0]  # the deleted leaf's top's parent
+    assert store.get_conversation(cid).active_leaf_id == other.id  # the remaining sibling's branch
     new_ids = store.restore_messages(removed, active_leaf_id=ids[3])
     path = store.active_path(cid)
     assert [m.content for m in path] == ["m0", "m1", "m2", "m3"]
     assert path[-1].id == new_ids[ids[3]] and path[1].parent_id == ids[0]
+
+
+def test_deleting_the_shown_branch_continues_on_the_nearest_sibling_s_newest_leaf(store: ChatStore) -> None:
+    cid, ids = _chain(store, 2)  # m0 -> m1
+    first = store.add_message(cid, ids[0], "assistant", "first reply")  # siblings: m1, first, last
+    below = store.add_message(cid, first.id, "user", "under the first")
+    newest = store.add_message(cid, below.id, "assistant", "newest under the first")
+    last = store.add_message(cid, ids[0], "assistant", "last reply")
+    store.set_active_leaf(cid, last.id)
+    store.delete_subtree(last.id)  # the one before it: "first", down to its newest leaf
+    assert store.get_conversation(cid).active_leaf_id == newest.id
+    store.set_active_leaf(cid, ids[1])
+    store.delete_subtree(ids[1])  # the oldest: none before it, so the one after it
+    assert store.get_conversation(cid).active_leaf_id == newest.id
+    store.delete_subtree(first.id)  # no sibling left: the parent
+    assert store.get_conversation(cid).active_leaf_id == ids[0]
 
 
 def test_delete_subtree_of_a_deep_branch_is_not_recursive(store: ChatStore) -> None:

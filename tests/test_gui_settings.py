@@ -135,3 +135,27 @@ def test_automatic_threads_leave_a_core_free(qtbot, open_window, tmp_path):
     assert dlg.threads.value() == 0
     assert dlg.threads.specialValueText() == f"automatic ({default_threads()} of {physical_cores()} cores)"
     dlg.reject()
+
+
+def test_ok_refuses_a_seed_that_is_not_a_number_and_a_context_past_the_model_s_training(qtbot, open_window,
+                                                                                        data_dir):
+    w = open_window(data_dir)
+    trained = w.model.facts["context_length"]
+    assert trained == 8192  # SmolLM2-135M's GGUF metadata
+    for setup, words in (
+        (lambda d: d.chat_form.seed.setText("abc"), "the seed must be a whole number"),
+        (lambda d: (_app_tab(d), d.n_ctx.setValue(trained * 2)), "trained for at most 8,192 tokens"),
+    ):
+        w.open_settings()
+        dlg = w.settings_dialog
+        qtbot.keyClicks(dlg.chat_form.seed, "x")  # the field takes digits only
+        assert dlg.chat_form.seed.text() == ""
+        setup(dlg)
+        _ok(dlg)
+        assert dlg.isVisible() and words in dlg.error.text() and "Nothing was changed" in dlg.error.text()
+        dlg.reject()
+        assert w.settings.n_ctx != trained * 2
+    w.open_settings()
+    w.settings_dialog.chat_form.seed.setText("42")
+    _ok(w.settings_dialog)
+    assert w.chat.new_chat_settings()[1]["seed"] == 42

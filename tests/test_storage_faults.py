@@ -222,6 +222,7 @@ def test_markdown_export_names_its_branch_and_offers_all_branches(tmp_path):
     assert r.returncode == 0
     assert "2 of 4 messages" in text and "2 messages on other branches are not shown" in text
     assert "--all-branches" in text and "first answer" not in text
+    assert text.count("not shown") == 1  # said once, above the title
     r = bw(tmp_path, "conversations", "export", conv.id, "--all-branches")
     text = r.stdout.decode()
     assert "all 4 messages" in text and "first answer" in text and "follow-up" in text

@@ -590,8 +590,8 @@ def cmd_conversations(args) -> int:
     else:
         from app.cli.storage_commands import branch_note
 
-        echo(branch_note(data, args.all_branches) + "\n")
-        echo(conversation_markdown(data, active_only=not args.all_branches))
+        echo(branch_note(data, args.all_branches) + "\n")  # the one note on what is left out
+        echo(conversation_markdown(data, active_only=not args.all_branches, left_out_note=False))
     return 0
 
 

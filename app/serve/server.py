@@ -208,8 +208,9 @@ class ApiServer:
         if self.state != ServerState.RUNNING:
             self.error = self.error or f"could not listen on {self.host}:{self.port} (is the port in use?)"
             self._set_state(ServerState.FAILED)
-            raise ServeError(f"Could not listen on {self.host}:{self.port}: the port may be in use "
-                             "(pass --port N) or the address is not this machine's.")
+            raise ServeError(f"Could not listen on {self.host}:{self.port}: the port may be in use by another "
+                             "program, or the address is not this machine's. Choose another port (--port N "
+                             "on the command line; Settings → API server in the window).")
         self._set_state(ServerState.STOPPED)
 
     def start(self, timeout: float = 30.0) -> None:

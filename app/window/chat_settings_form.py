@@ -8,6 +8,7 @@ text in the system prompt; "Save as preset" stores the prompt shown under the ty
 from __future__ import annotations
 
 from PySide6.QtCore import Signal
+from PySide6.QtGui import QIntValidator
 from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
@@ -24,6 +25,7 @@ from app.window.plain import menu_text
 from storage.chats import DEFAULT_SAMPLING
 
 NO_PRESET = "(no preset)"
+SEED_MAX = 2**31 - 1  # QIntValidator takes a C int
 
 
 def spin(lo: int, hi: int, value: int) -> QSpinBox:
@@ -84,6 +86,7 @@ class ChatSettingsForm(QWidget):
         self.repeat_penalty = dspin(0.5, 2, 0.01, s["repeat_penalty"])
         self.seed = QLineEdit("" if s["seed"] is None else str(s["seed"]))
         self.seed.setPlaceholderText("random")
+        self.seed.setValidator(QIntValidator(0, SEED_MAX, self.seed))  # llama.cpp's seed is a uint32
         self.max_tokens = spin(1, 131072, s["max_tokens"])
         form = QFormLayout(self)
         form.addRow("Preset", row)
@@ -137,6 +140,13 @@ class ChatSettingsForm(QWidget):
         if name is not None:
             self.presets.pop(name, None)
             self.presets_changed.emit()
+
+    def problem(self) -> str:
+        """Why these values cannot be used ("" when they can)."""
+        text = self.seed.text().strip()
+        if text and not (text.isdigit() and int(text) <= SEED_MAX):
+            return f"the seed must be a whole number from 0 to {SEED_MAX:,}, or empty for a random one"
+        return ""
 
     def values(self) -> tuple[str, dict]:
         """(system prompt, sampling dict with every DEFAULT_SAMPLING key) as entered."""

@@ -87,6 +87,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         self._undo_text = ""  # the banner text that offers to undo a delete
 
         self._build_ui()
+        self.banner.restyle(self.colors)  # a dark theme from the settings, before any message
         self.status = StatusBar(self.statusBar())
         self.model = ModelController(self, model_path)
         self.chat = ChatController(self)

@@ -52,9 +52,10 @@ class SettingsDialog(QDialog):
 
     def __init__(self, conversation: Conversation | None, settings: AppSettings, data_dir: Path,
                  client: EngineClient | None, parent: QWidget | None = None,
-                 new_chat: tuple[str, dict] | None = None):
+                 new_chat: tuple[str, dict] | None = None, trained_context: int = 0):
         super().__init__(parent)
         self._settings = settings
+        self._trained_context = int(trained_context)  # the loaded model's n_ctx_train (0: unknown)
         self.setWindowTitle("Settings")
         self.setMinimumWidth(520)
         self.client = client
@@ -237,6 +238,13 @@ class SettingsDialog(QDialog):
     def problem(self) -> str:
         """Why the App values cannot be used ("" when they can): checked by the engine's own
         rule (``AppSettings.engine_settings``) before anything is saved or reloaded."""
+        for form in (self.chat_form, self.defaults_form):
+            if form.problem():
+                return f"These settings cannot be used: {form.problem()}. Nothing was changed."
+        if self._trained_context and self.n_ctx.value() > self._trained_context:
+            return (f"These settings cannot be used: the loaded model was trained for at most "
+                    f"{self._trained_context:,} tokens of context, and past that its replies fall apart. "
+                    "Nothing was changed.")
         try:
             replace(self._settings, **{k: v for k, v in self.app_values().items()
                                        if k in ENGINE_FIELDS}).engine_settings()

@@ -40,7 +40,8 @@ class SettingsFlow(QObject):
         w = self.w
         cid = w.chat.conversation_id
         conv = w.store.get_conversation(cid) if cid else None
-        dlg = SettingsDialog(conv, w.settings, w.data_dir, w.client, w, new_chat=w.chat.new_chat_settings())
+        dlg = SettingsDialog(conv, w.settings, w.data_dir, w.client, w, new_chat=w.chat.new_chat_settings(),
+                             trained_context=int((w.model.facts or {}).get("context_length") or 0))
         w.settings_dialog = dlg
         name_controls(dlg)
         dlg.finished.connect(lambda result: self._done(dlg, conv, result))

@@ -318,6 +318,8 @@ class ChatController(QObject):
             self.w.client.kill_unresponsive()
 
     def _token(self, text: str) -> None:
+        if not self.reply.text and not self._stopping:
+            self.w.status.stats_label.setText("Writing…")  # the first token: no longer "Thinking…"
         try:
             self.reply.add_text(text)
         except StorageError as exc:
