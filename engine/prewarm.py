@@ -104,12 +104,15 @@ def prewarm_target(build: Build, messages: Sequence[ChatMessage], draft: str | N
 class PrewarmResult:
     """What one prewarm did. Tokens; ``ms`` in milliseconds.
 
+    ``kind``: "open" (a path, up to the next user header), "draft" (what every continuation
+    of a draft shares) or "prompt" (a whole prompt: a draft as sent now, or a regeneration);
     ``target_tokens``: the prompt tokens asked for; ``ready_tokens``: how many of them the
     live context now holds; ``restored_tokens`` / ``prefilled_tokens``: what this call
     restored from the store and evaluated; ``finished``: False when it stopped early
     (``cancel`` was set); ``skipped``: why nothing was done ("" when it ran).
     """
 
+    kind: str = ""
     target_tokens: int = 0
     ready_tokens: int = 0
     restored_tokens: int = 0
@@ -146,7 +149,7 @@ class Prewarmer:
         :func:`prewarm_target`), stopping between batches once ``cancel`` is set.
         Never raises for a template or context-size problem: the result says it was skipped."""
         t = time.perf_counter()
-        res = PrewarmResult()
+        res = PrewarmResult(kind="prompt" if draft is None or complete else "draft" if draft else "open")
         if why := self.supported():
             res.skipped = why
             return res

@@ -40,6 +40,8 @@ class AppSettings:
     engine_url / engine_key / engine_model: "" runs the local model file; a URL sends every
         reply to that OpenAI-compatible server (``engine.remote``), with the key and model
         name when given. The conversations stay local.
+    prewarm: zero-wait turns (app/window/prewarm_controller.py): restore an opened chat and
+        prefill the composer's draft in the background. Off: the engine idles between turns.
     """
 
     n_ctx: int = _ENGINE.n_ctx
@@ -58,6 +60,7 @@ class AppSettings:
     engine_url: str = ""
     engine_key: str = ""
     engine_model: str = ""
+    prewarm: bool = True
 
     def engine_settings(self) -> EngineSettings:
         """The EngineSettings these settings describe. Flash attention keeps its default (off,

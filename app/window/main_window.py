@@ -29,6 +29,7 @@ from app.window.forget_flow import ForgetFlow
 from app.window.import_dialog import ImportController, ImportDropMixin
 from app.window.link_dialog import LinkConfirmMixin
 from app.window.model_controller import ModelController
+from app.window.prewarm_controller import PrewarmController
 from app.window.server_controller import ServerActionsMixin, ServerController
 from app.window.settings_dialog import SettingsDialog
 from app.window.sidebar import FORGET_NOTE, Sidebar
@@ -89,6 +90,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, QMainWin
         self.importer = ImportController(self)
         self.api_server = ServerController(self)
         self.forget_flow = ForgetFlow(self)
+        self.prewarm = PrewarmController(self)
         self._connect()
         self.menu_actions = build_menus(self)
         self.menu_actions["toggle_tree"].setChecked(self.settings.show_tree)
@@ -150,6 +152,8 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, QMainWin
         self.tree.node_clicked.connect(chat.select)
         chat.reply_finished.connect(self.reply_finished)
         chat.coverage_ready.connect(self.coverage_ready)
+        chat.path_shown.connect(self.prewarm.path_changed)
+        self.prewarm.connect()
         model.ready.connect(self._model_ready)
         model.failed.connect(self.model_failed)
         model.died.connect(self._engine_died)
@@ -218,6 +222,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, QMainWin
         if self.chat.conversation_id is None:
             self.chat.update_context_label()
         self.chat.request_context_count()
+        self.prewarm.path_changed()
         self.model_ready.emit(facts)
         self.chat.refresh_coverage()
 
