@@ -47,7 +47,7 @@ from engine.errors import EngineError
 
 log = logging.getLogger(__name__)
 
-PREWARM_BATCH = 64
+PREWARM_BATCH = 32
 """Tokens per prefill batch of a prewarm: small, so a real request waits at most one such
 batch (any batch of >= 2 tokens gives the same KV, see ``engine/core.py``)."""
 

@@ -5,6 +5,9 @@ Opens the real window offscreen on a temporary data folder, asks for a long repl
 on the UI thread. A gap between two beats longer than the interval is time the event
 loop could not run: a blocking call. Prints the longest gap, the 99th percentile and
 how many gaps exceeded 50 ms (the target is none), plus ``--json``.
+
+``--scenario typing`` measures zero-wait turns instead (``tools/zero_wait.py``): a message
+typed at a human pace into a 2,000-token conversation, TTFT with the feature on and off.
 """
 
 from __future__ import annotations
@@ -80,7 +83,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.ui_latency", description=__doc__.splitlines()[0])
     p.add_argument("--max-tokens", type=int, default=400)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--scenario", choices=("reply", "typing"), default="reply",
+                   help="reply: stream a long reply (default); typing: zero-wait turns (tools/zero_wait.py)")
+    p.add_argument("--cps", type=float, default=5.0, help="typing: characters per second (default 5)")
     args = p.parse_args(argv)
+    if args.scenario == "typing":
+        from tools import zero_wait
+
+        r = zero_wait.measure(args.cps)
+        print(json.dumps(r) if args.json else zero_wait.report(r))
+        return 0
     r = measure(args.max_tokens)
     if args.json:
         print(json.dumps(r))
