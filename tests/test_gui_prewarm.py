@@ -64,3 +64,39 @@ def test_nothing_is_prewarmed_when_off_or_hidden(qtbot, open_window, data_dir):
     qtbot.waitUntil(lambda: w.prewarm.requests > sent)
     mid = send_and_wait(qtbot, w, "Hi")
     assert w.store.get_message(mid).stats["prefilled_tokens"] >= 2
+
+
+def _answer(qtbot, w, kind: str, act) -> dict:
+    """Do ``act()`` and wait for a finished prewarm of ``kind``."""
+    with qtbot.waitSignal(w.prewarm.answered, timeout=REPLY_TIMEOUT_MS,
+                          check_params_cb=lambda r: r["kind"] == kind and r["finished"]) as blocker:
+        act()
+    return blocker.args[0]
+
+
+def test_opening_a_chat_restores_it_and_regenerate_and_edit_are_prepared(qtbot, open_window, data_dir):
+    from PySide6.QtCore import QEvent
+    from PySide6.QtWidgets import QApplication
+
+    w1 = open_window(data_dir)
+    cid = new_chat(w1, system_prompt="You are a concise assistant.")
+    send_and_wait(qtbot, w1, "Name three fruits.")
+    w1.close()
+
+    w2 = open_window(data_dir, wait=False)
+    opened = _answer(qtbot, w2, "open", lambda: None)  # at start, on the newest chat
+    assert w2.conversation_id == cid
+    assert opened["restored_tokens"] > 0 and opened["ready_tokens"] == opened["target_tokens"]
+
+    button = w2.transcript.widgets[-1].buttons["regenerate"]
+    hovered = _answer(qtbot, w2, "prompt", lambda: QApplication.sendEvent(button, QEvent(QEvent.Type.Enter)))
+    assert hovered["ready_tokens"] == hovered["target_tokens"]
+    with qtbot.waitSignal(w2.reply_finished, timeout=REPLY_TIMEOUT_MS) as blocker:
+        qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
+    again = w2.store.get_message(blocker.args[0])
+    assert again.stats["prefilled_tokens"] == 2 and again.stats["restore_source"] == "context"
+    assert again.stats["prepared_tokens"] == hovered["target_tokens"] - 2
+
+    first = w2.transcript.widgets[0]
+    edited = _answer(qtbot, w2, "draft", first.begin_edit)  # the path before it, then its text
+    assert 0 < edited["target_tokens"] < opened["target_tokens"]

@@ -68,7 +68,7 @@ def test_a_send_interrupts_a_draft_prewarm_and_reuses_its_tokens(model_path, tmp
         reference.close()
 
 
-def test_a_count_lets_the_prewarm_resume(model_path, tmp_path):
+def test_a_count_interrupts_a_prewarm_which_then_resumes(model_path, tmp_path):
     proc = EngineProcess(tmp_path)
     proc.start()
     try:
