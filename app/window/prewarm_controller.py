@@ -49,6 +49,7 @@ class PrewarmController(QObject):
         self._edit_path: list[ChatMessage] = []
         self._edit_text = ""
         self._last: tuple | None = None  # the last request sent (not repeated)
+        self._hovered: int | None = None  # the reply whose Regenerate was prepared (once per path)
         self.requests = 0  # prewarms sent (for tools and tests)
         self.partial = QTimer(self, singleShot=True, interval=PARTIAL_MS)
         self.partial.timeout.connect(lambda: self._draft(complete=False))
@@ -76,6 +77,7 @@ class PrewarmController(QObject):
         """The shown path changed (or a reply ended): prewarm it, with the draft if any."""
         self._path = None
         self._last = None
+        self._hovered = None
         if self._editing is None:
             self._draft(complete=False)
             if self._text().strip():
@@ -108,8 +110,9 @@ class PrewarmController(QObject):
             self._last = None
 
     def regenerate_hovered(self, message_id: int) -> None:
-        if not self.active():
+        if not self.active() or message_id == self._hovered:
             return
+        self._hovered = message_id
         try:
             session = self.w.chat.session
             messages = session.prompt(session.regenerate_target(message_id))
