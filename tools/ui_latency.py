@@ -86,11 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scenario", choices=("reply", "typing"), default="reply",
                    help="reply: stream a long reply (default); typing: zero-wait turns (tools/zero_wait.py)")
     p.add_argument("--cps", type=float, default=5.0, help="typing: characters per second (default 5)")
+    p.add_argument("--threads", type=int, default=0, help="typing: llama.cpp threads (default 0: all cores)")
     args = p.parse_args(argv)
     if args.scenario == "typing":
         from tools import zero_wait
 
-        r = zero_wait.measure(args.cps)
+        r = zero_wait.measure(args.cps, args.threads)
         print(json.dumps(r) if args.json else zero_wait.report(r))
         return 0
     r = measure(args.max_tokens)

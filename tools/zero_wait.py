@@ -137,12 +137,12 @@ def _send(w, type_it: bool, cps: float, beats: list) -> dict:
     return stats
 
 
-def measure(cps: float = 5.0) -> dict:
+def measure(cps: float = 5.0, threads: int = 0) -> dict:
     app = QApplication.instance() or QApplication([])
     with tempfile.TemporaryDirectory(prefix="branchwise-zero-wait-") as tmp:
         base = Path(tmp) / "base"
         base.mkdir()
-        (base / "settings.json").write_text(json.dumps({"n_ctx": 4096}))
+        (base / "settings.json").write_text(json.dumps({"n_ctx": 4096, "n_threads": threads}))
         w = _window(base, prewarm=False)
         conv = w.store.create_conversation(system_prompt="You are a helpful assistant.", sampling=SAMPLING)
         w.show_conversation(conv.id)

@@ -100,6 +100,7 @@ class PrewarmController(QObject):
                 return
             self._editing = message_id
             self._last = None
+            self._edit_text = text
             self._draft(complete=False)
         self._edit_text = text
         self.draft_changed()
