@@ -330,13 +330,14 @@ class _Server:
             self.send(PrewarmEvent(msg.id, PrewarmResult(skipped=why).to_dict()))
             return
         self.arrived.clear()
+        result = PrewarmResult(finished=False, skipped="superseded")  # not started: a request waits
         if self.inbox.empty():
             result = self.prewarmer.run(list(msg.messages), msg.draft, msg.complete, cancel=self.arrived)
             if result.finished:
                 self.send(PrewarmEvent(msg.id, result.to_dict()))
                 return
-        if self._prewarm_superseded():
-            self.send(PrewarmEvent(msg.id, PrewarmResult(finished=False, skipped="superseded").to_dict()))
+        if self._prewarm_superseded():  # what it computed stays live for the next request
+            self.send(PrewarmEvent(msg.id, result.to_dict()))
         else:
             self.inbox.put(msg)  # after the counts and coverage requests waiting now
 
