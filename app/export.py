@@ -50,15 +50,16 @@ def conversation_json(chats, conversation_id: int) -> dict:
     }
 
 
-def conversation_markdown(data: dict, active_only: bool = True) -> str:
+def conversation_markdown(data: dict, active_only: bool = True, left_out_note: bool = True) -> str:
     """Markdown of the active path of :func:`conversation_json` output (every message with
     ``active_only=False``). Message texts are fenced verbatim (see the module docstring);
-    a note says how many messages on other branches are left out."""
+    a note says how many messages on other branches are left out (``left_out_note`` False:
+    no note, for ``data`` that holds only the path and its siblings)."""
     by_id = {m["id"]: m for m in data["messages"]}
     ids = data["active_path"] if active_only else [m["id"] for m in data["messages"]]
     out = [f"# {inline_literal(data['title']) or 'Untitled'}", ""]
     left_out = len(data["messages"]) - len(ids)
-    if left_out:
+    if left_out and left_out_note:
         others = "1 message on other branches is" if left_out == 1 else f"{left_out} messages on other branches are"
         out += [f"*The active branch: {len(ids)} of {len(data['messages'])} messages. {others} not "
                 "shown; the JSON export holds every branch.*", ""]

@@ -208,6 +208,19 @@ class Engine:
         """The prompt token ids for ``messages`` (ends with the assistant header)."""
         return self.model.prompts.build(messages)
 
+    def message_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """Tokens each message takes in the prompt of ``messages`` (same order): its content
+        (an assistant reply's saved ids, else its text tokenized) plus an equal share of the
+        chat template's tokens (role markers, BOS, the assistant header). The sum is the
+        prompt length up to token merges across message boundaries."""
+        if not messages:
+            return []
+        contents = [len(m.token_ids) if m.role == "assistant" and m.token_ids is not None
+                    else len(self.model.tokenize(m.content, False)) for m in messages]
+        template = len(self.prompt_tokens([ChatMessage(m.role, "") for m in messages]))
+        share, extra = divmod(template, len(messages))
+        return [c + share + (1 if i < extra else 0) for i, c in enumerate(contents)]
+
     def cached_tokens(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = False) -> tuple[int, int]:
         """``(stored, total)``: how many leading prompt tokens of ``messages`` the prefix
         store could restore, out of how many (for the tree panel)."""

@@ -11,7 +11,7 @@ Requests, window -> engine::
     LoadRequest        path, settings (EngineSettings dict), budget_bytes
     GenerateRequest    id, messages [ChatMessage], sampling (SamplingParams dict), use_cache
     CancelRequest      id
-    CountRequest       id, messages                    -> CountEvent (prompt length)
+    CountRequest       id, messages, per_message       -> CountEvent (prompt length[, per message])
     CoverageRequest    id, paths [[ChatMessage]]       -> CoverageEvent
     CacheRequest       id, action (CacheAction), budget_bytes -> CacheEvent
     PrewarmRequest     id, messages, draft, complete  -> PrewarmEvent (engine/prewarm.py)
@@ -26,7 +26,7 @@ Events, engine -> window::
     DoneEvent          id, text, token_ids, stats (GenerationStats dict)
     SnapshotEvent      id, snapshot_ms, bytes_written (after DoneEvent, when the KV was stored)
     ErrorEvent         id, kind (ErrorKind), message, prompt_tokens, n_ctx
-    CountEvent         id, prompt_tokens, n_ctx
+    CountEvent         id, prompt_tokens, n_ctx, message_tokens
     CoverageEvent      id, results [(stored, total)] in tokens, one per path
     CacheEvent         id, stats (PrefixStore.stats() dict), verify {checked, bad, removed} | None
     PrewarmEvent       id, result (PrewarmResult dict)
@@ -103,6 +103,7 @@ class CancelRequest:
 class CountRequest:
     id: int
     messages: list[ChatMessage]
+    per_message: bool = False  # also each message's tokens (CountEvent.message_tokens)
 
 
 @dataclass(frozen=True)
@@ -210,6 +211,7 @@ class CountEvent:
     id: int
     prompt_tokens: int
     n_ctx: int
+    message_tokens: tuple[int, ...] = ()  # with per_message: ``Engine.message_tokens``
 
 
 @dataclass(frozen=True)

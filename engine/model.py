@@ -64,6 +64,7 @@ class ModelFacts:
     prompt_format: str = "model template"  # engine.chat_template.PromptFormat
     chat_template_note: str = ""  # why the model's own template is not used ("" when it is)
     cache_mode: str = "blocks"  # a CacheMode value: how the prefix store keeps this model's state
+    n_threads: int = 0  # CPU threads in use
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -151,6 +152,7 @@ class LoadedModel:
             cache_policy=self.cache_policy,
             repack=("on" if self.repack.repack else "off") + f" ({self.repack.reason})",
             cache_mode=self.cache_mode.value,
+            n_threads=settings.threads,
         )
 
         self._warm_up()

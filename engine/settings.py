@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field, fields
 
+from engine.machine import default_threads
 from storage.chat_records import DEFAULT_SAMPLING as _SAMPLING
 
 KV_TYPES = {"f16": 1, "q8_0": 8}  # ggml type ids (ggml/include/ggml.h: GGML_TYPE_F16, GGML_TYPE_Q8_0)
@@ -15,7 +15,7 @@ REPACK_CHOICES = ("auto", "on", "off")
 class EngineSettings:
     """How a model is loaded.
 
-    n_ctx: context window (tokens). n_threads: CPU threads (0 = all cores).
+    n_ctx: context window (tokens). n_threads: CPU threads (0 = automatic: the physical core count less one, at least 1).
     type_k / type_v: KV cache precision, "f16" or "q8_0" (q8_0 V needs flash attention).
     flash_attn: use flash attention. Off by default: llama.cpp's CPU flash-attention kernel
         gives slightly different KV for different prefill batch shapes, and then a reply
@@ -49,12 +49,19 @@ class EngineSettings:
 
     @classmethod
     def for_kv_type(cls, kv_type: str, **kw) -> "EngineSettings":
-        """Settings with both K and V in ``kv_type`` (flash attention on for q8_0)."""
-        return cls(type_k=kv_type, type_v=kv_type, flash_attn=kw.pop("flash_attn", False) or kv_type != "f16", **kw)
+        """Settings with V (and K, unless ``type_k`` is given) in ``kv_type``; flash attention
+        is turned on when V is quantized (q8_0), which llama.cpp requires.
+
+        Raises:
+            ValueError: an unknown type, or another invalid field (see the class)."""
+        kw.setdefault("type_k", kv_type)
+        return cls(type_v=kv_type, flash_attn=kw.pop("flash_attn", False) or kv_type != "f16", **kw)
 
     @property
     def threads(self) -> int:
-        return self.n_threads or max(1, os.cpu_count() or 1)
+        """CPU threads used: ``n_threads``, or with 0 ``engine.machine.default_threads()``
+        (the physical core count less one; README "CPU threads")."""
+        return self.n_threads or default_threads()
 
     def to_dict(self) -> dict:
         return asdict(self)

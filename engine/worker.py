@@ -355,8 +355,13 @@ class _Server:
         if self._remote:  # the server's tokenizer is not here: the context figure stays unknown (0)
             self.send(CountEvent(msg.id, 0, 0))
             return
-        ids = self.engine.prompt_tokens(list(msg.messages))
-        self.send(CountEvent(msg.id, len(ids), self.engine.llama.n_ctx()))
+        messages = list(msg.messages)
+        n_ctx = self.engine.llama.n_ctx()
+        if msg.per_message:  # counted per message; the sum stands for the prompt length
+            per = tuple(self.engine.message_tokens(messages))
+            self.send(CountEvent(msg.id, sum(per), n_ctx, per))
+            return
+        self.send(CountEvent(msg.id, len(self.engine.prompt_tokens(messages)), n_ctx))
 
     def op_coverage(self, msg: CoverageRequest) -> None:
         if not self._require_engine(msg):

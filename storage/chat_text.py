@@ -49,9 +49,10 @@ def search_terms(text: str) -> list[str]:
     return terms
 
 
-def snippet(text: str, terms: list[str], marks: tuple[str, str], limit: int = SNIPPET_CHARS) -> str:
-    """An excerpt of ``text`` around the first of ``terms`` (any case), every term in
-    it between ``marks``; "…" shows where text was cut. Whitespace runs become one space."""
+def snippet_spans(text: str, terms: list[str], limit: int = SNIPPET_CHARS) -> tuple[str, list[tuple[int, int]]]:
+    """An excerpt of ``text`` around the first of ``terms`` (any case), and the (start, end)
+    character spans of every term in it; "…" shows where text was cut. Whitespace runs
+    become one space. The excerpt is plain text: show it as text, never as markup."""
     flat = " ".join(text.split())
     pattern = re.compile("|".join(re.escape(t) for t in sorted(terms, key=len, reverse=True)),
                          re.IGNORECASE) if terms else None
@@ -64,7 +65,19 @@ def snippet(text: str, terms: list[str], marks: tuple[str, str], limit: int = SN
     if end < len(flat):
         space = flat.rfind(" ", start, end)
         end = space if first is not None and space > first.end() else end
-    piece = flat[start:end]
-    if pattern:
-        piece = pattern.sub(lambda m: f"{marks[0]}{m.group(0)}{marks[1]}", piece)
-    return ("…" if start else "") + piece + ("…" if end < len(flat) else "")
+    lead = "…" if start else ""
+    piece = lead + flat[start:end] + ("…" if end < len(flat) else "")
+    spans = [(m.start() + len(lead), m.end() + len(lead)) for m in pattern.finditer(flat[start:end])] if pattern else []
+    return piece, spans
+
+
+def mark_spans(text: str, spans: list[tuple[int, int]], marks: tuple[str, str]) -> str:
+    """``text`` with each (start, end) span of ``spans`` (in order, not overlapping) between ``marks``."""
+    for a, b in reversed(spans):
+        text = text[:a] + marks[0] + text[a:b] + marks[1] + text[b:]
+    return text
+
+
+def snippet(text: str, terms: list[str], marks: tuple[str, str], limit: int = SNIPPET_CHARS) -> str:
+    """``snippet_spans`` with every term between ``marks``."""
+    return mark_spans(*snippet_spans(text, terms, limit), marks)

@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,7 @@ from storage.chat_records import (
     message_from_row,
 )
 from storage.chat_schema import SEARCHED_COLUMNS, migrate
-from storage.chat_text import TITLE_LIMIT, auto_title, search_terms, snippet
+from storage.chat_text import TITLE_LIMIT, auto_title, mark_spans, search_terms, snippet_spans
 from storage.errors import NotFoundError, StorageError, StorageFullError, is_disk_full
 from storage.paths import disk_full_message, free_space
 
@@ -62,6 +63,7 @@ __all__ = [  # the records and helpers are re-exported so callers import from on
     "ChatStore",
     "Conversation",
     "Message",
+    "SearchHit",
     "auto_title",
     "search_terms",
 ]
@@ -71,6 +73,18 @@ _TRIGRAM = 3  # shortest term the trigram index can find; shorter ones are scann
 LOW_SPACE_BYTES = 1024**2
 """Below this much free space, SQLite's "disk I/O error" is taken for a full disk: the
 shared-memory file (``-shm``) and the WAL fail that way when they cannot grow."""
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """One conversation found by ``ChatStore.search_hits``: ``message_id`` is the message
+    that matched best (None: only the title matched), ``snippet`` a one-line excerpt of it
+    (plain text) and ``spans`` the (start, end) character ranges of the words in it."""
+
+    conversation: Conversation
+    message_id: int | None
+    snippet: str
+    spans: list[tuple[int, int]]
 
 
 class ChatStore:
@@ -208,9 +222,11 @@ class ChatStore:
         is deleted then).
         """
         with self._tx() as conn:
-            cur = conn.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
-            if cur.rowcount == 0:
-                raise _no_conversation(conversation_id)
+            self._conversation(conn, conversation_id)
+            ids = [r[0] for r in conn.execute(
+                "SELECT id FROM messages WHERE conversation_id = ? ORDER BY id DESC", (conversation_id,))]
+            _delete_leaves_first(conn, ids)
+            conn.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
         if forget:
             self.forget_deleted()
 
@@ -261,6 +277,61 @@ class ChatStore:
             return self._conversation(conn, fork_id)
 
     # -- messages -------------------------------------------------------------
+
+    def delete_subtree(self, message_id: int) -> list[Message]:
+        """Delete ``message_id`` and every message under it, in one transaction; returns
+        the deleted messages, parents before children (what ``restore_messages`` takes back).
+
+        The subtree is found with a recursive CTE and deleted leaves first, so SQLite's
+        ``ON DELETE CASCADE`` never chains (a chain of cascades stops at SQLite's trigger
+        depth, 1,000 levels). When the active leaf was inside the subtree, the parent of
+        ``message_id`` becomes the active leaf (None when it was a root). Like
+        ``delete_conversation(forget=False)``, the deleted text may stay in the search
+        index's old segments until ``forget_deleted`` runs.
+
+        Raises NotFoundError for an unknown message.
+        """
+        with self._tx() as conn:
+            top = self._message(conn, message_id)
+            rows = conn.execute(
+                "WITH RECURSIVE down(id, depth) AS ("
+                "  SELECT ?, 0 UNION ALL"
+                "  SELECT m.id, down.depth + 1 FROM messages AS m JOIN down ON m.parent_id = down.id"
+                f") SELECT {', '.join('m.' + name for name in MESSAGE_FIELDS)}"
+                " FROM down JOIN messages AS m ON m.id = down.id ORDER BY down.depth, m.id",
+                (message_id,),
+            ).fetchall()
+            removed = [message_from_row(row) for row in rows]
+            conv = self._conversation(conn, top.conversation_id)
+            gone = {m.id for m in removed}
+            _delete_leaves_first(conn, [m.id for m in reversed(removed)])
+            if conv.active_leaf_id is None or conv.active_leaf_id in gone:
+                conn.execute("UPDATE conversations SET active_leaf_id = ? WHERE id = ?",
+                             (top.parent_id, top.conversation_id))
+            return removed
+
+    def restore_messages(self, messages: list[Message], active_leaf_id: int | None = None) -> dict[int, int]:
+        """Put back messages that ``delete_subtree`` returned (parents before children),
+        under their old parent, with new ids; returns old id -> new id. When
+        ``active_leaf_id`` (an old id) is among them, its copy becomes the active leaf.
+
+        Raises:
+            NotFoundError: the conversation or the parent of the first message is gone.
+            ValueError: ``messages`` is empty.
+        """
+        if not messages:
+            raise ValueError("There are no messages to restore.")
+        first = messages[0]
+        with self._tx() as conn:
+            self._conversation(conn, first.conversation_id)
+            if first.parent_id is not None:
+                self._check_in_conversation(conn, first.parent_id, first.conversation_id)
+            new_ids = self._copy_messages(conn, messages, first.conversation_id,
+                                          keep={first.parent_id: first.parent_id})
+            if active_leaf_id in new_ids:
+                conn.execute("UPDATE conversations SET active_leaf_id = ? WHERE id = ?",
+                             (new_ids[active_leaf_id], first.conversation_id))
+            return new_ids
 
     def add_message(
         self,
@@ -462,17 +533,23 @@ class ChatStore:
     def search(
         self, query: str, limit: int = 50, marks: tuple[str, str] = ("«", "»")
     ) -> list[tuple[Conversation, str]]:
+        """``search_hits`` as (conversation, snippet) pairs, each word in the snippet
+        between ``marks``."""
+        return [(h.conversation, mark_spans(h.snippet, h.spans, marks)) for h in self.search_hits(query, limit)]
+
+    def search_hits(self, query: str, limit: int = 50) -> list[SearchHit]:
         """Find conversations whose title and messages hold every word of ``query``.
 
         ``query`` is what a person typed, split by ``search_terms`` (never a syntax
         error). A word matches anywhere inside a title or message, in any case: "app"
         finds "apple", "苹果" finds "我喜欢苹果", "C++" and "🍎" are found too. The
         words may be spread over the title and different messages of one
-        conversation. Returns up to ``limit`` (conversation, snippet) pairs:
-        conversations whose title holds every word first, then the others; within
-        each group pinned ones first, then the most recently updated. The snippet is an excerpt of the message
-        holding the most of the words (the title if none does), words between
-        ``marks``.
+        conversation. Returns up to ``limit`` ``SearchHit``s: conversations whose
+        title holds every word first, then the others; within each group pinned ones
+        first, then the most recently updated. A hit names the message holding the
+        most of the words (the newest of equals; None when only the title matched)
+        and an excerpt of it (of the title when no message matched) with the spans
+        of the words in it.
 
         Words of three or more characters are looked up in the trigram index
         (``storage.chat_schema.SEARCH_TOKENIZER``); shorter ones scan the text.
@@ -510,10 +587,12 @@ class ChatStore:
             texts = dict(self._conn.execute(
                 f"SELECT id, content FROM messages WHERE id IN ({', '.join('?' * len(ids))})", ids
             ).fetchall()) if ids else {}
-        return [
-            (c, snippet(texts[best[c.id][1]] if c.id in best else c.title, terms, marks))
-            for c in conversations
-        ]
+        hits = []
+        for c in conversations:
+            mid = best[c.id][1] if c.id in best else None
+            piece, spans = snippet_spans(texts[mid] if mid is not None else c.title, terms)
+            hits.append(SearchHit(c, mid, piece, spans))
+        return hits
 
     def _title_hits(self, term: str) -> set[int]:
         """Ids of conversations whose title contains ``term`` (any case)."""
@@ -638,10 +717,12 @@ class ChatStore:
 
     @staticmethod
     def _copy_messages(
-        conn: sqlite3.Connection, messages: list[Message], conversation_id: int
+        conn: sqlite3.Connection, messages: list[Message], conversation_id: int,
+        keep: dict[int | None, int | None] | None = None,
     ) -> dict[int, int]:
-        """Insert copies of ``messages`` (parents first) into a conversation; map old id -> new id."""
-        new_ids: dict[int, int] = {}
+        """Insert copies of ``messages`` (parents first) into a conversation; map old id -> new id.
+        ``keep`` maps parent ids outside ``messages`` to the parent their copies go under."""
+        new_ids: dict[int, int] = dict(keep or {})
         for m in messages:
             cur = conn.execute(
                 "INSERT INTO messages (conversation_id, parent_id, role, content, token_ids,"
@@ -659,6 +740,8 @@ class ChatStore:
                 ),
             )
             new_ids[m.id] = cur.lastrowid
+        for old_id in keep or {}:
+            new_ids.pop(old_id, None)
         return new_ids
 
 
@@ -737,6 +820,13 @@ def _is_full(exc: BaseException, folder: Path) -> bool:
                      or "disk I/O error" in str(exc)))
     free = free_space(folder) if io_error else None
     return free is not None and free < LOW_SPACE_BYTES
+
+
+def _delete_leaves_first(conn: sqlite3.Connection, ids: list[int]) -> None:
+    """Delete the messages ``ids``, given children before parents (deepest first, or
+    descending ids: a child's id is above its parent's): no row has children left when it goes, so
+    ``ON DELETE CASCADE`` never chains into SQLite's trigger depth limit."""
+    conn.executemany("DELETE FROM messages WHERE id = ?", ((i,) for i in ids))
 
 
 def _like(term: str) -> str:

@@ -747,3 +747,55 @@ def test_snippet_cuts_long_text_around_the_first_hit() -> None:
     assert out.startswith("…") and out.endswith("…")
     assert "the [Needle] is here" in out and len(out) <= 60 + 2 + 2
     assert snippet("short text", ["zzz"], ("[", "]")) == "short text"
+
+
+# -- deleting one message with its subtree (#10.11) ----------------------------------
+
+
+def _chain(store: ChatStore, n: int) -> tuple[int, list[int]]:
+    conv = store.create_conversation(title="chain")
+    ids, parent = [], None
+    for i in range(n):
+        parent = store.add_message(conv.id, parent, "user" if i % 2 == 0 else "assistant", f"m{i}").id
+        ids.append(parent)
+    return conv.id, ids
+
+
+def test_a_conversation_with_a_branch_deeper_than_the_trigger_limit_deletes(store: ChatStore) -> None:
+    cid, _ids = _chain(store, 1500)  # SQLite stops chained cascades at 1,000 levels
+    store.delete_conversation(cid)
+    assert store.list_conversations() == []
+
+
+def test_delete_subtree_removes_a_message_and_its_replies_and_restores_them(store: ChatStore) -> None:
+    cid, ids = _chain(store, 4)
+    other = store.add_message(cid, ids[0], "assistant", "sibling reply")  # beside ids[1]
+    store.set_active_leaf(cid, ids[3])
+    removed = store.delete_subtree(ids[1])
+    assert [m.id for m in removed] == ids[1:]
+    assert [m.id for m in store.tree(cid)] == [ids[0], other.id]
+    assert store.get_conversation(cid).active_leaf_id == ids[0]  # the deleted leaf's top's parent
+    new_ids = store.restore_messages(removed, active_leaf_id=ids[3])
+    path = store.active_path(cid)
+    assert [m.content for m in path] == ["m0", "m1", "m2", "m3"]
+    assert path[-1].id == new_ids[ids[3]] and path[1].parent_id == ids[0]
+
+
+def test_delete_subtree_of_a_deep_branch_is_not_recursive(store: ChatStore) -> None:
+    cid, ids = _chain(store, 3000)
+    removed = store.delete_subtree(ids[1])
+    assert len(removed) == 2999 and [m.id for m in store.tree(cid)] == [ids[0]]
+    store.restore_messages(removed, active_leaf_id=ids[-1])
+    assert len(store.active_path(cid)) == 3000
+
+
+def test_search_hit_names_the_message_and_the_word_spans(store: ChatStore) -> None:
+    conv = store.create_conversation(title="Capitals")
+    q = store.add_message(conv.id, None, "user", "What is the capital of Spain?")
+    store.add_message(conv.id, q.id, "assistant", "Paris.")
+    edited = store.add_message(conv.id, None, "user", "Is MADRID big? madrid!")
+    (hit,) = store.search_hits("madrid")
+    assert hit.message_id == edited.id
+    assert [hit.snippet[a:b] for a, b in hit.spans] == ["MADRID", "madrid"]
+    (title_only,) = store.search_hits("capitals")
+    assert title_only.message_id is None and title_only.snippet == "Capitals"

@@ -2,9 +2,13 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from app.cli.supervisor import EXIT_CRASHED
 
@@ -76,3 +80,72 @@ def test_a_supervised_child_does_not_pass_its_supervision_on(tmp_path):
                        cwd=Path(__file__).resolve().parents[1], timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "None"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the child pid from /proc")
+def test_a_second_ctrl_c_ends_an_engine_that_does_not_stop(tmp_path):
+    """The CLI's half of the watchdog behind Stop (issue #16): the first Ctrl+C asks the
+    engine to stop between steps; when it cannot answer (frozen here with SIGSTOP, as one
+    stuck in native code would be), the second ends it, with one line and exit code 130."""
+    env = {**os.environ, "BRANCHWISE_DATA_DIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "chat", "--max-tokens", "400",
+                             "Write a long story about a lighthouse keeper."],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)  # its own process group, as a terminal gives it
+    try:
+        deadline = time.monotonic() + 120
+        while not _unanswered(tmp_path):  # the message is stored: the engine is generating
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        child = int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
+        os.kill(child, signal.SIGSTOP)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl+C in the terminal
+        time.sleep(1.0)
+        assert proc.poll() is None  # the frozen engine did not stop
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130
+    lines = err.strip().splitlines()
+    assert lines[0] == "branchwise: stopping… (press Ctrl+C again to end the engine at once)"
+    assert lines[-1] == ("branchwise: ended the engine at the second Ctrl+C; the reply in progress was not saved. "
+                         "Your message was saved (message 1); answer it with 'branchwise regenerate 1'.")
+    assert "Traceback" not in err
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="process groups")
+def test_one_ctrl_c_stops_the_reply_and_keeps_it(tmp_path):
+    env = {**os.environ, "BRANCHWISE_DATA_DIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "chat", "--max-tokens", "400",
+                             "Write a long story about a lighthouse keeper."],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        first = proc.stdout.read(40)  # the reply is streaming
+        os.killpg(proc.pid, signal.SIGINT)
+        rest, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "ended the engine" not in err
+    from storage.chats import ChatStore
+
+    with ChatStore(tmp_path / "chats.sqlite3") as chats:
+        reply = chats.get_message(2)
+    assert reply.status == "stopped" and reply.content.startswith(first.strip()[:20])
+
+
+def _unanswered(data_dir: Path) -> bool:
+    from storage.chats import ChatStore
+
+    if not (data_dir / "chats.sqlite3").exists():
+        return False
+    try:
+        with ChatStore(data_dir / "chats.sqlite3") as chats:
+            return chats.newest_unanswered_user_message(0) is not None
+    except Exception:  # noqa: BLE001 - being created by the process under test
+        return False

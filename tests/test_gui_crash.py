@@ -50,8 +50,9 @@ def test_segfault_before_the_first_token_then_restart_and_retry(qtbot, open_wind
     cid = new_chat(w, {"max_tokens": 16})
     # a long prompt: the engine is still prefilling when it is killed, before the first token
     w.composer.input.setPlainText("Summarise: " + "The lighthouse keeper climbed the stairs at dusk. " * 120)
+    qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: w.chat.streaming, timeout=30_000)  # counted, stored, the reply started
     with qtbot.waitSignal(w.engine_died, timeout=30_000) as died:
-        qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
         os.kill(w.client.pid, signal.SIGSEGV)
     message = died.args[0]
     log_file = str(data_dir / "logs" / "engine.log")
@@ -82,5 +83,53 @@ def test_segfault_before_the_first_token_then_restart_and_retry(qtbot, open_wind
 
     w.composer.input.clear()
     mid = send_and_wait(qtbot, w, "Thanks. Now say hi.")
+    assert w.store.get_message(mid).status == "complete"
+    assert [m.role for m in w.store.active_path(cid)] == ["user", "assistant", "user", "assistant"]
+
+
+def _stream_then_freeze(qtbot, w, cid):
+    """Send, wait for the first tokens, then freeze the engine process (SIGSTOP): it can no
+    longer answer Stop, as an engine stuck in native code would not."""
+    w.composer.input.setPlainText("Write a long story about a lighthouse keeper.")
+    qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: w.chat.reply is not None and len(w.chat.reply.text) > 20, timeout=REPLY_TIMEOUT_MS)
+    frozen = w.client.pid
+    os.kill(frozen, signal.SIGSTOP)
+    return frozen, w.chat.reply
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="POSIX signals")
+@pytest.mark.parametrize("how", ["button", "timeout"])
+def test_stop_ends_an_engine_that_does_not_answer(qtbot, open_window, data_dir, how):
+    """The watchdog behind Stop (issue #16): Stop to a frozen engine first offers "End engine
+    now", then ends the process by itself; the partial reply is kept as stopped, a new
+    engine loads the model, and the next message is answered."""
+    w = open_window(data_dir)
+    cid = new_chat(w, {"max_tokens": 400})
+    if how == "timeout":  # the offer, then the end, sooner than in use (3 s and 30 s)
+        w.chat.stop_hint.setInterval(500)
+        w.chat.stop_watchdog.setInterval(2_500)
+    frozen, reply = _stream_then_freeze(qtbot, w, cid)
+    try:
+        w.chat.stop()
+        assert w.status.stats_label.text() == "Stopping…"
+        qtbot.waitUntil(lambda: w.banner.button("End engine now") is not None, timeout=10_000)
+        assert "finishes its current step" in w.banner.text
+        with qtbot.waitSignal(w.engine_died, timeout=30_000):
+            if how == "button":
+                qtbot.mouseClick(w.banner.button("End engine now"), Qt.MouseButton.LeftButton)
+    finally:
+        try:
+            os.kill(frozen, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    assert w.client.pid != frozen
+    assert w.banner.text.startswith("The engine did not answer Stop, so Branchwise ended it")
+    assert "engine.log" in w.banner.text
+    saved = w.store.get_message(reply.message_id)
+    assert saved.status == "stopped" and len(saved.content) > 20
+    assert saved.content == reply.text
+    qtbot.waitUntil(lambda: w.model_state == "ready", timeout=LOAD_TIMEOUT_MS)
+    mid = send_and_wait(qtbot, w, "Hello")
     assert w.store.get_message(mid).status == "complete"
     assert [m.role for m in w.store.active_path(cid)] == ["user", "assistant", "user", "assistant"]

@@ -364,24 +364,3 @@ def test_every_unanswered_user_message_has_retry(qtbot, open_window, data_dir):
     roles = [(mw.message.id, mw.message.role) for mw in w.transcript.widgets]
     assert roles == [(first.id, "user"), (reply.id, "assistant")]
     assert "retry" not in w.transcript.widgets[0].buttons
-
-
-def test_esc_before_the_first_token_marks_the_message_stopped_with_retry(qtbot, open_window, data_dir):
-    """#10.2: Esc while the prompt is still being prefilled leaves the user message marked
-    "no reply (stopped or failed)" with Retry (nothing empty is stored as a reply)."""
-    from gui_helpers import new_chat
-
-    from app.window.transcript import UNANSWERED_NOTE
-
-    w = open_window(data_dir)
-    cid = new_chat(w, {"max_tokens": 16})
-    w.composer.input.setPlainText("Summarise: " + "The lighthouse keeper climbed the stairs at dusk. " * 120)
-    with qtbot.waitSignal(w.reply_finished, timeout=180_000) as blocker:
-        qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
-        qtbot.keyClick(w.composer.input, Qt.Key.Key_Escape)  # long before prefill ends
-    assert blocker.args[0] == 0  # no reply was stored
-    path = w.store.active_path(cid)
-    assert [m.role for m in path] == ["user"]
-    bubble = w.transcript.widget_for(path[0].id)
-    assert bubble.note.text() == f"· {UNANSWERED_NOTE}"
-    assert "retry" in bubble.buttons and bubble.buttons["retry"].isEnabled()

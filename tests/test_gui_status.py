@@ -70,11 +70,11 @@ def test_overflow_offers_a_choice_and_raising_the_context_answers(qtbot, open_wi
                     timeout=REPLY_TIMEOUT_MS)
     box = w.overflow_box
     assert "256" in box.text()
-    labels = [b.text() for b in box.buttons()]
-    assert "Continue on a new branch" in labels
+    labels = sorted(b.text() for b in box.buttons())
+    assert labels == ["Edit the message", "Raise context to 1,024"]  # nothing older to drop: no new branch
     raise_button = next(b for b in box.buttons() if b.text().startswith("Raise context to"))
-    assert raise_button.text() == "Raise context to 1,024"
-    assert w.store.active_path(cid)[-1].role == "user"  # nothing was generated
+    assert w.store.active_path(cid) == []  # checked before storing: nothing written yet
+    assert w.context_label.text().endswith("/ 256") and w.status.context_over
     with qtbot.waitSignal(w.reply_finished, timeout=2 * REPLY_TIMEOUT_MS) as blocker:
         raise_button.click()
     reply = w.store.get_message(blocker.args[0])

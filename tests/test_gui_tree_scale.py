@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 
 from PySide6.QtCore import Qt  # noqa: E402
 
-from app.window.transcript import SHOWN_MESSAGES  # noqa: E402
+from app.window.transcript import FIRST_BUBBLES, SHOWN_MESSAGES  # noqa: E402
 from app.window.tree_panel import layout_tree  # noqa: E402
 from storage.chats import ChatStore  # noqa: E402
 from storage.paths import CHATS_DB  # noqa: E402
@@ -78,13 +78,23 @@ def test_window_opens_on_a_10000_message_branch_and_a_2000_sibling_fan_out(qtbot
     assert len(canvas.nodes) == 10_000
     assert canvas.leaf_id == leaf
     assert w.transcript.widgets[-1].message.id == leaf
-    # the transcript builds the newest bubbles only; a button brings the earlier ones
-    shown = w.transcript.widgets
-    assert len(shown) == SHOWN_MESSAGES
+    # the transcript builds the newest bubbles at once, the older ones of the newest
+    # SHOWN_MESSAGES as they are scrolled to; a button brings the earlier ones
+    assert FIRST_BUBBLES <= len(w.transcript.widgets) < SHOWN_MESSAGES and w.transcript.building
+    bar = w.transcript.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum())  # a screenful, at the bottom
+    built = len(w.transcript.widgets)
+    assert built < SHOWN_MESSAGES
+    bar.setValue(0)  # scrolled to the top: the next older bubbles are built above
+    assert len(w.transcript.widgets) > built
+    qtbot.waitUntil(lambda: bar.value() > 0)  # laid out above: what was shown stays in place
+    w.transcript.finish_building()
+    assert len(w.transcript.widgets) == SHOWN_MESSAGES
     button = w.transcript.earlier_button
     assert button.isVisible()
     assert button.text() == f"Show earlier messages ({10_000 - SHOWN_MESSAGES:,} not shown)"
     qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
+    w.transcript.finish_building()
     assert len(w.transcript.widgets) == 2 * SHOWN_MESSAGES
     assert w.transcript.widgets[-1].message.id == leaf
     w.show_conversation(fan_id)

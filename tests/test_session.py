@@ -251,10 +251,15 @@ def test_recorder_cancel_is_stopped_and_keeps_the_text(chats, session):
     assert chats.get_message(mid).content == "Partial"
 
 
-def test_recorder_cancel_before_any_text_stores_nothing(chats, session):
+def test_recorder_cancel_before_any_text_stores_an_empty_stopped_reply(chats, session):
     user = session.send(None, "Hi")
     rec = session.start_reply(user.id, "M")
-    assert rec.complete("", [], {"finish_reason": "cancelled"}) is None
+    mid = rec.complete("", [], {"finish_reason": "cancelled", "prompt_tokens": 12})
+    (reply,) = chats.children(user.id, user.conversation_id)
+    assert reply.id == mid and reply.content == "" and reply.status == "stopped"
+    assert reply.stats["prompt_tokens"] == 12
+    assert session.unanswered_leaf(user.conversation_id).id == user.id
+    assert session.retry(mid) == user.id  # Retry replaces the empty reply
     assert chats.children(user.id, user.conversation_id) == []
 
 

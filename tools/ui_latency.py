@@ -6,6 +6,11 @@ on the UI thread. A gap between two beats longer than the interval is time the e
 loop could not run: a blocking call. Prints the longest gap, the 99th percentile and
 how many gaps exceeded 50 ms (the target is none), plus ``--json``.
 
+``--big`` measures the same for a 1 MB message (20,000 lines): pressing Enter with it in
+the composer until the "too long" dialog shows (the engine counts it in its own process),
+opening a chat that holds it, and searching for a word in it; and for opening a chat of
+200 messages (the first second after the click).
+
 ``--scenario typing`` measures zero-wait turns instead (``tools/zero_wait.py``): a message
 typed at a human pace into a 2,000-token conversation, TTFT with the feature on and off.
 """
@@ -79,10 +84,118 @@ def measure(max_tokens: int) -> dict:
     }
 
 
+class Heartbeat:
+    """A ``BEAT_MS`` timer on the UI thread; ``stop()`` returns the stalls (ms beyond a beat)."""
+
+    def __init__(self):
+        self.gaps: list[float] = []
+        self.timer = QTimer(interval=BEAT_MS)
+        self.timer.timeout.connect(self._beat)
+        self.last = 0.0
+
+    def _beat(self) -> None:
+        now = time.perf_counter()
+        self.gaps.append((now - self.last) * 1000)
+        self.last = now
+
+    def start(self) -> None:
+        self.gaps, self.last = [], time.perf_counter()
+        self.timer.start()
+
+    def stop(self) -> dict:
+        self.timer.stop()
+        self._beat()  # the time since the last beat counts too
+        stalls = sorted(g - BEAT_MS for g in self.gaps)
+        return {"max_stall_ms": round(stalls[-1], 1) if stalls else 0.0, "beats": len(stalls),
+                "stalls_over_50ms": sum(s > 50 for s in stalls)}
+
+
+BIG_LINES = 20_000
+
+
+def big_message() -> str:
+    """About 1 MB of text in ``BIG_LINES`` lines; "zebrafinch" only on its last line."""
+    lines = [f"{i:05d} a log line with some words, as a pasted file has" for i in range(BIG_LINES)]
+    lines[-1] += " zebrafinch"
+    return "\n".join(lines)
+
+
+def measure_big() -> dict:
+    app = QApplication.instance() or QApplication([])
+    from app.window.main_window import MainWindow
+
+    text = big_message()
+    out: dict = {"message_bytes": len(text.encode()), "message_lines": BIG_LINES}
+    with tempfile.TemporaryDirectory(prefix="branchwise-latency-") as tmp:
+        data = Path(tmp)
+        (data / "settings.json").write_text(json.dumps({"n_ctx": 4096}))
+        w = MainWindow(data)
+        w.resize(1280, 800)
+        w.show()
+        beat = Heartbeat()
+        try:
+            wait_until(lambda: w.model_state in ("ready", "failed", "dead"))
+            if w.model_state != "ready":
+                raise SystemExit(f"the model did not load: {w.banner.text}")
+            other = w.store.create_conversation(title="Other")
+            w.store.add_message(other.id, None, "user", "hello")
+            long = w.store.create_conversation(title="200 messages")
+            parent = None
+            for i in range(100):
+                parent = w.store.add_message(long.id, parent, "user", f"Question {i}: how do rivers **flow**?").id
+                parent = w.store.add_message(long.id, parent, "assistant", f"Answer {i}: downhill.\n\n- one\n- two"
+                                             f"\n\n```python\nprint({i})\n```").id
+            big = w.store.create_conversation(title="Big paste")
+            w.store.add_message(big.id, None, "user", text)
+            w.sidebar.refresh()
+
+            # sending: Enter with 1 MB in the composer, until the "too long" dialog shows
+            w.show_conversation(other.id)
+            w.composer.input.setPlainText(text)
+            app.processEvents()
+            beat.start()
+            t0 = time.perf_counter()
+            w.composer.button.click()
+            wait_until(lambda: w.overflow_box is not None and w.overflow_box.isVisible(), 600_000)
+            out["send"] = {**beat.stop(), "seconds": round(time.perf_counter() - t0, 2)}
+            w.overflow_box.reject()
+            w.overflow_box = None
+            w.composer.input.clear()
+
+            # opening the chat that holds it (as a click in the sidebar does)
+            w.status.set_context(0, 4096)
+            beat.start()
+            t0 = time.perf_counter()
+            w.sidebar.selected.emit(big.id)
+            wait_until(lambda: w.context_used > 4096, 600_000)  # the engine's count of it came back
+            out["open"] = {**beat.stop(), "seconds": round(time.perf_counter() - t0, 2)}
+
+            # opening a chat of 200 messages (bubbles are built as they come into view)
+            beat.start()
+            t0 = time.perf_counter()
+            w.sidebar.selected.emit(long.id)
+            wait_until(lambda: w.conversation_id == long.id)
+            end = time.perf_counter() + 1.0
+            wait_until(lambda: time.perf_counter() > end)
+            out["open_long"] = {**beat.stop(), "seconds": round(time.perf_counter() - t0, 2)}
+
+            # searching for a word that is only in it
+            beat.start()
+            t0 = time.perf_counter()
+            w.sidebar.search.setText("zebrafinch")
+            wait_until(lambda: w.sidebar.ids() == [big.id], 600_000)
+            out["search"] = {**beat.stop(), "seconds": round(time.perf_counter() - t0, 2)}
+        finally:
+            w.close()
+    app.processEvents()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.ui_latency", description=__doc__.splitlines()[0])
     p.add_argument("--max-tokens", type=int, default=400)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--big", action="store_true", help="send, open and search a chat with a 1 MB message")
     p.add_argument("--scenario", choices=("reply", "typing"), default="reply",
                    help="reply: stream a long reply (default); typing: zero-wait turns (tools/zero_wait.py)")
     p.add_argument("--cps", type=float, default=5.0, help="typing: characters per second (default 5)")
@@ -93,6 +206,17 @@ def main(argv: list[str] | None = None) -> int:
 
         r = zero_wait.measure(args.cps, args.threads)
         print(json.dumps(r) if args.json else zero_wait.report(r))
+        return 0
+    if args.big:
+        r = measure_big()
+        if args.json:
+            print(json.dumps(r))
+            return 0
+        print(f"a {r['message_bytes']:,}-byte message of {r['message_lines']:,} lines; UI thread stalls:")
+        for phase in ("send", "open", "open_long", "search"):
+            f = r[phase]
+            print(f"  {phase:<7} max {f['max_stall_ms']} ms, {f['stalls_over_50ms']} over 50 ms "
+                  f"({f['seconds']} s until done)")
         return 0
     r = measure(args.max_tokens)
     if args.json:

@@ -18,7 +18,7 @@ log = logging.getLogger("branchwise")
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command ended by Ctrl+C
 
 
 def _size(text: str) -> int:
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine = _Parser(add_help=False)
     engine.add_argument("--model", help="a GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
     engine.add_argument("--ctx-size", type=_ctx_size, default=8192, help="context window in tokens (default 8192)")
-    engine.add_argument("--threads", type=int, default=0, help="CPU threads (default: all cores)")
+    engine.add_argument("--threads", type=int, default=0, help="CPU threads (default: the physical core count less one, at least 1)")
     engine.add_argument("--kv-type", choices=["f16", "q8_0"], default="f16", help="KV cache precision")
     engine.add_argument("--flash-attn", action="store_true",
                         help="use flash attention (faster prefill; replies after a restore may then differ "
@@ -147,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="smaller workload (for a smoke test)")
     bench.add_argument("--cpu", action="store_true",
                        help="only measure prefill speed with llama.cpp's weight repacking on and off")
+    bench.add_argument("--threads", action="store_true",
+                       help="only measure prefill and decode speed for each CPU thread count")
     bench.add_argument("--serve", action="store_true",
                        help="only the API server comparison: TTFT for a resent 2,000-token history after a "
                             "restart, branchwise serve vs python -m llama_cpp.server")
@@ -202,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
                 return EXIT_ERROR
             data_dir = getattr(args, "data_dir", None) or args.gui_data_dir
             return run(data_dir, args.gui_model, screenshot=args.screenshot)
+        if args.command == "bench" and args.threads:
+            from app.bench_threads import run_threads_bench
+
+            return run_threads_bench(as_json=args.json)
         if args.command == "bench" and args.cpu:
             from app.bench_cpu import run_cpu_bench
 

@@ -61,13 +61,26 @@ def run_supervised(argv: list[str], data_dir: Path, repack_setting: str) -> int:
         repack_setting: the ``--repack`` value, to tell whether repacking was on.
 
     Returns:
-        The child's exit code, or 70 after a crash (with one line on stderr).
+        The child's exit code, 70 after a crash, or 130 when a second Ctrl+C ended the
+        child (with one line on stderr).
     """
     env = dict(os.environ, **{CHILD_ENV: str(os.getpid())})
     started = time.time()
-    # Ctrl+C reaches the child (same process group); the parent only waits for it.
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     proc = subprocess.Popen(child_command(argv), env=env)
+    interrupts, killed = 0, False
+
+    def interrupt(_signum, _frame):
+        # The first Ctrl+C reaches the child too (same process group): it stops between two
+        # prefill batches or tokens and saves what it has. A second one ends it at once.
+        nonlocal interrupts, killed
+        interrupts += 1
+        if interrupts == 1:
+            print("branchwise: stopping… (press Ctrl+C again to end the engine at once)", file=sys.stderr)
+        elif proc.poll() is None:
+            killed = True
+            proc.kill()
+
+    previous = signal.signal(signal.SIGINT, interrupt)
 
     def forward(signum, _frame):  # `kill PID` of branchwise ends the child the same way
         with contextlib.suppress(OSError):
@@ -79,11 +92,24 @@ def run_supervised(argv: list[str], data_dir: Path, repack_setting: str) -> int:
     finally:
         signal.signal(signal.SIGINT, previous)
         signal.signal(signal.SIGTERM, previous_term)
+    if killed:
+        print(ended_message(data_dir, started), file=sys.stderr)
+        from app.cli.commands import EXIT_INTERRUPTED
+
+        return EXIT_INTERRUPTED
     what = crash_description(returncode)
     if what is None:
         return returncode
     print(crash_message(what, data_dir, repack_setting, started), file=sys.stderr)
     return EXIT_CRASHED
+
+
+def ended_message(data_dir: Path, started: float) -> str:
+    """The line printed after a second Ctrl+C ended the engine."""
+    kept = _unanswered_message(data_dir, started)
+    saved = (f" Your message was saved (message {kept}); answer it with 'branchwise regenerate {kept}'."
+             if kept is not None else "")
+    return f"branchwise: ended the engine at the second Ctrl+C; the reply in progress was not saved.{saved}"
 
 
 def crash_message(what: str, data_dir: Path, repack_setting: str, started: float) -> str:

@@ -44,6 +44,19 @@ def suggested_context_size(prompt_tokens: int, n_ctx: int, max_tokens: int, trai
     return size
 
 
+def is_empty_reply(message) -> bool:
+    """True for an assistant reply with no text that was stopped or failed (Esc before its
+    first token): the transcript shows it as stopped, with Retry."""
+    return message.role == "assistant" and not message.content and message.status in (
+        ReplyState.STOPPED, ReplyState.ERROR)
+
+
+def _prompt_ids(messages: list[ChatMessage], path) -> list[int | None]:
+    """The message id of each of ``messages`` (``conversation_messages`` of ``path``)."""
+    turns = [m.id for m in path if m.role in ("user", "assistant")]
+    return [None] * (len(messages) - len(turns)) + turns
+
+
 class ConversationSession:
     """The rules of one data folder's conversations, on a ``storage.chats.ChatStore``.
 
@@ -70,6 +83,24 @@ class ConversationSession:
         conv = self.chats.get_conversation(m.conversation_id)
         path = self.chats.path_to(m.parent_id) if m.parent_id is not None else []
         return conversation_messages(conv.system_prompt, path)
+    def prompt_for_send(self, conversation_id: int | None, text: str,
+                        system_prompt: str = "") -> tuple[list[ChatMessage], list[int | None]]:
+        """The engine's messages for sending ``text`` under the active leaf of
+        ``conversation_id`` (None: a new chat with ``system_prompt``), before it is stored;
+        and the message id of each (None for the system prompt and the new message)."""
+        path = self.chats.active_path(conversation_id) if conversation_id is not None else []
+        if conversation_id is not None:
+            system_prompt = self.chats.get_conversation(conversation_id).system_prompt
+        messages = conversation_messages(system_prompt, path) + [ChatMessage("user", text)]
+        return messages, _prompt_ids(messages[:-1], path) + [None]
+
+    def prompt_with_ids(self, user_message_id: int) -> tuple[list[ChatMessage], list[int | None]]:
+        """``prompt(user_message_id)`` and the message id of each (None: the system prompt)."""
+        m = self.chats.get_message(user_message_id)
+        conv = self.chats.get_conversation(m.conversation_id)
+        path = self.chats.path_to(user_message_id)
+        messages = conversation_messages(conv.system_prompt, path)
+        return messages, _prompt_ids(messages, path)
 
     def active_prompt(self, conversation_id: int) -> list[ChatMessage]:
         """The engine's messages for the active path of ``conversation_id`` (for a token count)."""
@@ -95,12 +126,25 @@ class ConversationSession:
             positions[m.id] = (next(i for i, s in enumerate(sibs) if s.id == m.id) + 1, len(sibs))
         return positions
 
-    def unanswered(self, conversation_id: int) -> int | None:
+    def unanswered(self, conversation_id: int, path: list | None = None) -> int | None:
         """The id of the active leaf when it is a user message with no reply (a turn that
-        failed, e.g. the engine crashed), else None. ``retry`` answers it in place."""
-        path = self.chats.active_path(conversation_id)
+        failed, e.g. the engine crashed), else None. ``retry`` answers it in place.
+        ``path``: the active path when the caller has read it already (not read again)."""
+        path = self.chats.active_path(conversation_id) if path is None else path
         if path and path[-1].role == "user" and not self.chats.children(path[-1].id, conversation_id):
             return path[-1].id
+        return None
+
+    def unanswered_leaf(self, conversation_id: int):
+        """The user message the active branch ends on without an answer, or None: the leaf
+        itself when it is a user message, or the parent of a leaf that is an empty reply
+        stopped or failed before its first token. Sending under it would put two questions
+        in a row, so the window asks first (answer it, or replace it)."""
+        path = self.chats.active_path(conversation_id)
+        if path and path[-1].role == "user":
+            return path[-1]
+        if len(path) >= 2 and is_empty_reply(path[-1]) and path[-2].role == "user":
+            return path[-2]
         return None
 
     def coverage_paths(self, conversation_id: int, limit: int = 300) -> tuple[list[int], list[list[ChatMessage]]]:
@@ -121,11 +165,17 @@ class ConversationSession:
 
     # -- changing the tree ---------------------------------------------------------------
 
-    def send(self, conversation_id: int | None, text: str, parent_id: int | None = None):
+    def send(self, conversation_id: int | None, text: str, parent_id: int | None = None,
+             new_chat: tuple[str, dict] | None = None):
         """Store ``text`` as a user message under ``parent_id`` (default: the active leaf) of
-        ``conversation_id`` (None: a new conversation). Returns the user Message."""
+        ``conversation_id`` (None: a new conversation, with ``new_chat``'s system prompt and
+        sampling when given). Returns the user Message.
+
+        Raises:
+            ValueError: ``new_chat``'s sampling has an unknown key (nothing is written)."""
         if conversation_id is None:
-            conversation_id = self.chats.create_conversation().id
+            prompt, sampling = new_chat or ("", None)
+            conversation_id = self.chats.create_conversation(system_prompt=prompt, sampling=sampling).id
         if parent_id is None:
             parent_id = self.chats.get_conversation(conversation_id).active_leaf_id
         return self.chats.add_message(conversation_id, parent_id, "user", text)
@@ -155,6 +205,17 @@ class ConversationSession:
         if m.role == "user":
             return m.id
         raise ValueError(f"Message {m.id} is a {m.role} message; regenerate takes an assistant reply.")
+
+    def retry(self, message_id: int) -> int:
+        """``regenerate_target`` for a Retry: when ``message_id`` is an empty reply stopped
+        or failed before its first token (and nothing hangs under it), it is deleted first,
+        so the new reply takes its place instead of becoming its sibling. Returns the id of
+        the user message to answer."""
+        target = self.regenerate_target(message_id)
+        m = self.chats.get_message(message_id)
+        if is_empty_reply(m) and not self.chats.children(m.id, m.conversation_id):
+            self.chats.delete_subtree(m.id)
+        return target
 
     def fork(self, message_id: int):
         """Copy the path to ``message_id`` into a new conversation (its KV is shared through
@@ -191,10 +252,12 @@ class ConversationSession:
         return Overflow(user_message_id, prompt_tokens, n_ctx,
                         suggested_context_size(prompt_tokens, n_ctx, max_tokens, trained))
 
-    def branch_dropping_oldest(self, user_message_id: int, n_ctx: int) -> int | None:
+    def branch_dropping_oldest(self, user_message_id: int, n_ctx: int,
+                               costs: dict[int, int] | None = None) -> int | None:
         """"Continue on a new branch": copy the newest turns of the path to ``user_message_id``
-        into a new root branch that fits about ``BRANCH_FILL`` of ``n_ctx`` (token counts of
-        messages without saved ids are estimated), starting at a user message. Returns the
+        into a new root branch that fits about ``BRANCH_FILL`` of ``n_ctx``, starting at a user
+        message. ``costs`` (message id -> tokens, as the engine counted them) gives each
+        message's size; without it, saved ids are counted and other text is estimated. Returns the
         copy of ``user_message_id`` (to be answered), or None when the newest message alone
         does not fit (nothing is written then)."""
         path = [m for m in self.chats.path_to(user_message_id) if m.role != "system"]
@@ -202,8 +265,11 @@ class ConversationSession:
         kept: list = []
         used = 0
         for m in reversed(path):
-            cost = (len(m.token_ids) if m.token_ids is not None else int(len(m.content) * TOKENS_PER_CHAR))
-            cost += TEMPLATE_TOKENS
+            if costs and m.id in costs:
+                cost = costs[m.id]
+            else:
+                cost = (len(m.token_ids) if m.token_ids is not None else int(len(m.content) * TOKENS_PER_CHAR))
+                cost += TEMPLATE_TOKENS
             if kept and used + cost > budget:
                 break
             kept.insert(0, m)

@@ -3,8 +3,9 @@
 A reply's life (``ReplyState``, the ``status`` column of ``chats.sqlite3``)::
 
     (nothing stored) --first text--> STREAMING --done--> COMPLETE | STOPPED (cancelled)
-                                          |
-                                          +--stop / quit / engine died--> STOPPED | ERROR
+           |                              |
+           |                              +--stop / quit / engine died--> STOPPED | ERROR
+           +--done before any text--> COMPLETE | STOPPED (an empty reply: Esc before the first token)
 
 The row is created at the first piece of text (status STREAMING) and its text rewritten
 at most every ``save_every_s`` seconds, so a crash or a kill loses at most that much
@@ -85,18 +86,18 @@ class ReplyRecorder:
 
     def complete(self, text: str, token_ids: list[int] | None, stats: dict) -> int | None:
         """The engine finished: store the final text, token ids and stats. The status is
-        STOPPED when ``stats["finish_reason"]`` is "cancelled", else COMPLETE. A cancelled
-        reply with no text stores nothing (returns None); otherwise returns the message id."""
+        STOPPED when ``stats["finish_reason"]`` is "cancelled", else COMPLETE. A reply
+        cancelled before its first token is stored too, empty and STOPPED (with its stats),
+        so the transcript shows that it was stopped and offers Retry. Returns the message id."""
         if self.finished:
             return self.message_id
         cancelled = stats.get("finish_reason") == FinishReason.CANCELLED
         state = ReplyState.STOPPED if cancelled else ReplyState.COMPLETE
         self.stats = dict(stats)
-        if self.message_id is None:
-            if text or state == ReplyState.COMPLETE:
-                self.message_id = self.chats.add_message(
-                    self.conversation_id, self.parent_id, "assistant", text, token_ids=token_ids,
-                    stats=self.stats, status=state, model=self.model).id
+        if self.message_id is None:  # no text had streamed (or it was not saved yet)
+            self.message_id = self.chats.add_message(
+                self.conversation_id, self.parent_id, "assistant", text, token_ids=token_ids,
+                stats=self.stats, status=state, model=self.model).id
         else:
             self.chats.update_message(self.message_id, content=text, token_ids=token_ids,
                                       stats=self.stats, status=state)

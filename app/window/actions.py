@@ -34,6 +34,8 @@ ACTIONS = {
         ("edit_last", "Edit last message", "Ctrl+E", False),
         ("stop_reply", "Stop reply", None, False),
         ("fork_last", "Fork to new chat", None, False),
+        SEPARATOR,
+        ("copy_conversation_markdown", "Copy conversation as Markdown", "Ctrl+Shift+C", False),
     ],
     "&Server": [
         ("start_api_server", "Start API server", None, False),

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from engine.settings import EngineSettings
+from storage.chats import checked_sampling
 from storage.prefix_store import DEFAULT_BUDGET_BYTES
 
 log = logging.getLogger(__name__)
@@ -19,13 +20,45 @@ log = logging.getLogger(__name__)
 SETTINGS_FILE = "settings.json"
 MAX_RECENT_MODELS = 8
 _ENGINE = EngineSettings()  # the engine's defaults, defined once in engine/settings.py
+ENGINE_FIELDS = ("n_ctx", "n_threads", "type_k", "type_v", "repack")
+"""The settings that decide how a model is loaded (a change reloads it)."""
+
+
+def _valid_value(name: str, value) -> bool:
+    """The checks beyond the type: new chats' sampling as ``storage.chats`` accepts it,
+    presets as text."""
+    if name == "default_sampling":
+        try:
+            checked_sampling(value)
+        except (ValueError, TypeError):
+            return False
+        return all(not isinstance(v, bool) and (isinstance(v, (int, float)) or (k == "seed" and v is None))
+                   and (k != "seed" or not isinstance(v, float)) for k, v in value.items())
+    if name == "prompt_presets":
+        return all(isinstance(v, str) for v in value.values())
+    return True
+
+
+def _same_kind(value, default) -> bool:
+    """Whether a value read from the file has the default's type (None: any; int for float)."""
+    if default is None:
+        return value is None or isinstance(value, str)
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float))
+    if isinstance(default, list):
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if isinstance(default, dict):
+        return isinstance(value, dict) and all(isinstance(k, str) for k in value)
+    return isinstance(value, type(default))
 
 
 @dataclass
 class AppSettings:
     """What the window remembers between runs.
 
-    n_ctx: context window (tokens). n_threads: CPU threads (0 = all cores).
+    n_ctx: context window (tokens). n_threads: CPU threads (0 = automatic, see EngineSettings).
     type_k / type_v: KV cache precision ("f16" or "q8_0").
     repack: llama.cpp's CPU weight repacking ("auto", "on", "off"; see EngineSettings.repack).
         The window sets it to "off" when the engine crashed natively while loading or before
@@ -40,6 +73,11 @@ class AppSettings:
     engine_url / engine_key / engine_model: "" runs the local model file; a URL sends every
         reply to that OpenAI-compatible server (``engine.remote``), with the key and model
         name when given. The conversations stay local.
+    default_system_prompt / default_sampling: what a new chat starts with (sampling: some or
+        all ``storage.chats.DEFAULT_SAMPLING`` keys, overriding those defaults).
+    prompt_presets: named system prompts (name -> text), offered in Settings.
+    reset_fields: after ``load``, the fields the file held with an invalid value, now at
+        their defaults (not saved; the window names them).
     prewarm: zero-wait turns (app/window/prewarm_controller.py): restore an opened chat and
         prefill the composer's draft in the background. Off: the engine idles between turns.
     """
@@ -60,17 +98,26 @@ class AppSettings:
     engine_url: str = ""
     engine_key: str = ""
     engine_model: str = ""
+    default_system_prompt: str = ""
+    default_sampling: dict = field(default_factory=dict)
+    prompt_presets: dict = field(default_factory=dict)
+    reset_fields: list[str] = field(default_factory=list)
     prewarm: bool = True
 
     def engine_settings(self) -> EngineSettings:
-        """The EngineSettings these settings describe. Flash attention keeps its default (off,
-        see ``EngineSettings.flash_attn``).
+        """The EngineSettings these settings describe, built by the engine's own rule
+        (``EngineSettings.for_kv_type``: a q8_0 V cache turns flash attention on; f16 keeps
+        it off, see ``EngineSettings.flash_attn``).
 
         Raises:
-            ValueError: the values are invalid, e.g. a q8_0 V cache, which needs flash attention.
+            ValueError, TypeError: a value is invalid (an unknown KV type, a context under 256).
         """
-        return EngineSettings(n_ctx=self.n_ctx, n_threads=self.n_threads,
-                              type_k=self.type_k, type_v=self.type_v, repack=self.repack)
+        return EngineSettings.for_kv_type(self.type_v, type_k=self.type_k, n_ctx=self.n_ctx,
+                                          n_threads=self.n_threads, repack=self.repack)
+
+    def engine_fields(self) -> dict:
+        """The fields that decide how the model is loaded (``ENGINE_FIELDS``), as a dict."""
+        return {k: getattr(self, k) for k in ENGINE_FIELDS}
 
     def remote_engine(self) -> dict | None:
         """{"url", "key", "model"} of the remote engine, or None for the local model file."""
@@ -85,7 +132,9 @@ class AppSettings:
 
     @classmethod
     def load(cls, data_dir: Path) -> "AppSettings":
-        """Read the settings of ``data_dir``; a missing or unreadable file gives the defaults."""
+        """Read the settings of ``data_dir``; a missing or unreadable file gives the defaults.
+        A field with an invalid value is reset to its default and named in ``reset_fields``;
+        the other fields are kept."""
         path = Path(data_dir) / SETTINGS_FILE
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
@@ -94,21 +143,44 @@ class AppSettings:
         except (OSError, ValueError) as exc:
             log.warning("ignoring unreadable %s: %s", path, exc)
             return cls()
-        names = {f.name for f in fields(cls)}
-        settings = cls(**{k: v for k, v in raw.items() if k in names})
-        try:
-            settings.engine_settings()
-        except (ValueError, TypeError) as exc:
-            log.warning("invalid engine settings in %s (%s); using defaults", path, exc)
-            defaults = cls()
-            settings.n_ctx, settings.n_threads = defaults.n_ctx, defaults.n_threads
-            settings.type_k, settings.type_v = defaults.type_k, defaults.type_v
-            settings.repack = defaults.repack
+        if not isinstance(raw, dict):
+            log.warning("ignoring %s: it holds no settings object", path)
+            return cls()
+        settings, settings.reset_fields = cls._valid_fields(raw)
+        if settings.reset_fields:
+            log.warning("%s: reset to the default: %s", path, ", ".join(settings.reset_fields))
         return settings
+
+    @classmethod
+    def _valid_fields(cls, raw: dict) -> tuple["AppSettings", list[str]]:
+        """Settings from ``raw`` keeping every valid field; the names of the fields that were
+        invalid (and are left at their defaults). A field is valid when its type matches the
+        default's and, for the engine's fields, EngineSettings accepts it with the others."""
+        settings, reset = cls(), []
+        for f in fields(cls):
+            if f.name not in raw or f.name == "reset_fields":
+                continue
+            value, default = raw[f.name], getattr(settings, f.name)
+            if not _same_kind(value, default):
+                reset.append(f.name)
+                continue
+            setattr(settings, f.name, type(default)(value) if isinstance(value, (list, dict)) else value)
+            if not _valid_value(f.name, value):
+                setattr(settings, f.name, default)
+                reset.append(f.name)
+                continue
+            if f.name in ENGINE_FIELDS:
+                try:
+                    settings.engine_settings()
+                except (ValueError, TypeError):
+                    setattr(settings, f.name, default)
+                    reset.append(f.name)
+        return settings, reset
 
     def save(self, data_dir: Path) -> None:
         """Write atomically (temp file + rename). Raises OSError if the folder is not writable."""
         path = Path(data_dir) / SETTINGS_FILE
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2), encoding="utf-8")
+        data = {k: v for k, v in asdict(self).items() if k != "reset_fields"}
+        tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
         os.replace(tmp, path)

@@ -39,6 +39,7 @@ class Banner(QFrame):
         close.setText("✕")
         close.setAutoRaise(True)
         close.setToolTip("Dismiss")
+        close.setAccessibleName("Dismiss this message")
         close.clicked.connect(self.hide)
         self._close = close
         self._lay.addWidget(close)

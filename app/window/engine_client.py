@@ -25,6 +25,14 @@ from engine.worker import EngineProcess
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 5.0
+STOP_HINT_S = 3.0
+"""After this long without an answer to Stop the window offers to end the engine at once."""
+STOP_WATCHDOG_S = 30.0
+"""After this long without an answer to Stop the window ends the engine process and starts
+a new one. The engine checks for Stop between prefill batches and between tokens, so a
+healthy engine answers within one prefill batch: a cold prefill of 2,050 tokens (four
+512-token batches) took 9.6 s on this project's quiet 2-core machine, and single 512-token
+batches at 0-4,096 tokens of context took 3.1-22.5 s with four other jobs running on it."""
 
 
 class PendingRequest(QObject):
@@ -70,12 +78,15 @@ class PendingRequest(QObject):
 
 class EngineExit:
     """How the engine process ended: ``exitcode`` as ``multiprocessing`` reports it (negative:
-    killed by that signal on POSIX; on Windows the process's exit status, e.g. 0xC0000005)."""
+    killed by that signal on POSIX; on Windows the process's exit status, e.g. 0xC0000005).
+    ``unresponsive``: the window ended it because it did not answer (``kill_unresponsive``)."""
 
-    def __init__(self, exitcode: int | None, during_load: bool, during_first_reply: bool):
+    def __init__(self, exitcode: int | None, during_load: bool, during_first_reply: bool,
+                 unresponsive: bool = False):
         self.exitcode = exitcode
         self.during_load = during_load
         self.during_first_reply = during_first_reply
+        self.unresponsive = unresponsive
 
 
 class EngineClient(QObject):
@@ -108,6 +119,7 @@ class EngineClient(QObject):
         self._stopping = threading.Event()
         self._ids = itertools.count(1)
         self._dead_reported = False
+        self._unresponsive = False
         self._pending: dict[int, PendingRequest] = {}
         self._loading = False
         self._replies_done = 0  # replies finished by this process (a crash before the first one is telling)
@@ -120,6 +132,7 @@ class EngineClient(QObject):
         self.stop()
         self._stopping.clear()
         self._dead_reported = False
+        self._unresponsive = False
         self._replies_done = 0
         self._proc = EngineProcess(self.data_dir, self.log_file)
         self._proc.start()
@@ -135,6 +148,15 @@ class EngineClient(QObject):
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
+
+    def kill_unresponsive(self) -> None:
+        """End an engine process that stopped answering (the watchdog behind Stop): it is
+        killed at once, and ``died`` fires with ``EngineExit.unresponsive`` set."""
+        if self._proc is None:
+            return
+        log.warning("engine process %s did not answer; killing it", self._proc.pid)
+        self._unresponsive = True
+        self._proc.kill()  # the reader then sees end-of-file and reports the death
 
     def stop(self, cancel: PendingRequest | None = None) -> None:
         """Ask the engine to finish (cancelling ``cancel`` first) and wait for it to exit.
@@ -208,9 +230,10 @@ class EngineClient(QObject):
         """Stop a reply; it still ends with ``done`` (finish_reason "cancelled")."""
         self._send(ev.CancelRequest(handle.id))
 
-    def count(self, messages: list[ChatMessage]) -> PendingRequest | None:
-        """How many tokens ``messages`` take as a prompt: ``done(CountEvent)``."""
-        return self._track(lambda rid: ev.CountRequest(rid, list(messages)))
+    def count(self, messages: list[ChatMessage], per_message: bool = False) -> PendingRequest | None:
+        """How many tokens ``messages`` take as a prompt: ``done(CountEvent)``; with
+        ``per_message``, each message's too (``CountEvent.message_tokens``)."""
+        return self._track(lambda rid: ev.CountRequest(rid, list(messages), per_message))
 
     def coverage(self, paths: list[list[ChatMessage]]) -> PendingRequest | None:
         """How many tokens of each path's prompt the prefix store holds: ``done(CoverageEvent)``."""
@@ -264,7 +287,8 @@ class EngineClient(QObject):
             self._reader = None
         generating = any(h.is_reply for h in self._pending.values())
         exit_info = EngineExit(code, during_load=self._loading,
-                               during_first_reply=generating and self._replies_done == 0)
+                               during_first_reply=generating and self._replies_done == 0,
+                               unresponsive=self._unresponsive)
         self._drop_pending()
         self._loading = False
         log.warning("engine process ended, exit code %s", code)

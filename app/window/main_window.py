@@ -21,6 +21,7 @@ from PySide6.QtWidgets import QApplication, QMainWindow, QSplitter, QVBoxLayout,
 
 from app.session import ReplyState
 from app.window import theme
+from app.window.a11y import name_controls
 from app.window.actions import build_menus
 from app.window.app_settings import AppSettings
 from app.window.banner import Banner
@@ -28,10 +29,12 @@ from app.window.composer import Composer
 from app.window.forget_flow import ForgetFlow
 from app.window.import_dialog import ImportController, ImportDropMixin
 from app.window.link_dialog import LinkConfirmMixin
+from app.window.message_actions import MessageActionsMixin
 from app.window.model_controller import ModelController
 from app.window.prewarm_controller import PrewarmController
 from app.window.server_controller import ServerActionsMixin, ServerController
-from app.window.settings_dialog import SettingsDialog
+from app.window.overflow_flow import OverflowFlow
+from app.window.settings_flow import SettingsFlow
 from app.window.sidebar import FORGET_NOTE, Sidebar
 from app.window.status_bar import StatusBar
 from app.window.transcript import TranscriptView
@@ -44,7 +47,7 @@ from storage.paths import CHATS_DB
 log = logging.getLogger(__name__)
 
 
-class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, QMainWindow):
+class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageActionsMixin, QMainWindow):
     """The Branchwise window on ``data_dir``.
 
     Args:
@@ -79,6 +82,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, QMainWin
         self.colors = theme.apply(QApplication.instance(), self.settings.theme)
         self.closed = False
         self.overflow_box = None
+        self.unanswered_box = None  # "Your last message has no reply" while it is shown
         self.link_dialog = None  # the "Open link?" dialog while it is shown
         self.settings_dialog = None
         self._undo_text = ""  # the banner text that offers to undo a delete
@@ -91,6 +95,8 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, QMainWin
         self.api_server = ServerController(self)
         self.forget_flow = ForgetFlow(self)
         self.prewarm = PrewarmController(self)
+        self.settings_flow = SettingsFlow(self)
+        self.overflow_flow = OverflowFlow(self)
         self._connect()
         self.menu_actions = build_menus(self)
         self.menu_actions["toggle_tree"].setChecked(self.settings.show_tree)
@@ -104,6 +110,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, QMainWin
             self.banner.show_message(
                 f"{interrupted} reply{'s were' if interrupted > 1 else ' was'} cut short when Branchwise "
                 "last closed; the partial text is kept and marked as stopped.", "info")
+        self.settings_flow.report_reset_fields()
         if start_engine:
             QTimer.singleShot(0, self.start_engine)
 
@@ -132,10 +139,12 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, QMainWin
         split.setChildrenCollapsible(False)
         self.splitter = split
         self.setCentralWidget(split)
+        name_controls(self)  # the composer's box and button, and what has no name of its own
 
     def _connect(self) -> None:
         chat, model = self.chat, self.model
         self.sidebar.selected.connect(self.show_conversation)
+        self.sidebar.hit_opened.connect(self.open_search_hit)
         self.sidebar.new_chat.connect(self.new_chat)
         self.sidebar.deleted.connect(self._conversation_deleted)
         self.sidebar.restored.connect(self.show_conversation)
@@ -147,6 +156,8 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, QMainWin
         self.transcript.regenerate_requested.connect(self.regenerate)
         self.transcript.fork_requested.connect(self.fork)
         self.transcript.link_requested.connect(self.confirm_link)
+        self.transcript.delete_requested.connect(self.delete_message)
+        self.transcript.copy_conversation_requested.connect(self.copy_conversation_markdown)
         self.composer.send_requested.connect(self.send_message)
         self.composer.stop_requested.connect(chat.stop)
         self.tree.node_clicked.connect(chat.select)
@@ -323,9 +334,6 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, QMainWin
     def refresh_coverage(self) -> None:
         self.chat.refresh_coverage()
 
-    def overflow(self, user_message_id: int, prompt_tokens: int, n_ctx: int, message: str) -> None:
-        self.overflow_box = self.chat.overflow_dialog(user_message_id, prompt_tokens, n_ctx, message)
-
     def refresh_title(self) -> None:
         title = "Branchwise"
         if self.chat.conversation_id is not None:
@@ -367,34 +375,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, QMainWin
         self.chat.refresh_coverage()
 
     def open_settings(self) -> None:
-        cid = self.chat.conversation_id
-        conv = self.store.get_conversation(cid) if cid else None
-        dlg = SettingsDialog(conv, self.settings, self.data_dir, self.client, self)
-        self.settings_dialog = dlg
-        dlg.finished.connect(lambda result: self._settings_done(dlg, conv, result))
-        dlg.open()
-
-    def _settings_done(self, dlg: SettingsDialog, conv, result: int) -> None:
-        self.settings_dialog = None
-        if result != SettingsDialog.DialogCode.Accepted:
-            return
-        if conv is not None:
-            prompt, sampling = dlg.conversation_values()
-            self.store.set_system_prompt(conv.id, prompt)
-            self.store.set_sampling(conv.id, sampling)
-        values = dlg.app_values()
-        reload_needed = any(getattr(self.settings, k) != values[k] for k in ("n_ctx", "n_threads", "type_k", "type_v",
-                                                                      "engine_url", "engine_key", "engine_model"))
-        budget_changed = values["budget_bytes"] != self.settings.budget_bytes
-        for k, v in values.items():
-            setattr(self.settings, k, v)
-        self.save_settings()
-        if budget_changed and self.client.is_running():
-            from engine.events import CacheAction
-
-            self.client.cache(CacheAction.SET_BUDGET, values["budget_bytes"])
-        if reload_needed and not self.chat.streaming:
-            self.model.reload()
+        self.settings_flow.open()
 
     def set_theme(self, name: str) -> None:
         self.settings.theme = name

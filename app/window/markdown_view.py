@@ -27,6 +27,8 @@ Every message is hostile text (typed, pasted, or written by a model), so:
 
 from __future__ import annotations
 
+import functools
+
 import html
 from enum import StrEnum
 
@@ -96,6 +98,12 @@ def _lexer(info: str, code: str, guess: bool = True):
         return TextLexer()
 
 
+@functools.lru_cache(maxsize=8)
+def _formatter(style: str) -> HtmlFormatter:
+    """One Pygments formatter per style (building one takes milliseconds: its stylesheet)."""
+    return HtmlFormatter(noclasses=True, nowrap=True, style=style)
+
+
 def to_html(text: str, colors: Colors, streaming: bool = False) -> str:
     """Render ``text`` (Markdown) as Qt rich text, code highlighted in ``colors``' Pygments style.
 
@@ -104,7 +112,7 @@ def to_html(text: str, colors: Colors, streaming: bool = False) -> str:
     guessed at (it is re-rendered many times a second).
     """
     tokens = _md.parse(text)
-    formatter = HtmlFormatter(noclasses=True, nowrap=True, style=colors.pygments_style)
+    formatter = _formatter(colors.pygments_style)
     counter = {"n": 0}
 
     def fence(tokens, idx, options, env):
@@ -125,8 +133,9 @@ def to_html(text: str, colors: Colors, streaming: bool = False) -> str:
         )
 
     def table_open(tokens, idx, options, env):
-        return (f'<table border="1" cellspacing="0" cellpadding="6" '
-                f'style="border-collapse:collapse; border-color:{colors.border}; margin:4px 0px;">')
+        # the grid in the muted text colour: the border colour is too faint on a bubble
+        return (f'<table border="1" cellspacing="0" cellpadding="6" style="border-collapse:collapse; '
+                f'border-color:{colors.muted}; border-style:solid; margin:4px 0px;">')
 
     renderer = _md.renderer
     rules = renderer.rules
@@ -140,6 +149,7 @@ def to_html(text: str, colors: Colors, streaming: bool = False) -> str:
         rules["fence"], rules["code_block"], rules["table_open"] = saved
     return (
         f'<style>code {{ background-color:{colors.code_bg}; font-family:monospace; }}'
+        f" th {{ background-color:{colors.code_bg}; }}"
         f" a {{ color:{colors.accent}; }} p {{ margin-top:2px; margin-bottom:6px; }}</style>{body}"
     )
 

@@ -48,6 +48,7 @@ def facts_text(f: dict) -> str:
         f"File size: {human_bytes(int(f.get('size_bytes') or 0))}",
         f"Trained context: {int(f.get('context_length') or 0):,} tokens",
         f"Context in use: {int(f.get('n_ctx') or 0):,} tokens",
+        f"CPU threads: {int(f.get('n_threads') or 0)}",
         f"KV cache per token: {human_bytes(int(f.get('kv_bytes_per_token') or 0))}",
         f"Prefix store: {'on' if f.get('cache_policy') == 'full' else f.get('cache_policy')}",
     ])
@@ -72,7 +73,9 @@ class ModelController(QObject):
         self.facts: dict | None = None
         self.path: str | None = None  # the model asked for
         self.good_path: str | None = None  # the last model that loaded
+        self.good_engine: dict | None = None  # AppSettings.engine_fields() of the last model that loaded
         self.after_load = None  # called once when the next load succeeds
+        self._falling_back = False  # loading the previous model after a failed load
         self._explicit = explicit_model
         self.client.load_progress.connect(lambda done, total: window.status.loading(done, total))
         self.client.loaded.connect(self._loaded)
@@ -106,10 +109,12 @@ class ModelController(QObject):
         if remote is not None:
             self._load_remote(remote)
             return
+        s = self.window.settings
         try:
             p = str(check_gguf(path if path else default_model_path()))
-        except ModelLoadError as exc:
-            self._load_failed(str(exc))
+            engine = s.engine_settings()
+        except (ModelLoadError, ValueError) as exc:
+            self._refused(str(exc))
             return
         if not self.client.is_running():
             self.client.start()
@@ -117,8 +122,18 @@ class ModelController(QObject):
         self.state = ModelState.LOADING
         self.window.status.model_label.setText(f"Loading {Path(p).name}…")
         self.window.status.loading()
-        s = self.window.settings
-        self.client.load(p, s.engine_settings().to_dict(), s.budget_bytes)
+        self.client.load(p, engine.to_dict(), s.budget_bytes)
+
+    def _refused(self, message: str) -> None:
+        """A file or settings refused before the engine was asked: the model in use (if any)
+        stays loaded and in use."""
+        if self.state != ModelState.READY or self.facts is None:
+            self._load_failed(message)
+            return
+        name = Path(self.good_path).name if self.good_path else "The current model"
+        self.window.banner.show_message(f"{message} {name} is still loaded and in use.", "error",
+                                        [("Open model…", self.open_dialog)])
+        self.failed.emit(message)
 
     def _load_remote(self, remote: dict) -> None:
         if not self.client.is_running():
@@ -149,22 +164,27 @@ class ModelController(QObject):
             w.status.model_label.setToolTip(tooltip(f"Replies come from the server at {facts['remote']}"))
         else:
             self.good_path = facts.get("path") or self.path
+            self.good_engine = w.settings.engine_fields()
             w.settings.remember_model(self.good_path)
             w.save_settings()
             params = facts.get("parameters") or 0
             size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.0f}M"
             w.status.model_label.setText(f"{model_label(self.good_path, facts)} · {size}")
             w.status.model_label.setToolTip(tooltip(facts_text(facts)))
+        fell_back, self._falling_back = self._falling_back, False
         if facts.get("cache_policy", "full") != "full":
             w.banner.show_message(f"The prefix store is off for this model: {facts['cache_policy']}", "info")
-        elif w.banner.isVisible() and w.banner.kind == "error":
-            w.banner.hide()
+        elif w.banner.isVisible() and w.banner.kind == "error" and not fell_back:
+            w.banner.hide()  # after a fall-back it says why this model is back
         self.ready.emit(facts)
         after, self.after_load = self.after_load, None
         if after is not None:
             after()
 
     def _load_failed(self, message: str) -> None:
+        if self._fall_back(message):
+            return
+        self._falling_back = False
         self.state = ModelState.FAILED
         self.facts = None
         self.window.status.progress.hide()
@@ -180,11 +200,41 @@ class ModelController(QObject):
             actions.append(("Load previous model", lambda: self.load(self.good_path)))
         else:
             actions.append(("Load default model", lambda: self.load(None)))
-        self.window.banner.show_message(f"The model could not be loaded. {message}", "error", actions)
+        said = message if "could not be loaded" in message else f"The model could not be loaded. {message}"
+        self.window.banner.show_message(said, "error", actions)
         self.failed.emit(message)
+
+    def _fall_back(self, message: str) -> bool:
+        """After a failed load of a new model or with new settings: load the last model that
+        loaded, with the settings it loaded with, and say so. False when there is none (or
+        that was the load that failed)."""
+        w = self.window
+        if (self._falling_back or not self.good_path or self.good_engine is None
+                or w.settings.remote_engine() is not None
+                or (self.path == self.good_path and w.settings.engine_fields() == self.good_engine)):
+            return False
+        changed = [k for k, v in self.good_engine.items() if getattr(w.settings, k) != v]
+        for k, v in self.good_engine.items():
+            setattr(w.settings, k, v)
+        w.save_settings()
+        self._falling_back, self.facts, self.after_load = True, None, None
+        said = message.strip() if message.strip().endswith(".") else message.strip() + "."
+        if "could not be loaded" not in said:
+            said = f"{Path(self.path or '').name or 'The model'} could not be loaded: {said}"
+        if changed:
+            said = f"With the new settings ({', '.join(changed)}): {said}"
+        w.banner.show_message(
+            f"{said} Going back to {Path(self.good_path).name}{' with the settings that worked' if changed else ''}. "
+            f"Details: {self.log_file}", "error", [("Open model…", self.open_dialog), ("Settings…", w.open_settings)])
+        self.failed.emit(message)
+        self.load(self.good_path)
+        return True
 
     def _died(self, exit_info: EngineExit) -> None:
         w = self.window
+        if exit_info.unresponsive:
+            self._restart_unresponsive()
+            return
         report = describe_exit(exit_info.exitcode, self.log_file,
                                early=exit_info.during_load or exit_info.during_first_reply,
                                repack=w.settings.repack)
@@ -205,6 +255,21 @@ class ModelController(QObject):
             w.restart_engine()
 
         w.banner.show_message(report.message, "error", [("Restart engine", restart)])
+
+    def _restart_unresponsive(self) -> None:
+        """The watchdog behind Stop ended an engine that did not answer: say so, keep the
+        reply up to where it stopped, and start a new engine at once."""
+        w = self.window
+        log.warning("engine ended after Stop went unanswered")
+        self.state = ModelState.DEAD
+        self.facts = None
+        self.after_load = None
+        self.died.emit("The engine did not answer Stop.")  # the transcript saves the reply first
+        w.restart_engine()
+        w.banner.show_message(
+            "The engine did not answer Stop, so Branchwise ended it and is starting a new one (the model "
+            f"reloads). The reply was kept up to where it stopped. The details are in {self.log_file}.",
+            "info")
 
     def open_dialog(self) -> None:
         start = str(Path(self.good_path).parent) if self.good_path else str(Path.home())

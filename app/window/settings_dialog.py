@@ -5,30 +5,31 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import QUrl
+from dataclasses import replace
+
+from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
     QDialog,
     QDialogButtonBox,
-    QDoubleSpinBox,
     QFormLayout,
     QHBoxLayout,
     QLabel,
     QLineEdit,
-    QPlainTextEdit,
     QPushButton,
-    QSpinBox,
     QTabWidget,
     QVBoxLayout,
     QWidget,
 )
 
-from app.window.app_settings import AppSettings
+from app.window.app_settings import ENGINE_FIELDS, AppSettings
+from app.window.chat_settings_form import ChatSettingsForm, spin
 from app.window.engine_client import EngineClient
 from engine.events import CacheAction, CacheEvent
-from storage.chats import DEFAULT_SAMPLING, Conversation
+from engine.machine import default_threads, physical_cores
+from storage.chats import Conversation
 
 MB = 1024 * 1024
 
@@ -45,12 +46,16 @@ def human_bytes(n: int) -> str:
 class SettingsDialog(QDialog):
     """Read ``conversation_values()`` and ``app_values()`` after ``exec()`` returns Accepted.
 
-    ``conversation`` None hides the per-conversation tab.
+    ``conversation`` None: the first tab is the new chat's, shown with ``new_chat`` (system
+    prompt, sampling) or, without it, the defaults for new chats. OK stays on the dialog,
+    with the reason in red, while the App values cannot be used (``problem``).
     """
 
     def __init__(self, conversation: Conversation | None, settings: AppSettings, data_dir: Path,
-                 client: EngineClient | None, parent: QWidget | None = None):
+                 client: EngineClient | None, parent: QWidget | None = None,
+                 new_chat: tuple[str, dict] | None = None):
         super().__init__(parent)
+        self._settings = settings
         self.setWindowTitle("Settings")
         self.setMinimumWidth(520)
         self.client = client
@@ -59,44 +64,46 @@ class SettingsDialog(QDialog):
         tabs = QTabWidget()
         self.tabs = tabs
 
-        # -- this conversation
-        self.system_prompt = QPlainTextEdit()
-        self.system_prompt.setPlaceholderText("Optional instructions sent before every turn of this chat")
-        s = dict(DEFAULT_SAMPLING)
+        # -- this conversation (or the new chat, before its first message) and new chats' defaults
+        self.presets: dict[str, str] = dict(settings.prompt_presets)
         if conversation is not None:
-            self.system_prompt.setPlainText(conversation.system_prompt)
-            s.update(conversation.sampling)
-        self.temperature = self._dspin(0, 2, 0.05, s["temperature"])
-        self.top_p = self._dspin(0, 1, 0.01, s["top_p"])
-        self.top_k = self._spin(0, 1000, s["top_k"])
-        self.min_p = self._dspin(0, 1, 0.01, s["min_p"])
-        self.repeat_penalty = self._dspin(0.5, 2, 0.01, s["repeat_penalty"])
-        self.seed = QLineEdit("" if s["seed"] is None else str(s["seed"]))
-        self.seed.setPlaceholderText("random")
-        self.max_tokens = self._spin(1, 131072, s["max_tokens"])
-        conv_tab = QWidget()
-        form = QFormLayout(conv_tab)
-        form.addRow("System prompt", self.system_prompt)
-        form.addRow("Temperature", self.temperature)
-        form.addRow("Top p", self.top_p)
-        form.addRow("Top k (0: off)", self.top_k)
-        form.addRow("Min p", self.min_p)
-        form.addRow("Repeat penalty", self.repeat_penalty)
-        form.addRow("Seed", self.seed)
-        form.addRow("Max tokens per reply", self.max_tokens)
-        if conversation is not None:
-            tabs.addTab(conv_tab, "This chat")
+            prompt, sampling = conversation.system_prompt, conversation.sampling
+        else:
+            prompt, sampling = new_chat or (settings.default_system_prompt, settings.default_sampling)
+        self.chat_form = ChatSettingsForm(prompt, sampling, self.presets,
+                                          "Optional instructions sent before every turn of this chat")
+        self.defaults_form = ChatSettingsForm(settings.default_system_prompt, settings.default_sampling,
+                                              self.presets, "Instructions every new chat starts with")
+        defaults_note = QLabel("Every new chat starts with these; change one chat in “This chat”.")
+        defaults_note.setWordWrap(True)
+        self.defaults_form.form.insertRow(0, defaults_note)
+        for a, b in ((self.chat_form, self.defaults_form), (self.defaults_form, self.chat_form)):
+            a.presets_changed.connect(a.fill_presets)
+            a.presets_changed.connect(b.fill_presets)
+        for name in ("system_prompt", "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed",
+                     "max_tokens"):
+            setattr(self, name, getattr(self.chat_form, name))
+        if conversation is None:
+            new_note = QLabel("A new chat: these apply from its first message.")
+            new_note.setWordWrap(True)
+            self.chat_form.form.insertRow(0, new_note)
+        self._chat_shown = self.chat_form.values()
+        tabs.addTab(self.chat_form, "This chat" if conversation is not None else "New chat")
+        tabs.addTab(self.defaults_form, "New chats")
 
         # -- the app
-        self.n_ctx = self._spin(256, 262144, settings.n_ctx)
+        self.n_ctx = spin(256, 262144, settings.n_ctx)
         self.n_ctx.setSingleStep(1024)
-        self.threads = self._spin(0, 256, settings.n_threads)
-        self.threads.setSpecialValueText("all cores")
+        self.threads = spin(0, 256, settings.n_threads)
+        auto = default_threads()
+        self.threads.setSpecialValueText(f"automatic ({auto} of {physical_cores()} cores)")
+        self.threads.setToolTip("Automatic: one thread per physical core, less one, so llama.cpp's threads "
+                                "do not wait on each other when the machine is busy.")
         self.kv = QComboBox()
         self.kv.addItem("f16 (exact)", ("f16", "f16"))
         self.kv.addItem("q8_0 (half the memory)", ("q8_0", "q8_0"))
         self.kv.setCurrentIndex(1 if settings.type_k == "q8_0" else 0)
-        self.budget = self._spin(64, 1024 * 1024, settings.budget_bytes // MB)
+        self.budget = spin(64, 1024 * 1024, settings.budget_bytes // MB)
         self.budget.setSuffix(" MB")
         self.budget.setSingleStep(256)
         self.cache_use = QLabel("…")
@@ -152,7 +159,7 @@ class SettingsDialog(QDialog):
         # -- the API server (Server → Start API server)
         self.api_host = QLineEdit(settings.api_host)
         self.api_host.setPlaceholderText("127.0.0.1")
-        self.api_port = self._spin(1, 65535, settings.api_port if 0 < int(settings.api_port) < 65536 else 8080)
+        self.api_port = spin(1, 65535, settings.api_port if 0 < int(settings.api_port) < 65536 else 8080)
         self.api_key = QLineEdit(settings.api_key)
         self.api_key.setEchoMode(QLineEdit.EchoMode.Password)
         self.api_key.setPlaceholderText("none (allowed on 127.0.0.1 only)")
@@ -168,30 +175,20 @@ class SettingsDialog(QDialog):
         form3.addRow(api_note)
         tabs.addTab(api_tab, "API server")
 
+        self.error = QLabel()
+        self.error.setWordWrap(True)
+        self.error.setTextFormat(Qt.TextFormat.PlainText)
+        self.error.setStyleSheet("color: #c0392b;")
+        self.error.hide()
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         lay = QVBoxLayout(self)
         lay.addWidget(tabs)
+        lay.addWidget(self.error)
         lay.addWidget(buttons)
         if client is not None:
             self._request(CacheAction.STATS)
-
-    @staticmethod
-    def _spin(lo: int, hi: int, value: int) -> QSpinBox:
-        w = QSpinBox()
-        w.setRange(lo, hi)
-        w.setValue(int(value))
-        return w
-
-    @staticmethod
-    def _dspin(lo: float, hi: float, step: float, value: float) -> QDoubleSpinBox:
-        w = QDoubleSpinBox()
-        w.setRange(lo, hi)
-        w.setDecimals(2)
-        w.setSingleStep(step)
-        w.setValue(float(value))
-        return w
 
     def _request(self, action: CacheAction) -> None:
         if self.client is not None and self.client.is_running():
@@ -229,27 +226,40 @@ class SettingsDialog(QDialog):
             w.setEnabled(remote)
 
     def conversation_values(self) -> tuple[str, dict]:
-        """(system prompt, sampling dict) as entered."""
-        seed_text = self.seed.text().strip()
+        """(system prompt, sampling dict) as entered for this chat (or the new chat)."""
+        return self.chat_form.values()
+
+    def chat_changed(self) -> bool:
+        """Whether the first tab's values differ from what it showed when opened."""
+        return self.chat_form.values() != self._chat_shown
+
+    def accept(self) -> None:  # noqa: D102 - validate before anything changes
+        problem = self.problem()
+        if problem:
+            self.error.setText(problem)
+            self.error.show()
+            return
+        super().accept()
+
+    def problem(self) -> str:
+        """Why the App values cannot be used ("" when they can): checked by the engine's own
+        rule (``AppSettings.engine_settings``) before anything is saved or reloaded."""
         try:
-            seed = int(seed_text) if seed_text else None
-        except ValueError:
-            seed = None
-        return self.system_prompt.toPlainText().strip(), {
-            "temperature": round(self.temperature.value(), 2),
-            "top_p": round(self.top_p.value(), 2),
-            "top_k": self.top_k.value(),
-            "min_p": round(self.min_p.value(), 2),
-            "repeat_penalty": round(self.repeat_penalty.value(), 2),
-            "seed": seed,
-            "max_tokens": self.max_tokens.value(),
-        }
+            replace(self._settings, **{k: v for k, v in self.app_values().items()
+                                       if k in ENGINE_FIELDS}).engine_settings()
+        except (ValueError, TypeError) as exc:
+            return f"These settings cannot be used: {exc}. Nothing was changed."
+        return ""
 
     def app_values(self) -> dict:
         """n_ctx, n_threads, type_k, type_v, budget_bytes, api_host, api_port, api_key,
-        engine_url, engine_key, engine_model as entered (an empty address is 127.0.0.1), prewarm."""
+        engine_url, engine_key, engine_model, default_system_prompt, default_sampling and
+        prompt_presets as entered (an empty address is 127.0.0.1), and prewarm."""
         type_k, type_v = self.kv.currentData()
+        default_prompt, default_sampling = self.defaults_form.values()
         return {"n_ctx": self.n_ctx.value(), "n_threads": self.threads.value(),
+                "default_system_prompt": default_prompt, "default_sampling": default_sampling,
+                "prompt_presets": dict(self.presets),
                 "type_k": type_k, "type_v": type_v, "budget_bytes": self.budget.value() * MB,
                 "api_host": self.api_host.text().strip() or "127.0.0.1", "api_port": self.api_port.value(),
                 "api_key": self.api_key.text().strip(), **self._engine_values(),

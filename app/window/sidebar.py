@@ -32,7 +32,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.window.plain import elide, tooltip
-from storage.chats import ChatStore
+from storage.chats import ChatStore, SearchHit
 from storage.errors import NotFoundError, StorageError
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 ID_ROLE = Qt.ItemDataRole.UserRole
 DATE_ROLE = Qt.ItemDataRole.UserRole + 1
 SNIPPET_ROLE = Qt.ItemDataRole.UserRole + 2
+SPANS_ROLE = Qt.ItemDataRole.UserRole + 4
+"""A search result's (start, end) spans of the searched words in its snippet: drawn bold."""
+HIT_ROLE = Qt.ItemDataRole.UserRole + 5
+"""A search result's message id (None when only the title matched): a click opens its branch."""
 PINNED_ROLE = Qt.ItemDataRole.UserRole + 3
 """True on a pinned chat's row: the delegate draws a small filled dot before its title (a
 shape, not an emoji, which shows as an empty box without an emoji font)."""
@@ -137,14 +141,49 @@ class ConversationDelegate(QStyledItemDelegate):
         snippet = index.data(SNIPPET_ROLE)
         if snippet:
             painter.setPen(muted)
-            second = line.translated(0, fm.height() + 2)
-            painter.drawText(second, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
-                             fm.elidedText(snippet, Qt.TextElideMode.ElideRight, second.width()))
+            draw_marked(painter, line.translated(0, fm.height() + 2), opt.font, snippet,
+                        index.data(SPANS_ROLE) or [])
         painter.restore()
 
 
+def snippet_runs(text: str, spans: list[tuple[int, int]]) -> list[tuple[str, bool]]:
+    """``text`` cut into (piece, is a match) runs at the ``spans`` (start, end)."""
+    runs, at = [], 0
+    for a, b in spans:
+        if a > at:
+            runs.append((text[at:a], False))
+        runs.append((text[a:b], True))
+        at = b
+    if at < len(text):
+        runs.append((text[at:], False))
+    return runs
+
+
+def draw_marked(painter: QPainter, rect: QRect, font: QFont, text: str, spans: list[tuple[int, int]]) -> None:
+    """Draw ``text`` on one line in ``rect``, the ``spans`` in bold, elided with "…" at the
+    right edge. The text is drawn as text (it is a message: hostile), never as markup."""
+    bold = QFont(font)
+    bold.setBold(True)
+    x, right = rect.left(), rect.right() + 1
+    for piece, is_match in snippet_runs(text, spans):
+        f = bold if is_match else font
+        fm = QFontMetrics(f)
+        width = fm.horizontalAdvance(piece)
+        if x + width > right:
+            piece = fm.elidedText(piece, Qt.TextElideMode.ElideRight, right - x)
+            width = right - x
+        painter.setFont(f)
+        painter.drawText(QRect(x, rect.top(), max(0, width), rect.height()),
+                         Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, piece)
+        x += width
+        if x >= right:
+            break
+    painter.setFont(font)
+
+
 class Sidebar(QWidget):
-    """Signals: ``selected(conversation_id)``, ``new_chat()``, ``deleted(conversation_id)``
+    """Signals: ``selected(conversation_id)``, ``hit_opened(conversation_id, message_id)``
+    (a search result whose match is in that message), ``new_chat()``, ``deleted(conversation_id)``
     (hidden, the delete can still be undone), ``restored(conversation_id)`` (undone),
     ``delete_committed(conversation_id)`` (gone from the database), ``changed()`` (a rename,
     pin or duplicate happened), ``forget_requested(conversation_id)`` (a "Delete and forget"
@@ -156,6 +195,7 @@ class Sidebar(QWidget):
     time is up, so Undo never needs anything back from the cache."""
 
     selected = Signal(int)
+    hit_opened = Signal(int, int)  # conversation id, message id: a search result was clicked
     new_chat = Signal()
     deleted = Signal(int)
     restored = Signal(int)
@@ -175,14 +215,17 @@ class Sidebar(QWidget):
         self.new_button = QPushButton("+  New chat")
         self.new_button.setMinimumHeight(34)
         self.new_button.clicked.connect(self.new_chat)
+        self.new_button.setAccessibleName("New chat")
         self.search = QLineEdit()
         self.search.setPlaceholderText("Search chats (Ctrl+F)")
         self.search.setClearButtonEnabled(True)
+        self.search.setAccessibleName("Search chats")
         self._search_timer = QTimer(self, singleShot=True, interval=150)
         self._search_timer.timeout.connect(self.refresh)
         self.search.textChanged.connect(lambda _t: self._search_timer.start())
         self.list = QListWidget()
         self.list.setObjectName("conversation_list")
+        self.list.setAccessibleName("Chats")
         self.list.setWordWrap(False)
         self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
@@ -205,19 +248,24 @@ class Sidebar(QWidget):
         self.list.blockSignals(True)
         self.list.clear()
         if query:
-            rows = [(c, snippet) for c, snippet in self.store.search(query)]
+            rows = self.store.search_hits(query)
         else:
-            rows = [(c, "") for c in self.store.list_conversations()]
-        rows = [(c, snippet) for c, snippet in rows if c.id != self.pending_delete]
+            rows = [SearchHit(c, None, "", []) for c in self.store.list_conversations()]
+        rows = [h for h in rows if h.conversation.id != self.pending_delete]
         now = time.time()
-        for conv, snippet in rows:
+        for hit in rows:
+            conv, snippet = hit.conversation, hit.snippet
             item = QListWidgetItem(conv.title)
             item.setData(PINNED_ROLE, bool(conv.pinned))
             item.setData(Qt.ItemDataRole.AccessibleTextRole, ("Pinned: " if conv.pinned else "") + conv.title)
             item.setData(ID_ROLE, conv.id)
             item.setData(DATE_ROLE, relative_date(conv.updated_at, now))
             if snippet and snippet != conv.title:
-                item.setData(SNIPPET_ROLE, " ".join(snippet.split()))
+                item.setData(SNIPPET_ROLE, snippet)
+                item.setData(SPANS_ROLE, hit.spans)
+                item.setData(Qt.ItemDataRole.AccessibleTextRole,
+                             ("Pinned: " if conv.pinned else "") + f"{conv.title}: {snippet}")
+            item.setData(HIT_ROLE, hit.message_id)
             when = time.strftime('%d %b %Y, %H:%M', time.localtime(conv.updated_at))
             item.setToolTip(tooltip(f"{elide(conv.title)}\nLast message {when}"))
             self.list.addItem(item)
@@ -246,7 +294,9 @@ class Sidebar(QWidget):
 
     def _clicked(self, item: QListWidgetItem) -> None:
         cid = item.data(ID_ROLE)
-        if cid is not None and cid != self.current_id:
+        if cid is not None and item.data(HIT_ROLE) is not None:
+            self.hit_opened.emit(cid, item.data(HIT_ROLE))
+        elif cid is not None and cid != self.current_id:
             self.selected.emit(cid)
 
     def _menu(self, pos) -> None:
@@ -345,18 +395,22 @@ class Sidebar(QWidget):
             log.error("could not delete chat %s: %s", cid, exc)
             self.refresh()
             return
-        # Scrubbing the deleted text out of the search index and the WAL takes time in
-        # proportion to the whole database (seconds for 10,000 messages): a worker does it
-        # on a connection of its own, so the UI thread never waits for it.
-        threading.Thread(target=_forget_deleted, args=(self.store.path,), daemon=True,
-                         name="forget-deleted").start()
+        scrub_in_background(self.store.path)
         self.delete_committed.emit(cid)
+
+
+def scrub_in_background(path) -> None:
+    """Scrub deleted text out of the search index and the WAL of ``chats.sqlite3`` at
+    ``path``. That takes time in proportion to the whole database (seconds for 10,000
+    messages): a worker thread does it on a connection of its own, so the UI thread never
+    waits for it."""
+    threading.Thread(target=_forget_deleted, args=(path,), daemon=True, name="forget-deleted").start()
 
 
 def _forget_deleted(path) -> None:
     """Worker thread: merge the search index and truncate the WAL of ``chats.sqlite3``
     (``ChatStore.forget_deleted``); a failure is logged, the next delete tries again."""
-    from storage.chats import ChatStore
+    from storage.chats import ChatStore, SearchHit
 
     try:
         with ChatStore(path) as chats:

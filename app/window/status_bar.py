@@ -9,6 +9,7 @@ from app.session import reply_status_line
 from app.window.plain import plain_label
 from engine.events import Phase
 
+OVER_COLOR = "#d0312d"  # the context figure when the chat does not fit (readable on light and dark)
 PROGRESS_MIN_TOKENS = 64  # show the progress bar only for restores/prefills at least this long
 
 
@@ -35,6 +36,7 @@ class StatusBar:
         self.api_label.setTextFormat(Qt.TextFormat.PlainText)
         self.api_label.hide()
         self.context_used = 0  # tokens of the shown path, as last shown
+        self.context_over = False  # whether that is more than the context holds
         for label in (self.stats_label, self.context_label, self.model_label):
             plain_label(label)  # the model label shows general.name from the model file
         bar.addWidget(self.stats_label, 1)
@@ -56,9 +58,16 @@ class StatusBar:
         self.stats_label.setText(reply_status_line(stats, saved) if stats else "")
 
     def set_context(self, used: int, n_ctx: int) -> None:
-        """Show ``used`` of ``n_ctx`` tokens."""
+        """Show ``used`` of ``n_ctx`` tokens; in red, with a tooltip, when it does not fit
+        (a prompt must leave one token for the reply, as the engine checks)."""
         self.context_label.setText(f"context {used:,} / {n_ctx:,}")
         self.context_used = used
+        self.context_over = bool(n_ctx) and used + 1 > n_ctx
+        self.context_label.setStyleSheet(f"color:{OVER_COLOR}; font-weight:bold;" if self.context_over else "")
+        self.context_label.setToolTip(
+            f"This chat needs {used:,} tokens but the context holds {n_ctx:,}: the next reply cannot be "
+            "generated until it is shortened, continued on a new branch or the context is raised."
+            if self.context_over else "Tokens the shown branch takes / the context size")
 
     def set_context_from_stats(self, stats: dict | None, n_ctx: int) -> None:
         """The context figure from a reply's stats: prompt + generated tokens (0 without stats)."""

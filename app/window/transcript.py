@@ -8,12 +8,15 @@ the bubble of the reply being streamed.
 
 from __future__ import annotations
 
+import time
+
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLabel,
+    QMenu,
     QPlainTextEdit,
     QPushButton,
     QScrollArea,
@@ -23,6 +26,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.session import is_empty_reply
+from app.window.long_text import LongTextExpander, collapsed
 from app.window.markdown_view import LinkKind, classify_link, code_blocks, to_html
 from app.window.theme import LIGHT, Colors
 from storage.chats import Message
@@ -32,19 +37,40 @@ SHOWN_MESSAGES = 200
 """Bubbles built when a chat opens: the newest ones. Older messages wait behind a
 "Show earlier messages" button, so opening a 10,000-message branch costs the same as a
 200-message one (a bubble takes milliseconds to build)."""
+FIRST_BUBBLES = 4
+"""Bubbles built when a chat opens (the newest). The older ones are built
+``BUBBLES_PER_TURN`` at a time as the view scrolls near the top (``NEAR_TOP_PX``): a bubble
+takes milliseconds to build and lay out, and building 200 at once stalled the window for
+seconds; built lazily, opening a chat costs the same however long it is."""
+BUBBLES_PER_TURN = 4
+NEAR_TOP_PX = 300
 UNANSWERED_NOTE = "no reply (stopped or failed)"
 """The note beside a user message that has no reply: Esc before the first token, an engine
 crash or error. Its Retry button answers it."""
 STATUS_NOTES = {"stopped": "stopped", "error": "interrupted", "streaming": "writing…"}
 
 
-def stats_line(stats: dict | None) -> str:
-    """A one-line summary of a reply's GenerationStats dict, e.g. "24 tokens · 130 tok/s"."""
+def message_time(when: float, now: float | None = None) -> str:
+    """The local time of a message (unix seconds): "14:02" today, else "12 Mar 14:02"
+    (with the year when it is not this year)."""
+    t, today = time.localtime(when), time.localtime(time.time() if now is None else now)
+    if t[:3] == today[:3]:
+        return time.strftime("%H:%M", t)
+    return time.strftime("%d %b %H:%M" if t.tm_year == today.tm_year else "%d %b %Y %H:%M", t).lstrip("0")
+
+
+def stats_line(stats: dict | None, created_at: float | None = None) -> str:
+    """A one-line summary of a reply's GenerationStats dict and its time, e.g.
+    "24 tokens · 130 tok/s · TTFT 85 ms · 14:02" (TTFT: time to first token)."""
+    when = [message_time(created_at)] if created_at else []
     if not stats:
-        return ""
+        return " · ".join(when)
     parts = [f"{stats.get('generated_tokens', 0)} tokens"]
     if stats.get("decode_tokens_per_s"):
         parts.append(f"{stats['decode_tokens_per_s']:.0f} tok/s")
+    if stats.get("ttft_ms"):
+        ttft = stats["ttft_ms"]
+        parts.append(f"TTFT {ttft:.0f} ms" if ttft < 1000 else f"TTFT {ttft / 1000:.1f} s")
     if stats.get("restored_tokens"):
         parts.append(f"restored {stats['restored_tokens']:,}")
     if stats.get("prefilled_tokens"):
@@ -53,7 +79,7 @@ def stats_line(stats: dict | None) -> str:
         parts.append("hit max tokens")
     elif stats.get("finish_reason") == "context":
         parts.append("context full")
-    return " · ".join(parts)
+    return " · ".join(parts + when)
 
 
 class MessageWidget(QFrame):
@@ -64,6 +90,8 @@ class MessageWidget(QFrame):
     regenerate_requested = Signal(int)
     fork_requested = Signal(int)
     link_requested = Signal(str)  # an http(s) link in the text was clicked (not opened yet)
+    delete_requested = Signal(int)  # message id: delete it with the replies under it
+    copy_conversation_requested = Signal()  # the shown branch as Markdown to the clipboard
     edit_changed = Signal(int, str)  # message id, the editor's text (when it opens and on each change)
     edit_ended = Signal(int)  # message id: its editor closed (saved or cancelled)
     regenerate_hovered = Signal(int)  # message id: the pointer entered its Regenerate button
@@ -76,12 +104,12 @@ class MessageWidget(QFrame):
         self.role = role
         self.colors = colors
         self._text = message.content if message else ""
+        self.busy = busy
         self.unanswered_note = ""  # set on a user message left without a reply
+        self.highlighted = False
         self.setObjectName("bubble_" + role)
-        bg = colors.user_bubble if role == "user" else colors.assistant_bubble
-        self.setStyleSheet(
-            f"QFrame#bubble_{role} {{ background:{bg}; border:1px solid {colors.border}; border-radius:10px; }}"
-        )
+        self.setAccessibleName(f"{ROLE_NAMES.get(role, role)} message")
+        self.set_highlighted(False)
         outer = QVBoxLayout(self)
         outer.setContentsMargins(12, 8, 12, 8)
         outer.setSpacing(4)
@@ -106,7 +134,13 @@ class MessageWidget(QFrame):
             header.addWidget(self.position)
             header.addWidget(nxt)
             self.buttons["prev"], self.buttons["next"] = prev_b, nxt
-        if message is not None:
+        self.empty_reply = message is not None and is_empty_reply(message)
+        if self.empty_reply:  # stopped before its first token: Retry takes its place
+            self.buttons["retry"] = self._tool("Retry", "Generate this reply again",
+                                               lambda: self.regenerate_requested.emit(message.id))
+            self.buttons["retry"].setEnabled(not busy)
+            header.addWidget(self.buttons["retry"])
+        elif message is not None:
             self.buttons["copy"] = self._tool("Copy", "Copy this message", self._copy_all)
             header.addWidget(self.buttons["copy"])
             if role == "user":
@@ -137,8 +171,11 @@ class MessageWidget(QFrame):
         self.body.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
         self.body.setOpenExternalLinks(False)
         self.body.linkActivated.connect(self._link)
+        self.body.setContextMenuPolicy(Qt.ContextMenuPolicy.NoContextMenu)  # the bubble's menu
         self.body.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
         outer.addWidget(self.body)
+        self.expander = LongTextExpander()  # "Show all N lines" of a long message
+        outer.addWidget(self.expander)
 
         self.editor: QPlainTextEdit | None = None
         self.footer = QLabel()
@@ -148,10 +185,37 @@ class MessageWidget(QFrame):
         if message is not None:
             self.set_stats(message.stats, message.status)
 
+    def set_highlighted(self, on: bool) -> None:
+        """Draw the bubble with an accent border (a search hit that was opened) or without."""
+        self.highlighted = on
+        c, role = self.colors, self.role
+        bg = c.user_bubble if role == "user" else c.assistant_bubble
+        border = f"2px solid {c.accent}" if on else f"1px solid {c.border}"
+        self.setStyleSheet(f"QFrame#bubble_{role} {{ background:{bg}; border:{border}; border-radius:10px; }}")
+
+    def context_menu(self) -> QMenu:
+        """The bubble's menu: copy (the selection, the message, the branch as Markdown), delete."""
+        menu = QMenu(self)
+        if self.body.hasSelectedText():
+            menu.addAction("Copy selection", lambda: QGuiApplication.clipboard().setText(self.body.selectedText()))
+        menu.addAction("Copy message", self._copy_all)
+        menu.addAction("Copy conversation as Markdown", self.copy_conversation_requested.emit)
+        if self.message is not None:
+            menu.addSeparator()
+            delete = menu.addAction("Delete message and its replies",
+                                    lambda: self.delete_requested.emit(self.message.id))
+            delete.setEnabled(not self.busy)
+        return menu
+
+    def contextMenuEvent(self, event) -> None:  # noqa: N802 - Qt override
+        self.menu = self.context_menu()  # for tests: the menu while it is open
+        self.menu.exec(event.globalPos())
+
     def _tool(self, text: str, tip: str, slot) -> QToolButton:
         b = QToolButton()
         b.setText(text)
         b.setToolTip(tip)
+        b.setAccessibleName(tip)
         b.setAutoRaise(True)
         b.setCursor(Qt.CursorShape.PointingHandCursor)
         b.clicked.connect(slot)
@@ -167,11 +231,18 @@ class MessageWidget(QFrame):
         self._text = text
         if not text and self.message is None:
             self.body.setText(f'<span style="color:{self.colors.muted};">…</span>')
-        else:
-            self.body.setText(to_html(text, self.colors, streaming=self.message is None))
+        elif not text and self.empty_reply:
+            what = "Stopped" if self.message.status == "stopped" else "Failed"
+            self.body.setText(f'<i style="color:{self.colors.muted};">{what} before the first token.</i>')
+            self.expander.set_text(text, None)
+        else:  # a long saved message is drawn collapsed (its first lines), never whole
+            cut = collapsed(text) if self.message is not None else None
+            self.body.setText(to_html(cut.preview if cut else text, self.colors, streaming=self.message is None))
+            self.expander.set_text(text, cut)
 
     def set_stats(self, stats: dict | None, status: str = "complete") -> None:
-        self.footer.setText(stats_line(stats) if self.role == "assistant" else "")
+        when = self.message.created_at if self.message is not None else None
+        self.footer.setText(stats_line(stats, when) if self.role == "assistant" else "")
         self.footer.setVisible(bool(self.footer.text()))
         note = STATUS_NOTES.get(status, "") or self.unanswered_note
         self.note.setText(f"· {note}" if note else "")
@@ -203,6 +274,7 @@ class MessageWidget(QFrame):
             return
         self.editor = QPlainTextEdit(self._text)
         self.editor.setObjectName("inline_editor")
+        self.editor.setAccessibleName("Edit your message")
         self.editor.setMinimumHeight(80)
         row = QHBoxLayout()
         row.addStretch(1)
@@ -220,6 +292,7 @@ class MessageWidget(QFrame):
         lay.insertWidget(2, self.editor)
         lay.insertWidget(3, self._edit_row)
         self.body.hide()
+        self.expander.hide()
         QShortcut(QKeySequence("Ctrl+Return"), self.editor, self._save_edit)
         QShortcut(QKeySequence("Escape"), self.editor, self.end_edit)
         self.editor.setFocus()
@@ -237,6 +310,7 @@ class MessageWidget(QFrame):
         self.body.show()
         if self.message is not None:
             self.edit_ended.emit(self.message.id)
+        self.expander.setVisible(collapsed(self._text) is not None)
 
     def _save_edit(self) -> None:
         if self.editor is None or self.message is None:
@@ -255,6 +329,8 @@ class TranscriptView(QScrollArea):
     regenerate_requested = Signal(int)
     fork_requested = Signal(int)
     link_requested = Signal(str)  # an http(s) link in any message was clicked
+    delete_requested = Signal(int)
+    copy_conversation_requested = Signal()
     edit_changed = Signal(int, str)  # MessageWidget's: for zero-wait turns (prewarm_controller.py)
     edit_ended = Signal(int)
     regenerate_hovered = Signal(int)
@@ -280,13 +356,20 @@ class TranscriptView(QScrollArea):
         self.earlier_button = QPushButton()
         self.earlier_button.setObjectName("show_earlier")
         self.earlier_button.setFlat(True)
+        self.earlier_button.setAccessibleName("Show earlier messages")
         self.earlier_button.clicked.connect(self.show_earlier)
         self.earlier_button.hide()
         self._layout.insertWidget(1, self.earlier_button)
         self._shown_limit = SHOWN_MESSAGES
         self._args: tuple = ()
+        self._older: list = []  # (message, position, unanswered) of bubbles not built yet, oldest first
+        self._settled = False  # the view was put at the bottom after set_messages
+        self._anchor: int | None = None  # keep this distance from the bottom after building older bubbles
         self.verticalScrollBar().rangeChanged.connect(self._range_changed)
+        self.verticalScrollBar().valueChanged.connect(self._scrolled)
         self._stick_to_bottom = True
+        self._revealed: MessageWidget | None = None  # scrolled into view while the layout settles
+        self.setAccessibleName("Messages")
 
     def set_messages(self, path: list[Message], positions: dict[int, tuple[int, int]],
                      colors: Colors, busy: bool = False, empty_text: str = "",
@@ -313,22 +396,90 @@ class TranscriptView(QScrollArea):
         self._empty.setText(empty_text)
         self._empty.setStyleSheet(f"color:{colors.muted}; font-size:15px;")
         self._empty.setVisible(not path and bool(empty_text))
-        for m in path:
-            if m.role == "system":
-                continue
-            index, count = positions.get(m.id, (1, 1))
-            w = MessageWidget(m, m.role, index, count, colors, busy, unanswered=m.id in unanswered)
-            w.sibling_requested.connect(self.sibling_requested)
-            w.edit_saved.connect(self.edit_saved)
-            w.regenerate_requested.connect(self.regenerate_requested)
-            w.fork_requested.connect(self.fork_requested)
-            w.link_requested.connect(self.link_requested)
-            w.edit_changed.connect(self.edit_changed)
-            w.edit_ended.connect(self.edit_ended)
-            w.regenerate_hovered.connect(self.regenerate_hovered)
-            self._add(w)
+        # the newest bubbles now, the older ones a batch per event-loop turn (``_build_older``)
+        todo = [(m, positions.get(m.id, (1, 1)), m.id in unanswered) for m in path if m.role != "system"]
+        self._older = todo[:-FIRST_BUBBLES] if len(todo) > FIRST_BUBBLES else []
+        self._settled, self._anchor = False, None
+        for item in todo[len(self._older):]:
+            self._add(self._bubble(*item))
         self._stick_to_bottom = True
-        QTimer.singleShot(0, self.scroll_to_bottom)
+        self._revealed = None
+        QTimer.singleShot(0, self._settle)
+
+    def reveal(self, message_id: int) -> MessageWidget | None:
+        """Scroll to the bubble of ``message_id`` (building older bubbles when it is among
+        the messages not shown yet) and highlight it. Returns it (None: not on the shown path)."""
+        if not self._args:
+            return None
+        ids = [m.id for m in self._args[0]]
+        if message_id not in ids:
+            return None
+        needed = len(ids) - ids.index(message_id)
+        if needed > self._shown_limit:
+            self._shown_limit = (needed + SHOWN_MESSAGES - 1) // SHOWN_MESSAGES * SHOWN_MESSAGES
+            self.set_messages(*self._args)
+        w = self.widget_for(message_id)
+        if w is None:
+            return None
+        for other in self.widgets:
+            if other.highlighted:
+                other.set_highlighted(False)
+        w.set_highlighted(True)
+        self._stick_to_bottom = False
+        self._revealed = w
+        QTimer.singleShot(0, lambda: self._scroll_to_revealed())
+        return w
+
+    def _scroll_to_revealed(self) -> None:
+        if self._revealed is not None and self._revealed in self.widgets:
+            self.ensureWidgetVisible(self._revealed, 0, 40)
+
+    def _bubble(self, m: Message, position: tuple[int, int], unanswered: bool) -> MessageWidget:
+        _path, _positions, colors, busy, *_rest = self._args
+        w = MessageWidget(m, m.role, position[0], position[1], colors, busy, unanswered=unanswered)
+        w.sibling_requested.connect(self.sibling_requested)
+        w.edit_saved.connect(self.edit_saved)
+        w.regenerate_requested.connect(self.regenerate_requested)
+        w.fork_requested.connect(self.fork_requested)
+        w.link_requested.connect(self.link_requested)
+        w.delete_requested.connect(self.delete_requested)
+        w.copy_conversation_requested.connect(self.copy_conversation_requested)
+        w.edit_changed.connect(self.edit_changed)
+        w.edit_ended.connect(self.edit_ended)
+        w.regenerate_hovered.connect(self.regenerate_hovered)
+        return w
+
+    @property
+    def building(self) -> bool:
+        """True while older bubbles of the shown path are still being built."""
+        return bool(self._older)
+
+    def _build_older(self, count: int = BUBBLES_PER_TURN) -> None:
+        """Build up to ``count`` of the not yet built older bubbles above the others, keeping
+        what is on screen where it is."""
+        if not self._older:
+            return
+        bar = self.verticalScrollBar()
+        self._anchor = bar.maximum() - bar.value()  # distance from the bottom, kept by _range_changed
+        batch, self._older = self._older[-count:], self._older[:-count]
+        for item in reversed(batch):
+            w = self._bubble(*item)
+            self._layout.insertWidget(2, w)  # after the empty-page label and "Show earlier"
+            self.widgets.insert(0, w)
+        self._fill()  # the scroll range may not change (short bubbles): check again next turn
+
+    def _scrolled(self, value: int) -> None:
+        """Near the top: build the next older bubbles (the transcript is laid out lazily)."""
+        if not self._settled:  # still opening: the view has not been put at the bottom yet
+            return
+        self._stick_to_bottom = value >= self.verticalScrollBar().maximum() - 40
+        if self._older and value < NEAR_TOP_PX:
+            self._build_older()
+
+    def finish_building(self) -> None:
+        """Build every remaining bubble now (tests, tools, and finding a message)."""
+        if self._older:
+            self._build_older(len(self._older))
 
     def show_earlier(self) -> None:
         """Build ``SHOWN_MESSAGES`` more of the older messages of the shown path."""
@@ -349,6 +500,8 @@ class TranscriptView(QScrollArea):
             w.deleteLater()
         self.widgets = []
         self.pending = None
+        self._older = []
+        self._anchor = None
 
     def start_pending(self) -> MessageWidget:
         """Add an empty assistant bubble for the reply about to stream."""
@@ -361,17 +514,40 @@ class TranscriptView(QScrollArea):
         return self.pending
 
     def widget_for(self, message_id: int) -> MessageWidget | None:
+        if any(item[0].id == message_id for item in self._older):
+            self.finish_building()
         return next((w for w in self.widgets if w.message and w.message.id == message_id), None)
+
+    def _settle(self) -> None:
+        """After a redraw: the revealed bubble in view, else the newest message."""
+        if self._revealed is not None:
+            self._scroll_to_revealed()
+        else:
+            self.scroll_to_bottom()
 
     def scroll_to_bottom(self) -> None:
         bar = self.verticalScrollBar()
         bar.setValue(bar.maximum())
+        self._settled = True
+        self._fill()
+
+    def _fill(self) -> None:
+        """While the view's top is near the built bubbles' top, build older ones (next turn)."""
+        if self._settled and self._older and self.verticalScrollBar().value() < NEAR_TOP_PX:
+            QTimer.singleShot(0, self, self._build_older)
 
     def _range_changed(self, _lo: int, hi: int) -> None:
-        if self._stick_to_bottom:
-            self.verticalScrollBar().setValue(hi)
+        bar = self.verticalScrollBar()
+        if self._revealed is not None:
+            self._scroll_to_revealed()
+        elif self._stick_to_bottom:
+            bar.setValue(hi)
+        elif self._anchor is not None:
+            bar.setValue(max(0, hi - self._anchor))
+        self._fill()
 
     def note_user_scroll(self) -> None:
+        self._revealed = None
         bar = self.verticalScrollBar()
         self._stick_to_bottom = bar.value() >= bar.maximum() - 40
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import logging
 
-from PySide6.QtCore import QObject, Qt, QTimer, Signal
-from PySide6.QtWidgets import QMessageBox
+from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.session import ConversationSession, ReplyRecorder, ReplyState
-from app.window.engine_client import PendingRequest
+from app.window.engine_client import STOP_HINT_S, STOP_WATCHDOG_S, PendingRequest
 from app.window.model_controller import ModelState
+from app.window.unanswered import ask_unanswered
 from engine.events import CountEvent, CoverageEvent, DoneEvent, ErrorEvent, ErrorKind, SnapshotEvent
 from storage.errors import NotFoundError, StorageError
 
@@ -51,8 +51,15 @@ class ChatController(QObject):
         self._coverage: PendingRequest | None = None
         self._coverage_ids: list[int] = []
         self._count: PendingRequest | None = None
+        self._new_chat: tuple[str, dict] | None = None  # set in Settings before a new chat's first message
         self.flush_timer = QTimer(self, interval=FLUSH_MS)
         self.flush_timer.timeout.connect(self._flush)
+        # the watchdog behind Stop: offer to end a slow engine, then end one that never answers
+        self.stop_hint = QTimer(self, singleShot=True, interval=int(STOP_HINT_S * 1000))
+        self.stop_hint.timeout.connect(self._offer_force_stop)
+        self.stop_watchdog = QTimer(self, singleShot=True, interval=int(STOP_WATCHDOG_S * 1000))
+        self.stop_watchdog.timeout.connect(self.force_stop)
+        self._hint_shown = False
 
     @property
     def streaming(self) -> bool:
@@ -85,24 +92,33 @@ class ChatController(QObject):
             return
         path = self.session.shown_path(cid, self.reply)
         streaming_here = busy and self.reply.conversation_id == cid
-        unanswered = None if busy else self.session.unanswered(cid)
+        unanswered = None if busy else self.session.unanswered(cid, path)  # path: the active one when not busy
         w.transcript.set_messages(path, self.session.sibling_positions(path), w.colors, busy, EMPTY_TEXT,
                                   unanswered_id=unanswered)
         if streaming_here:
             pending = w.transcript.start_pending()
             if self.reply.text:
                 pending.set_text(self.reply.text)
-        w.tree.set_tree(w.store.tree(cid), {m.id for m in path}, w.colors)
+        w.tree.set_tree(w.store.tree(cid), {m.id for m in path}, w.colors, w.store.get_conversation(cid).title)
         w.refresh_title()
         if busy:
             return  # the reply owns the status line until it ends
         last = next((m for m in reversed(path) if m.role == "assistant"), None)
         w.status.show_stats(last.stats if last else None, saved=True)
-        if w.model.state == ModelState.READY:
-            self.request_context_count()  # the exact figure, asynchronously
+        if w.model.state == ModelState.READY:  # the exact figure, asynchronously; sending a long
+            QTimer.singleShot(0, self, self.request_context_count)  # prompt to the engine waits a beat
         else:  # no engine to ask: the saved figures of the leaf reply, if it has them
             self.update_context_label(path[-1].stats if path and path[-1].role == "assistant" else None)
         self.path_shown.emit()
+
+    def new_chat_settings(self) -> tuple[str, dict]:
+        """(system prompt, sampling) the next new chat starts with: what Settings set for it,
+        else the app-wide defaults for new chats."""
+        s = self.w.settings
+        return self._new_chat or (s.default_system_prompt, dict(s.default_sampling))
+
+    def set_new_chat_settings(self, system_prompt: str, sampling: dict) -> None:
+        self._new_chat = (system_prompt, dict(sampling))
 
     def n_ctx(self) -> int:
         return (self.w.model.facts or {}).get("n_ctx") or self.w.settings.n_ctx
@@ -113,6 +129,8 @@ class ChatController(QObject):
     def request_context_count(self) -> None:
         """Ask the engine how many tokens the shown path takes (the context figure); older
         answers are dropped. Does nothing while a reply streams or no model is ready."""
+        if self.w.closed:  # a deferred call after the window shut down
+            return
         cid, self._count = self.conversation_id, None
         if cid is None or self.streaming or self.w.model.state != ModelState.READY:
             if cid is None:
@@ -158,6 +176,7 @@ class ChatController(QObject):
     def engine_gone(self) -> None:
         """The engine process ended: in-flight requests will not be answered."""
         self._coverage = self._count = None
+        self.w.overflow_flow.engine_gone()
         if self.reply is not None:
             self.abandon(ReplyState.STOPPED)
 
@@ -180,23 +199,53 @@ class ChatController(QObject):
         return False
 
     def send(self, text: str) -> None:
-        """Add ``text`` as a user message under the active leaf and generate the reply."""
+        """Send ``text`` under the active leaf: counted first (``OverflowFlow.check_send``),
+        then stored and answered, or the overflow choices are offered. When the branch ends on
+        a question with no answer, ask first (``ask_unanswered``)."""
+        if not self.can_generate() or self.w.overflow_flow.checking is not None:
+            self.w.composer.set_text(text)
+            return
+        pending = self.session.unanswered_leaf(self.conversation_id) if self.conversation_id else None
+        if pending is not None:
+            self.w.unanswered_box = ask_unanswered(self.w, pending, text, self)
+            return
+        new_chat = self.new_chat_settings() if self.conversation_id is None else None
+        self.w.overflow_flow.check_send(self.conversation_id, text, new_chat)
+
+    def store(self, cid: int | None, text: str, new_chat: tuple[str, dict] | None = None) -> int | None:
+        """Store ``text`` as a user message under the active leaf of ``cid`` (None: a new chat
+        with ``new_chat``'s settings) and show it; its id, or None (the text is put back in
+        the composer) when it cannot be stored."""
+        try:
+            user = self.session.send(cid, text, new_chat=new_chat)
+        except (StorageError, ValueError) as exc:
+            self.w.composer.set_text(text)
+            self.w.banner.show_message(f"Your message could not be saved: {exc}", "error")
+            return None
+        if cid is None:
+            self._new_chat = None
+        self.conversation_id = user.conversation_id
+        self.w.sidebar.set_current(self.conversation_id)
+        return user.id
+
+    def store_and_reply(self, cid: int | None, text: str, new_chat: tuple[str, dict] | None = None) -> None:
+        """Store ``text`` (``store``) and generate the reply, if the model is still ready."""
         if not self.can_generate():
             self.w.composer.set_text(text)
             return
-        user = self.session.send(self.conversation_id, text)
-        self.conversation_id = user.conversation_id
-        self.w.sidebar.set_current(self.conversation_id)
-        self.start_reply(user.id)
+        user_id = self.store(cid, text, new_chat)
+        if user_id is not None:
+            self.start_reply(user_id)
 
     def edit(self, message_id: int, text: str) -> None:
         if self.can_generate():
             self.start_reply(self.session.edit(message_id, text).id)
 
     def regenerate(self, message_id: int) -> None:
-        """A new sibling of an assistant reply; on a user message, a reply under it (retry)."""
+        """A new sibling of an assistant reply; on a user message, a reply under it (retry);
+        an empty reply stopped before its first token is replaced (``ConversationSession.retry``)."""
         if self.can_generate():
-            self.start_reply(self.session.regenerate_target(message_id))
+            self.start_reply(self.session.retry(message_id))
 
     def switch_sibling(self, message_id: int, delta: int) -> None:
         if not self.streaming and self.session.switch_sibling(message_id, delta):
@@ -251,10 +300,27 @@ class ChatController(QObject):
 
     def stop(self) -> None:
         """Cancel the reply; the engine answers with ``done`` (finish_reason "cancelled")."""
+        self.w.overflow_flow.stop()  # a message still being counted is not answered
         if self._request is not None and not self._stopping:
             self._stopping = True
             self.w.status.stats_label.setText("Stopping…")
             self.w.client.cancel(self._request)
+            self.stop_hint.start()
+            self.stop_watchdog.start()
+
+    def _offer_force_stop(self) -> None:
+        if self._request is None or not self._stopping:
+            return
+        self._hint_shown = True
+        self.w.banner.show_message(
+            "The engine finishes its current step before it stops; on a busy machine that can take a while. "
+            f"It will be ended after {STOP_WATCHDOG_S:g} seconds.", "info", [("End engine now", self.force_stop)])
+
+    def force_stop(self) -> None:
+        """End an engine that has not answered Stop: its process is killed, the reply is
+        saved as stopped when the death is reported, and ModelController starts a new one."""
+        if self._request is not None and self._stopping:
+            self.w.client.kill_unresponsive()
 
     def _token(self, text: str) -> None:
         try:
@@ -276,6 +342,12 @@ class ChatController(QObject):
     def _end(self) -> ReplyRecorder | None:
         r, self.reply, self._request = self.reply, None, None
         self.flush_timer.stop()
+        self.stop_hint.stop()
+        self.stop_watchdog.stop()
+        if self._hint_shown:
+            self._hint_shown = False
+            if self.w.banner.button("End engine now") is not None:
+                self.w.banner.hide()
         self.w.status.progress.hide()
         self.w.composer.set_streaming(False)
         self.w.sidebar.busy_id = None
@@ -311,7 +383,7 @@ class ChatController(QObject):
         parent = reply.parent_id
         self.abandon(ReplyState.ERROR)
         if event.kind == ErrorKind.OVERFLOW:
-            self.w.overflow(parent, event.prompt_tokens, event.n_ctx, event.message)
+            self.w.overflow_flow.stored(parent, event.n_ctx)
         else:
             self.w.banner.show_message(event.message or "The engine could not do that.", "error",
                                        chat_id=reply.conversation_id)
@@ -339,37 +411,9 @@ class ChatController(QObject):
 
     # -- context overflow ----------------------------------------------------------------
 
-    def overflow_dialog(self, user_message_id: int, prompt_tokens: int, n_ctx: int, message: str) -> QMessageBox:
-        w = self.w
-        trained = int((w.model.facts or {}).get("context_length") or 0)
-        o = self.session.overflow(user_message_id, prompt_tokens, n_ctx, trained)
-        box = QMessageBox(w)
-        box.setIcon(QMessageBox.Icon.Warning)
-        box.setTextFormat(Qt.TextFormat.PlainText)  # the engine's message may quote the model
-        box.setWindowTitle("This chat is too long")
-        box.setText(message or f"The prompt is {prompt_tokens:,} tokens; the context holds {n_ctx:,}.")
-        box.setInformativeText("Continue on a new branch that keeps the system prompt and the latest turns, "
-                               "or raise the context size (uses more memory; reloads the model).")
-        branch = box.addButton("Continue on a new branch", QMessageBox.ButtonRole.AcceptRole)
-        raise_b = box.addButton(f"Raise context to {o.suggested_n_ctx:,}", QMessageBox.ButtonRole.ActionRole)
-        raise_b.setEnabled(o.suggested_n_ctx > n_ctx)
-        box.addButton(QMessageBox.StandardButton.Cancel)
-
-        def chosen(button) -> None:
-            if button is branch:
-                self.branch_dropping_oldest(user_message_id, n_ctx)
-            elif button is raise_b:
-                w.settings.n_ctx = o.suggested_n_ctx
-                w.save_settings()
-                w.model.after_load = lambda: self.start_reply(user_message_id)
-                w.model.reload()
-
-        box.buttonClicked.connect(chosen)
-        box.open()
-        return box
-
-    def branch_dropping_oldest(self, user_message_id: int, n_ctx: int) -> None:
-        new_parent = self.session.branch_dropping_oldest(user_message_id, n_ctx)
+    def branch_dropping_oldest(self, user_message_id: int, n_ctx: int, costs: dict[int, int] | None = None) -> None:
+        """"Continue on a new branch" (``ConversationSession.branch_dropping_oldest``) and answer."""
+        new_parent = self.session.branch_dropping_oldest(user_message_id, n_ctx, costs)
         if new_parent is None:
             self.w.banner.show_message("The newest message alone does not fit the context window; raise the "
                                        "context size in Settings or shorten the message.", "error",

@@ -1,10 +1,18 @@
 """The tree panel: the whole conversation tree, drawn top-down.
 
-Each node is a message (U = user, A = assistant). The active path is drawn in
-the accent colour; a node's fill shows how much of its prompt (the path from
-the root to it) the prefix store holds: full green = all of it, a green arc = part
-of it, empty = none (from the engine's ``coverage`` request). Hovering a node shows
-who wrote it and the start of its text; clicking it makes its branch the active one.
+The top node is the conversation (its title); every first message, an edited one
+too, hangs under it, so all branches are visibly connected. Each other node is a
+message: a role letter (U = user, A = assistant) and its first words, drawn as plain
+text. The active path is drawn in the accent colour; a bar along a node's bottom
+shows how much of its prompt (the path from the root to it) the prefix store holds:
+full green = all of it, part green = part of it, none = none (from the engine's
+``coverage`` request). Hovering a node shows who wrote it and the start of its text;
+clicking it makes its branch the active one.
+
+From the keyboard (the canvas takes focus with Tab or a click): Up goes to the parent,
+Down to the child on the active branch (else the first), Left and Right to the previous
+and next sibling, Home to the conversation node, End to the active leaf; Enter or Space
+opens the branch of the focused node.
 
 The canvas fills the scroll area's viewport and centres the tree in it, so scroll bars
 appear only when the tree is larger than the panel; after every redraw the active leaf
@@ -13,17 +21,24 @@ is scrolled into view.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QFont, QPainter, QPen
+from PySide6.QtGui import QAccessible, QAccessibleEvent, QColor, QFont, QFontMetrics, QPainter, QPen
 from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QToolTip, QVBoxLayout, QWidget
 
 from app.window.plain import tooltip
 from app.window.theme import LIGHT, Colors
 from storage.chats import Message
 
-DX, DY, R, MARGIN = 36, 46, 11, 16
+NODE_W, NODE_H = 84, 24
+"""A node's size (pixels): room for the role letter and a few words."""
+DX, DY, MARGIN = NODE_W + 10, 40, 16
+R = NODE_H // 2  # half a node's height: edges join a node's top and bottom edges
+ROOT_ID = 0
+"""The id of the conversation node (message ids start at 1)."""
+LABEL_CHARS = 40  # the start of a message kept for its node's label (elided to fit when drawn)
 TOOLTIP_CHARS = 80
 END_OF_TURN_SLACK = 2
 """A node counts as fully cached when all but this many of its prompt tokens are stored: the
@@ -72,6 +87,16 @@ def layout_tree(messages: list[Message]) -> dict[int, tuple[float, float]]:
     return pos
 
 
+ROLE_LETTERS = {"user": "U", "assistant": "A", "system": "S"}
+ROLE_WORDS = {"user": "You", "assistant": "Assistant", "system": "System"}
+
+
+def node_label(message: Message) -> str:
+    """The words drawn on a message's node: the start of its text on one line."""
+    text = " ".join(message.content[: LABEL_CHARS * 4].split())[:LABEL_CHARS]
+    return text or ("(stopped)" if message.status != "complete" else "(empty)")
+
+
 def node_tooltip(message: Message, coverage: tuple[int, int] | None = None) -> str:
     """The hover text of a node: a short label ("You · turn 2" / "Assistant · turn 2", plus
     "stopped" etc. when not complete), the first ``TOOLTIP_CHARS`` characters of the text on
@@ -90,32 +115,59 @@ def node_tooltip(message: Message, coverage: tuple[int, int] | None = None) -> s
 
 
 class TreeCanvas(QWidget):
-    """Draws the nodes; ``node_clicked(message_id)`` on a click. Node positions (``_Node.x/y``)
-    are in tree coordinates; ``offset_x`` centres the tree in a wider canvas."""
+    """Draws the nodes; ``node_clicked(message_id)`` on a click or Enter. Node positions
+    (``_Node.x/y``, the node's centre) are in tree coordinates; ``offset_x`` centres the
+    tree in a wider canvas. ``nodes`` holds the messages' nodes, ``root`` the conversation's
+    (None for an empty tree); ``current`` is the node the keyboard is on.
+
+    Signal ``current_moved(QPointF)``: the keyboard moved to the node centred there (canvas pixels)."""
 
     node_clicked = Signal(int)
+    current_moved = Signal(QPointF)
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setMouseTracking(True)
+        self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+        self.setAccessibleName("Conversation tree")
         self.nodes: list[_Node] = []
+        self.root: _Node | None = None
+        self.title = ""
         self.active: set[int] = set()
         self.coverage: dict[int, tuple[int, int]] = {}
         self.colors: Colors = LIGHT
-        self._size = QSize(2 * (R + MARGIN), 2 * (R + MARGIN))
+        self._size = QSize(2 * MARGIN + NODE_W, 2 * MARGIN + NODE_H)
         self.leaf_id: int | None = None  # the deepest node of the active path
+        self.current: int | None = None  # the node the keyboard is on
+        self._by_id: dict[int, _Node] = {}
+        self._children: dict[int, list[_Node]] = {}
+        self._labels: dict[int, str] = {}
 
-    def set_tree(self, messages: list[Message], active: set[int], colors: Colors) -> None:
+    def set_tree(self, messages: list[Message], active: set[int], colors: Colors, title: str = "") -> None:
         self.colors = colors
         self.active = active
-        pos = layout_tree(messages)
-        self.nodes = [_Node(m, MARGIN + pos[m.id][0] * DX + R, MARGIN + pos[m.id][1] * DY + R)
-                      for m in messages if m.id in pos]
-        w = max((n.x for n in self.nodes), default=0) + R + MARGIN
-        h = max((n.y for n in self.nodes), default=0) + R + MARGIN
+        self.title = " ".join(title.split()) or "Conversation"
+        ids = {m.id for m in messages}
+        top = Message(ROOT_ID, 0, None, "conversation", self.title, None, None, "complete", None, 0.0)
+        hung = [m if m.parent_id in ids else dataclasses.replace(m, parent_id=ROOT_ID) for m in messages]
+        pos = layout_tree([top, *hung]) if messages else {}
+        placed = [_Node(m, MARGIN + pos[m.id][0] * DX + NODE_W / 2, MARGIN + pos[m.id][1] * DY + R)
+                  for m in [top, *hung] if m.id in pos]
+        self.root = placed[0] if placed else None
+        self.nodes = placed[1:]
+        self._by_id = {n.message.id: n for n in placed}
+        self._children = {}
+        for n in self.nodes:
+            self._children.setdefault(n.message.parent_id, []).append(n)
+        self._labels = {}
+        w = max((n.x for n in placed), default=0) + NODE_W / 2 + MARGIN
+        h = max((n.y for n in placed), default=0) + R + MARGIN
         self._size = QSize(int(w), int(h))
         on_path = [n for n in self.nodes if n.message.id in active]
         self.leaf_id = max(on_path, key=lambda n: n.y).message.id if on_path else None
+        if self.current not in self._by_id:
+            self.current = self.leaf_id
+        self._describe()
         self.setMinimumSize(self._size)
         self.updateGeometry()
         self.update()
@@ -133,26 +185,114 @@ class TreeCanvas(QWidget):
         return self._size
 
     def node_at(self, x: float, y: float) -> _Node | None:
-        """The node under the canvas point (x, y) in pixels, or None."""
+        """The message node under the canvas point (x, y) in pixels, or None."""
         x -= self.offset_x
         for n in self.nodes:
-            if (n.x - x) ** 2 + (n.y - y) ** 2 <= (R + 3) ** 2:
+            if abs(n.x - x) <= NODE_W / 2 + 2 and abs(n.y - y) <= R + 2:
                 return n
         return None
 
     def center_of(self, message_id: int) -> QPointF | None:
-        """The centre of ``message_id``'s node in canvas pixels (None if not drawn)."""
-        n = next((n for n in self.nodes if n.message.id == message_id), None)
+        """The centre of ``message_id``'s node in canvas pixels (None if not drawn;
+        ``ROOT_ID``: the conversation node)."""
+        n = self._by_id.get(message_id)
         return QPointF(n.x + self.offset_x, n.y) if n else None
 
     def tooltip_for(self, message_id: int) -> str:
         """The hover text of ``message_id``'s node ("" if it is not drawn)."""
-        n = next((n for n in self.nodes if n.message.id == message_id), None)
-        return node_tooltip(n.message, self.coverage.get(message_id)) if n else ""
+        n = self._by_id.get(message_id)
+        if n is None or n is self.root:
+            return ""
+        return node_tooltip(n.message, self.coverage.get(message_id))
+
+    def label_of(self, message_id: int) -> str:
+        """The words on ``message_id``'s node (before eliding), "" if not drawn."""
+        n = self._by_id.get(message_id)
+        if n is None:
+            return ""
+        if n is self.root:
+            return self.title
+        if message_id not in self._labels:
+            self._labels[message_id] = node_label(n.message)
+        return self._labels[message_id]
+
+    # -- the keyboard ----------------------------------------------------------------------
+
+    def move_to(self, message_id: int) -> None:
+        """Put the keyboard focus ring on ``message_id`` (``ROOT_ID``: the conversation)."""
+        if message_id not in self._by_id:
+            return
+        self.current = message_id
+        self._describe()
+        self.update()
+        point = self.center_of(message_id)
+        if point is not None:
+            self.current_moved.emit(point)
+
+    def _describe(self) -> None:
+        """The accessible description: what the focused node is (read by screen readers)."""
+        n = self._by_id.get(self.current) if self.current is not None else None
+        if n is None:
+            text = "Empty"
+        elif n is self.root:
+            text = f"Conversation: {self.title}"
+        else:
+            sibs = self._children.get(n.message.parent_id, [])
+            where = f", version {sibs.index(n) + 1} of {len(sibs)}" if len(sibs) > 1 else ""
+            active = ", on the shown branch" if n.message.id in self.active else ""
+            text = f"{ROLE_WORDS.get(n.message.role, n.message.role)}{where}{active}: {self.label_of(n.message.id)}"
+        if text != self.accessibleDescription():
+            self.setAccessibleDescription(text)
+            QAccessible.updateAccessibility(QAccessibleEvent(self, QAccessible.Event.DescriptionChanged))
+
+    def keyPressEvent(self, event) -> None:  # noqa: N802 - Qt override
+        n = self._by_id.get(self.current) if self.current is not None else None
+        key = event.key()
+        if n is None:
+            super().keyPressEvent(event)
+            return
+        target: int | None = None
+        if key == Qt.Key.Key_Up and n is not self.root:
+            target = n.message.parent_id if n.message.parent_id in self._by_id else ROOT_ID
+        elif key == Qt.Key.Key_Down:
+            kids = self._children.get(n.message.id, [])
+            on_path = [k for k in kids if k.message.id in self.active]
+            pick = on_path or kids
+            target = pick[0].message.id if pick else None
+        elif key in (Qt.Key.Key_Left, Qt.Key.Key_Right) and n is not self.root:
+            sibs = self._children.get(n.message.parent_id, [])
+            i = sibs.index(n) + (1 if key == Qt.Key.Key_Right else -1)
+            target = sibs[i].message.id if 0 <= i < len(sibs) else None
+        elif key == Qt.Key.Key_Home:
+            target = ROOT_ID
+        elif key == Qt.Key.Key_End:
+            target = self.leaf_id
+        elif key in (Qt.Key.Key_Return, Qt.Key.Key_Enter, Qt.Key.Key_Space):
+            if n is not self.root:
+                self.node_clicked.emit(n.message.id)
+            return
+        else:
+            super().keyPressEvent(event)
+            return
+        if target is not None:
+            self.move_to(target)
+
+    def focusInEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().focusInEvent(event)
+        if self.current is not None:
+            self.move_to(self.current)  # scrolled into view, described
+        self.update()
+
+    def focusOutEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().focusOutEvent(event)
+        self.update()
+
+    # -- the mouse -------------------------------------------------------------------------
 
     def mousePressEvent(self, event) -> None:  # noqa: N802 - Qt override
         n = self.node_at(event.position().x(), event.position().y())
         if n is not None:
+            self.current = n.message.id
             self.node_clicked.emit(n.message.id)
 
     def mouseMoveEvent(self, event) -> None:  # noqa: N802 - Qt override
@@ -170,43 +310,69 @@ class TreeCanvas(QWidget):
             return True
         return super().event(event)
 
-    def paintEvent(self, _event) -> None:  # noqa: N802 - Qt override
+    # -- painting --------------------------------------------------------------------------
+
+    def paintEvent(self, event) -> None:  # noqa: N802 - Qt override
         c = self.colors
         p = QPainter(self)
         p.setRenderHint(QPainter.RenderHint.Antialiasing)
-        p.translate(self.offset_x, 0)
-        by_id = {n.message.id: n for n in self.nodes}
-        for n in self.nodes:
-            parent = by_id.get(n.message.parent_id)
+        ox = self.offset_x
+        p.translate(ox, 0)
+        area = QRectF(event.rect()).translated(-ox, 0).adjusted(-NODE_W, -DY, NODE_W, DY)
+        shown = [n for n in ([self.root] if self.root else []) + self.nodes if area.contains(n.x, n.y)]
+        for n in shown:  # the edge up to each shown node's parent
+            parent = self._by_id.get(n.message.parent_id) if n is not self.root else None
             if parent is None:
                 continue
-            on_path = n.message.id in self.active and parent.message.id in self.active
+            on_path = n.message.id in self.active and (parent is self.root or parent.message.id in self.active)
             p.setPen(QPen(QColor(c.accent if on_path else c.border), 3 if on_path else 1.5))
             p.drawLine(QPointF(parent.x, parent.y + R), QPointF(n.x, n.y - R))
         font = QFont(self.font())
-        font.setPointSizeF(max(7.0, font.pointSizeF() * 0.8))
-        font.setBold(True)
-        p.setFont(font)
-        for n in self.nodes:
-            rect = QRectF(n.x - R, n.y - R, 2 * R, 2 * R)
-            stored, total = self.coverage.get(n.message.id, (0, 0))
-            p.setPen(Qt.PenStyle.NoPen)
-            p.setBrush(QColor(c.base))
-            p.drawEllipse(rect)
-            full = is_cached(stored, total)
-            if full:
-                p.setBrush(QColor(c.cached))
-                p.drawEllipse(rect)
-            elif total and stored > 0:
-                p.setBrush(QColor(c.cached))
-                p.drawPie(rect, 90 * 16, -int(360 * 16 * stored / total))
-            active = n.message.id in self.active
-            p.setBrush(Qt.BrushStyle.NoBrush)
-            p.setPen(QPen(QColor(c.accent if active else c.muted), 3 if active else 1.5))
-            p.drawEllipse(rect)
-            p.setPen(QColor("#ffffff" if full else c.text))
-            p.drawText(rect, Qt.AlignmentFlag.AlignCenter, "U" if n.message.role == "user" else "A")
+        font.setPointSizeF(max(7.0, font.pointSizeF() * 0.85))
+        bold = QFont(font)
+        bold.setBold(True)
+        fm, bfm = QFontMetrics(font), QFontMetrics(bold)
+        for n in shown:
+            self._paint_node(p, n, font, bold, fm, bfm)
         p.end()
+
+    def _paint_node(self, p: QPainter, n: _Node, font: QFont, bold: QFont, fm: QFontMetrics,
+                    bfm: QFontMetrics) -> None:
+        c = self.colors
+        mid = n.message.id
+        rect = QRectF(n.x - NODE_W / 2, n.y - R, NODE_W, NODE_H)
+        is_root = n is self.root
+        active = is_root or mid in self.active
+        fill = c.base if is_root else (c.user_bubble if n.message.role == "user" else c.assistant_bubble)
+        p.setPen(QPen(QColor(c.accent if active else c.muted), 2.5 if active else 1.2))
+        p.setBrush(QColor(fill))
+        p.drawRoundedRect(rect, 6, 6)
+        stored, total = self.coverage.get(mid, (0, 0))
+        if total and stored > 0:  # the share of the prompt the prefix store holds
+            share = 1.0 if is_cached(stored, total) else stored / total
+            p.setPen(Qt.PenStyle.NoPen)
+            p.setBrush(QColor(c.cached))
+            p.drawRoundedRect(QRectF(rect.left() + 4, rect.bottom() - 5, (NODE_W - 8) * share, 3), 1.5, 1.5)
+        if mid == self.current and self.hasFocus():
+            p.setBrush(Qt.BrushStyle.NoBrush)
+            p.setPen(QPen(QColor(c.text), 1, Qt.PenStyle.DotLine))
+            p.drawRoundedRect(rect.adjusted(-3, -3, 3, 3), 8, 8)
+        p.setPen(QColor(c.text))
+        inner = rect.adjusted(6, 0, -5, -2)
+        if is_root:
+            p.setFont(bold)
+            p.drawText(inner, Qt.AlignmentFlag.AlignCenter,
+                       bfm.elidedText(self.title, Qt.TextElideMode.ElideRight, int(inner.width())))
+            return
+        letter = ROLE_LETTERS.get(n.message.role, "?")
+        p.setFont(bold)
+        p.drawText(inner, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, letter)
+        lead = bfm.horizontalAdvance(letter) + 5
+        p.setFont(font)
+        p.setPen(QColor(c.muted if n.message.status != "complete" else c.text))
+        words = inner.adjusted(lead, 0, 0, 0)
+        p.drawText(words, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
+                   fm.elidedText(self.label_of(mid), Qt.TextElideMode.ElideRight, int(words.width())))
 
 
 class TreePanel(QWidget):
@@ -218,6 +384,8 @@ class TreePanel(QWidget):
         super().__init__(parent)
         self.canvas = TreeCanvas()
         self.canvas.node_clicked.connect(self.node_clicked)
+        self.canvas.current_moved.connect(
+            lambda point: self.scroll.ensureVisible(int(point.x()), int(point.y()), NODE_W, DY))
         scroll = QScrollArea()
         scroll.setWidget(self.canvas)
         scroll.setWidgetResizable(True)  # the canvas fills the viewport; bars only when it must grow
@@ -238,16 +406,18 @@ class TreePanel(QWidget):
         self._reveal_timer.timeout.connect(self.reveal_active)
         self.set_tree([], set(), LIGHT)
 
-    def set_tree(self, messages: list[Message], active: set[int], colors: Colors) -> None:
-        """Draw ``messages`` (parents before children) with ``active`` (message ids) as the
-        active path, then scroll its leaf into view once the layout has settled."""
+    def set_tree(self, messages: list[Message], active: set[int], colors: Colors, title: str = "") -> None:
+        """Draw ``messages`` (parents before children) under a node for the conversation
+        titled ``title``, with ``active`` (message ids) as the active path, then scroll its
+        leaf into view once the layout has settled."""
         self.legend.setText(
-            f'<span style="color:{colors.cached};">●</span> KV stored&nbsp;&nbsp; '
-            f'<span style="color:{colors.cached};">◐</span> partly&nbsp;&nbsp; '
-            f'<span style="color:{colors.muted};">○</span> not stored<br>'
+            f'<span style="color:{colors.cached};">━━━</span> KV stored&nbsp;&nbsp; '
+            f'<span style="color:{colors.cached};">━</span> partly<br>'
+            f'no bar: not stored<br>'
             f'<span style="color:{colors.accent};">━</span> active branch<br>'
-            f'<span style="color:{colors.muted};">Hover a node to read it; click to show its branch.</span>')
-        self.canvas.set_tree(messages, active, colors)
+            f'<span style="color:{colors.muted};">Hover a node to read it; click it (or arrows, '
+            f'Enter) to show its branch.</span>')
+        self.canvas.set_tree(messages, active, colors, title)
         self._reveal_timer.start()
 
     def reveal_active(self) -> None:
@@ -261,7 +431,7 @@ class TreePanel(QWidget):
             return
         # a margin of half the viewport centres the leaf when the tree is larger than the panel
         view = self.scroll.viewport().size()
-        self.scroll.ensureVisible(int(point.x()), int(point.y()), max(R + MARGIN, view.width() // 2),
+        self.scroll.ensureVisible(int(point.x()), int(point.y()), max(NODE_W // 2 + MARGIN, view.width() // 2),
                                   max(R + MARGIN, view.height() // 3))
 
     def set_coverage(self, coverage: dict[int, tuple[int, int]]) -> None:
