@@ -330,7 +330,8 @@ class _Server:
             self.send(PrewarmEvent(msg.id, PrewarmResult(skipped=why).to_dict()))
             return
         self.arrived.clear()
-        result = PrewarmResult(finished=False, skipped="superseded")  # not started: a request waits
+        kind = "prompt" if msg.draft is None or msg.complete else "draft" if msg.draft else "open"
+        result = PrewarmResult(kind, finished=False, skipped="superseded")  # not started: a request waits
         if self.inbox.empty():
             result = self.prewarmer.run(list(msg.messages), msg.draft, msg.complete, cancel=self.arrived)
             if result.finished:

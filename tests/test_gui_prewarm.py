@@ -84,9 +84,13 @@ def test_opening_a_chat_restores_it_and_regenerate_and_edit_are_prepared(qtbot, 
     w1.close()
 
     w2 = open_window(data_dir, wait=False)
-    opened = _answer(qtbot, w2, "open", lambda: None)  # at start, on the newest chat
+    answers: list[dict] = []
+    w2.prewarm.answered.connect(answers.append)
+    qtbot.waitUntil(lambda: any(a["kind"] == "open" and a["finished"] for a in answers), timeout=REPLY_TIMEOUT_MS)
+    opened = next(a for a in answers if a["kind"] == "open" and a["finished"])  # at start, the newest chat
     assert w2.conversation_id == cid
     assert opened["restored_tokens"] > 0 and opened["ready_tokens"] == opened["target_tokens"]
+    w2.prewarm._hovered = None  # the pointer may have passed over Regenerate already
 
     button = w2.transcript.widgets[-1].buttons["regenerate"]
     hovered = _answer(qtbot, w2, "prompt", lambda: QApplication.sendEvent(button, QEvent(QEvent.Type.Enter)))

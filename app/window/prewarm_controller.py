@@ -6,8 +6,9 @@ when to ask, from what the user does:
 * a conversation or branch is shown (sidebar, sibling switch, tree click, start, a reply
   ended): the path, restored and prefilled up to the next user header;
 * the composer (or an inline editor: the path then ends before the edited message) holds a
-  draft: at most every ``PARTIAL_MS`` while typing, the draft up to its last whitespace;
-  after ``IDLE_MS`` without a keystroke, the whole prompt of the draft as it would be sent;
+  draft: ``IDLE_MS`` after a keystroke, the whole prompt of the draft as it would be sent
+  (so that Enter, one key-gap later, finds it ready); and at most every ``PARTIAL_MS``,
+  the draft up to its last whitespace, for keys faster than that;
 * the pointer enters a reply's Regenerate button: the prompt of its user message.
 
 A newer prewarm replaces an older one in the engine, and any request (Enter) interrupts one
@@ -32,7 +33,7 @@ from storage.errors import StorageError
 log = logging.getLogger(__name__)
 
 PARTIAL_MS = 300  # while typing: the draft's stable part at most this often
-IDLE_MS = 150  # no keystroke for this long (shorter than the gap between keys at 5 chars/s): the whole prompt
+IDLE_MS = 30  # after each keystroke (a burst, a paste or auto-repeat coalesced): the whole prompt
 
 
 class PrewarmController(QObject):
@@ -154,9 +155,9 @@ class PrewarmController(QObject):
             text = text.strip()  # as the composer sends it
             if not text:
                 return
-        elif self._last is not None and self._last[1] is not None and not self._last[2]:
+        elif self._last is not None and self._last[1] is not None:
             if stable_prefix(text) == stable_prefix(self._last[1]):
-                return  # the same stable part as last time: nothing new to prefill
+                return  # the last request (a whole prompt too) covers this one: do not replace it
         self._send(messages, text, complete)
 
     def _send(self, messages: list[ChatMessage], draft: str | None, complete: bool) -> None:
