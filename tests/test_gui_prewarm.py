@@ -102,5 +102,5 @@ def test_opening_a_chat_restores_it_and_regenerate_and_edit_are_prepared(qtbot, 
     assert again.stats["prepared_tokens"] == hovered["target_tokens"] - 2
 
     first = w2.transcript.widgets[0]
-    edited = _answer(qtbot, w2, "draft", first.begin_edit)  # the path before it, then its text
-    assert 0 < edited["target_tokens"] < opened["target_tokens"]
+    edited = _answer(qtbot, w2, "prompt", first.begin_edit)  # the path before it, then its text, sent as is
+    assert edited["ready_tokens"] == edited["target_tokens"] == again.stats["prompt_tokens"]
