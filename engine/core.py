@@ -281,9 +281,12 @@ class Engine:
                 self.snapshot(stats)
             return GenerationResult(text, ids, stats, prompt)
 
-    def _position(self, prompt: list[int], use_cache: bool, stats: GenerationStats, on_progress) -> None:
+    def _position(self, prompt: list[int], use_cache: bool, stats: GenerationStats, on_progress,
+                  record: bool = True) -> None:
         """Bring the context to the longest known prefix of ``prompt`` (all but its last
-        ``MIN_BATCH`` tokens): the live context or the prefix store, whichever is longer."""
+        ``MIN_BATCH`` tokens): the live context or the prefix store, whichever is longer.
+        ``record`` False leaves the store's statistics and LRU marks alone (a background
+        prewarm, ``engine/prewarm.py``: only a sent turn counts)."""
         if self.mode.checkpoints:
             return self._position_checkpointed(prompt, use_cache, stats, on_progress)
         t = time.perf_counter()
@@ -297,7 +300,7 @@ class Engine:
         match = PrefixMatch()
         if use_cache and self.store is not None and self.layout is not None:
             try:
-                match = self.store.lookup(self.fingerprint, prompt[:limit])
+                match = self.store.lookup(self.fingerprint, prompt[:limit], count=record)
             except StoreError:
                 match = PrefixMatch()
         restored = 0
@@ -322,7 +325,7 @@ class Engine:
             self._clear()
         stats.restored_tokens = restored
         stats.restore_ms = (time.perf_counter() - t) * 1000
-        if self.store is not None and use_cache:
+        if self.store is not None and use_cache and record:
             try:
                 self.store.record_restore(restored, len(prompt) - restored)
             except (StoreError, StorageFullError):

@@ -14,6 +14,7 @@ Requests, window -> engine::
     CountRequest       id, messages, per_message       -> CountEvent (prompt length[, per message])
     CoverageRequest    id, paths [[ChatMessage]]       -> CoverageEvent
     CacheRequest       id, action (CacheAction), budget_bytes -> CacheEvent
+    PrewarmRequest     id, messages, draft, complete  -> PrewarmEvent (engine/prewarm.py)
     ShutdownRequest
 
 Events, engine -> window::
@@ -28,6 +29,7 @@ Events, engine -> window::
     CountEvent         id, prompt_tokens, n_ctx, message_tokens
     CoverageEvent      id, results [(stored, total)] in tokens, one per path
     CacheEvent         id, stats (PrefixStore.stats() dict), verify {checked, bad, removed} | None
+    PrewarmEvent       id, result (PrewarmResult dict)
 
 Raises nothing itself: a request the engine cannot serve comes back as an ErrorEvent.
 """
@@ -120,12 +122,26 @@ class CacheRequest:
 
 
 @dataclass(frozen=True)
+class PrewarmRequest:
+    """Background work between requests (``engine.prewarm``): bring the live context up to
+    the prompt of ``messages`` plus a user message ``draft`` ("" when nothing is typed yet;
+    None: ``messages`` is the whole prompt, a regeneration). ``complete``: the whole prompt of
+    ``draft`` sent as it is, else only what every continuation of it shares. It yields to any
+    other request between batches; a newer prewarm replaces an older one."""
+
+    id: int
+    messages: list[ChatMessage]
+    draft: str | None = ""
+    complete: bool = False
+
+
+@dataclass(frozen=True)
 class ShutdownRequest:
     pass
 
 
 Request = (LoadRequest | GenerateRequest | CancelRequest | CountRequest | CoverageRequest
-           | CacheRequest | ShutdownRequest)
+           | CacheRequest | PrewarmRequest | ShutdownRequest)
 
 
 # -- events ------------------------------------------------------------------------------
@@ -212,8 +228,14 @@ class CacheEvent:
     dropped: int = 0  # FORGET: KV blocks removed
 
 
-Event = (LoadProgressEvent | LoadedEvent | LoadFailedEvent | ProgressEvent | TokenEvent | DoneEvent
-         | SnapshotEvent | ErrorEvent | CountEvent | CoverageEvent | CacheEvent)
+@dataclass(frozen=True)
+class PrewarmEvent:
+    id: int
+    result: dict  # engine.prewarm.PrewarmResult.to_dict()
 
-ANSWERS = (DoneEvent, ErrorEvent, CountEvent, CoverageEvent, CacheEvent)
+
+Event = (LoadProgressEvent | LoadedEvent | LoadFailedEvent | ProgressEvent | TokenEvent | DoneEvent
+         | SnapshotEvent | ErrorEvent | CountEvent | CoverageEvent | CacheEvent | PrewarmEvent)
+
+ANSWERS = (DoneEvent, ErrorEvent, CountEvent, CoverageEvent, CacheEvent, PrewarmEvent)
 """The events that end a request (the window's handle for that request is then finished)."""

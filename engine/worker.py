@@ -5,7 +5,10 @@ and can start a new one.
 The window and this process exchange the typed requests and events of
 ``engine/events.py`` over a ``multiprocessing`` pipe (spawn context). Requests are
 served one at a time, in order, except ``CancelRequest``, which a reader thread applies
-at once so that a reply can be stopped while it streams.
+at once so that a reply can be stopped while it streams. A ``PrewarmRequest`` (background
+work between requests, ``engine/prewarm.py``) stops between batches as soon as any other
+request arrives: it is dropped when a newer prewarm or a request that changes the live
+context (generate, load, cache) is waiting, and resumed after the others (counts, coverage).
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from engine.events import (
     LoadFailedEvent,
     LoadProgressEvent,
     LoadRequest,
+    PrewarmEvent,
+    PrewarmRequest,
     ProgressEvent,
     Request,
     ShutdownRequest,
@@ -151,6 +156,8 @@ class _Server:
         self.cancels: dict[Any, threading.Event] = {}
         self.engine = None
         self.store = None
+        self.prewarmer = None  # engine.prewarm.Prewarmer of a local engine
+        self.arrived = threading.Event()  # set by the reader for every request: a prewarm yields
         self._send_lock = threading.Lock()
 
     def send(self, event: Event) -> None:
@@ -168,13 +175,15 @@ class _Server:
                 self.cancels.setdefault(msg.id, threading.Event()).set()
                 continue
             self.inbox.put(msg)
+            self.arrived.set()
             if isinstance(msg, ShutdownRequest):
                 return
 
     def run(self) -> None:
         threading.Thread(target=self._reader, daemon=True, name="engine-reader").start()
         handlers = {LoadRequest: self.op_load, GenerateRequest: self.op_generate, CountRequest: self.op_count,
-                    CoverageRequest: self.op_coverage, CacheRequest: self.op_cache}
+                    CoverageRequest: self.op_coverage, CacheRequest: self.op_cache,
+                    PrewarmRequest: self.op_prewarm}
         while True:
             msg = self.inbox.get()
             if isinstance(msg, ShutdownRequest):
@@ -204,6 +213,7 @@ class _Server:
         if self.engine is not None:
             self.engine.close()
             self.engine = None
+        self.prewarmer = None
         if msg.remote:
             self._load_remote(msg)
             return
@@ -224,6 +234,9 @@ class _Server:
         except (EngineError, ValueError, OSError) as exc:
             self.send(LoadFailedEvent(str(exc)))
             return
+        from engine.prewarm import Prewarmer
+
+        self.prewarmer = Prewarmer(self.engine)
         facts = self.engine.model.facts.to_dict()
         if self.engine.layout is not None:
             facts["kv_bytes_per_token"] = self.engine.layout.bytes_per_token
@@ -269,6 +282,7 @@ class _Server:
             return
         rid = msg.id
         cancel = self.cancels.setdefault(rid, threading.Event())
+        result = None
         try:
             result = self.engine.generate(
                 list(msg.messages),
@@ -292,10 +306,49 @@ class _Server:
             return
         finally:
             self.cancels.pop(rid, None)
-        self.send(DoneEvent(rid, result.text, list(result.token_ids), result.stats.to_dict()))
+            ready = self._account_prewarm(result)
+        self.send(DoneEvent(rid, result.text, list(result.token_ids), {**result.stats.to_dict(), **ready}))
         if msg.use_cache:  # a remote engine stores nothing (0 bytes); the window still expects the event
             self.engine.snapshot(result.stats)
             self.send(SnapshotEvent(rid, round(result.stats.snapshot_ms, 2), result.stats.snapshot_bytes_written))
+
+    def _account_prewarm(self, result) -> dict:
+        """What the prewarms before this request left ready (merged into its stats)."""
+        if self.prewarmer is None:
+            return {}
+        if result is None:
+            self.prewarmer.forget()
+            return {}
+        return self.prewarmer.account(result.stats)
+
+    def op_prewarm(self, msg: PrewarmRequest) -> None:
+        """Run a prewarm until done or until another request arrives (see the module doc)."""
+        from engine.prewarm import PrewarmResult
+
+        if self.prewarmer is None:
+            why = "no model is loaded" if self.engine is None else "a remote engine keeps its own cache"
+            self.send(PrewarmEvent(msg.id, PrewarmResult(skipped=why).to_dict()))
+            return
+        self.arrived.clear()
+        kind = "prompt" if msg.draft is None or msg.complete else "draft" if msg.draft else "open"
+        result = PrewarmResult(kind, finished=False, skipped="superseded")  # not started: a request waits
+        if self.inbox.empty():
+            result = self.prewarmer.run(list(msg.messages), msg.draft, msg.complete, cancel=self.arrived)
+            if result.finished:
+                self.send(PrewarmEvent(msg.id, result.to_dict()))
+                return
+        if self._prewarm_superseded():  # what it computed stays live for the next request
+            self.send(PrewarmEvent(msg.id, result.to_dict()))
+        else:
+            self.inbox.put(msg)  # after the counts and coverage requests waiting now
+
+    def _prewarm_superseded(self) -> bool:
+        """Whether a request waiting in the inbox makes a prewarm pointless: a newer prewarm,
+        or one that changes the live context."""
+        with self.inbox.mutex:
+            waiting = list(self.inbox.queue)
+        return any(isinstance(m, (PrewarmRequest, GenerateRequest, LoadRequest, CacheRequest, ShutdownRequest))
+                   for m in waiting)
 
     def op_count(self, msg: CountRequest) -> None:
         if not self._require_engine(msg):
@@ -327,6 +380,8 @@ class _Server:
                 self.store.clear()
             if self.engine is not None and not self._remote:
                 self.engine.reset_context()
+            if self.prewarmer is not None:
+                self.prewarmer.forget()
         elif msg.action == CacheAction.VERIFY and self.store is not None:
             verify = self.store.verify().__dict__
         elif msg.action == CacheAction.SET_BUDGET and self.store is not None and msg.budget_bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -15,6 +16,9 @@ def test_reopen_and_continue_restores_with_same_reply(qtbot, open_window, data_d
     cid = new_chat(w1, system_prompt="You are a concise assistant.")
     send_and_wait(qtbot, w1, "Name three fruits.")
     w1.close()
+    # restore at send, not on open (zero-wait turns: tests/test_gui_prewarm.py)
+    settings = json.loads((data_dir / "settings.json").read_text())
+    (data_dir / "settings.json").write_text(json.dumps({**settings, "prewarm": False}))
 
     w2 = open_window(data_dir)
     assert w2.conversation_id == cid  # the newest chat is shown at start

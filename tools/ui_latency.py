@@ -10,6 +10,9 @@ how many gaps exceeded 50 ms (the target is none), plus ``--json``.
 the composer until the "too long" dialog shows (the engine counts it in its own process),
 opening a chat that holds it, and searching for a word in it; and for opening a chat of
 200 messages (the first second after the click).
+
+``--scenario typing`` measures zero-wait turns instead (``tools/zero_wait.py``): a message
+typed at a human pace into a 2,000-token conversation, TTFT with the feature on and off.
 """
 
 from __future__ import annotations
@@ -193,7 +196,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=400)
     p.add_argument("--json", action="store_true")
     p.add_argument("--big", action="store_true", help="send, open and search a chat with a 1 MB message")
+    p.add_argument("--scenario", choices=("reply", "typing"), default="reply",
+                   help="reply: stream a long reply (default); typing: zero-wait turns (tools/zero_wait.py)")
+    p.add_argument("--cps", type=float, default=5.0, help="typing: characters per second (default 5)")
+    p.add_argument("--threads", type=int, default=0, help="typing: llama.cpp threads (default 0: all cores)")
     args = p.parse_args(argv)
+    if args.scenario == "typing":
+        from tools import zero_wait
+
+        r = zero_wait.measure(args.cps, args.threads)
+        print(json.dumps(r) if args.json else zero_wait.report(r))
+        return 0
     if args.big:
         r = measure_big()
         if args.json:

@@ -76,6 +76,13 @@ class ConversationSession:
         conv = self.chats.get_conversation(m.conversation_id)
         return conversation_messages(conv.system_prompt, self.chats.path_to(user_message_id))
 
+    def prompt_before(self, message_id: int) -> list[ChatMessage]:
+        """The engine's messages before ``message_id``: the system prompt (when set) and the
+        path to its parent (what an edit of ``message_id`` is sent after)."""
+        m = self.chats.get_message(message_id)
+        conv = self.chats.get_conversation(m.conversation_id)
+        path = self.chats.path_to(m.parent_id) if m.parent_id is not None else []
+        return conversation_messages(conv.system_prompt, path)
     def prompt_for_send(self, conversation_id: int | None, text: str,
                         system_prompt: str = "") -> tuple[list[ChatMessage], list[int | None]]:
         """The engine's messages for sending ``text`` under the active leaf of

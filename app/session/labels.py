@@ -18,10 +18,16 @@ def model_label(path: str | Path | None, facts: dict | None = None) -> str:
 
 def reply_status_line(stats: dict, saved: bool = False) -> str:
     """"restored N tokens in X ms · prefilled M in Y s · Z tok/s" for a GenerationStats dict
-    (tokens, milliseconds). ``saved`` True labels the line as the saved figures of the reply
+    (tokens, milliseconds); when background prewarms (engine/prewarm.py) had the prompt ready,
+    "prefilled while you typed: T tokens · ready before you sent: R tokens" instead of the
+    restore. ``saved`` True labels the line as the saved figures of the reply
     shown ("Last reply on this branch: …"), so that opening a chat does not look like a new run."""
     parts = []
-    if stats.get("restored_tokens"):
+    if stats.get("typed_tokens"):
+        parts.append(f"prefilled while you typed: {stats['typed_tokens']:,} tokens")
+    if stats.get("prepared_tokens"):  # engine/prewarm.py: live before the request came
+        parts.append(f"ready before you sent: {stats['prepared_tokens']:,} tokens")
+    elif stats.get("restored_tokens"):
         parts.append(f"restored {stats['restored_tokens']:,} tokens in {stats.get('restore_ms', 0):.0f} ms")
     else:
         parts.append("nothing restored")

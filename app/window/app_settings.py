@@ -78,6 +78,8 @@ class AppSettings:
     prompt_presets: named system prompts (name -> text), offered in Settings.
     reset_fields: after ``load``, the fields the file held with an invalid value, now at
         their defaults (not saved; the window names them).
+    prewarm: zero-wait turns (app/window/prewarm_controller.py): restore an opened chat and
+        prefill the composer's draft in the background. Off: the engine idles between turns.
     """
 
     n_ctx: int = _ENGINE.n_ctx
@@ -100,6 +102,7 @@ class AppSettings:
     default_sampling: dict = field(default_factory=dict)
     prompt_presets: dict = field(default_factory=dict)
     reset_fields: list[str] = field(default_factory=list)
+    prewarm: bool = True
 
     def engine_settings(self) -> EngineSettings:
         """The EngineSettings these settings describe, built by the engine's own rule

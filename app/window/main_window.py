@@ -31,6 +31,7 @@ from app.window.import_dialog import ImportController, ImportDropMixin
 from app.window.link_dialog import LinkConfirmMixin
 from app.window.message_actions import MessageActionsMixin
 from app.window.model_controller import ModelController
+from app.window.prewarm_controller import PrewarmController
 from app.window.server_controller import ServerActionsMixin, ServerController
 from app.window.overflow_flow import OverflowFlow
 from app.window.settings_flow import SettingsFlow
@@ -94,6 +95,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         self.importer = ImportController(self)
         self.api_server = ServerController(self)
         self.forget_flow = ForgetFlow(self)
+        self.prewarm = PrewarmController(self)
         self.settings_flow = SettingsFlow(self)
         self.overflow_flow = OverflowFlow(self)
         self._connect()
@@ -162,6 +164,8 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         self.tree.node_clicked.connect(chat.select)
         chat.reply_finished.connect(self.reply_finished)
         chat.coverage_ready.connect(self.coverage_ready)
+        chat.path_shown.connect(self.prewarm.path_changed)
+        self.prewarm.connect()
         model.ready.connect(self._model_ready)
         model.failed.connect(self.model_failed)
         model.died.connect(self._engine_died)
@@ -230,6 +234,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         if self.chat.conversation_id is None:
             self.chat.update_context_label()
         self.chat.request_context_count()
+        self.prewarm.path_changed()
         self.model_ready.emit(facts)
         self.chat.refresh_coverage()
 

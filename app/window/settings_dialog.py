@@ -10,6 +10,7 @@ from dataclasses import replace
 from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QDialog,
     QDialogButtonBox,
@@ -145,6 +146,12 @@ class SettingsDialog(QDialog):
         form2.addRow("Prefix-store budget", self.budget)
         form2.addRow("Prefix store in use", row)
         form2.addRow("Data folder", folder)
+        self.prewarm = QCheckBox("Prepare the next turn while you read and type")
+        self.prewarm.setChecked(bool(settings.prewarm))
+        self.prewarm.setToolTip("Restores an opened chat and prefills your message as you type, so a reply "
+                                "starts at once. Uses the CPU between turns; never while the window is "
+                                "hidden or minimized. Replies are the same either way.")
+        form2.addRow("Zero-wait turns", self.prewarm)
         note = QLabel("Changing the context size, threads or precision reloads the model.")
         note.setWordWrap(True)
         form2.addRow(note)
@@ -255,7 +262,7 @@ class SettingsDialog(QDialog):
     def app_values(self) -> dict:
         """n_ctx, n_threads, type_k, type_v, budget_bytes, api_host, api_port, api_key,
         engine_url, engine_key, engine_model, default_system_prompt, default_sampling and
-        prompt_presets as entered (an empty address is 127.0.0.1)."""
+        prompt_presets as entered (an empty address is 127.0.0.1), and prewarm."""
         type_k, type_v = self.kv.currentData()
         default_prompt, default_sampling = self.defaults_form.values()
         return {"n_ctx": self.n_ctx.value(), "n_threads": self.threads.value(),
@@ -263,7 +270,8 @@ class SettingsDialog(QDialog):
                 "prompt_presets": dict(self.presets),
                 "type_k": type_k, "type_v": type_v, "budget_bytes": self.budget.value() * MB,
                 "api_host": self.api_host.text().strip() or "127.0.0.1", "api_port": self.api_port.value(),
-                "api_key": self.api_key.text().strip(), **self._engine_values()}
+                "api_key": self.api_key.text().strip(), **self._engine_values(),
+                "prewarm": self.prewarm.isChecked()}
 
     def _engine_values(self) -> dict:
         """engine_url, engine_key, engine_model: all "" for the local model file."""

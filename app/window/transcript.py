@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QFrame,
@@ -92,6 +92,9 @@ class MessageWidget(QFrame):
     link_requested = Signal(str)  # an http(s) link in the text was clicked (not opened yet)
     delete_requested = Signal(int)  # message id: delete it with the replies under it
     copy_conversation_requested = Signal()  # the shown branch as Markdown to the clipboard
+    edit_changed = Signal(int, str)  # message id, the editor's text (when it opens and on each change)
+    edit_ended = Signal(int)  # message id: its editor closed (saved or cancelled)
+    regenerate_hovered = Signal(int)  # message id: the pointer entered its Regenerate button
 
     def __init__(self, message: Message | None, role: str, index: int = 1, count: int = 1,
                  colors: Colors = LIGHT, busy: bool = False, parent: QWidget | None = None,
@@ -152,6 +155,7 @@ class MessageWidget(QFrame):
                 self.buttons["regenerate"] = self._tool(
                     "Regenerate", "Write another reply (a new branch)",
                     lambda: self.regenerate_requested.emit(message.id))
+                self.buttons["regenerate"].installEventFilter(self)
                 header.addWidget(self.buttons["regenerate"])
             self.buttons["fork"] = self._tool("Fork", "Fork to a new chat from here",
                                               lambda: self.fork_requested.emit(message.id))
@@ -256,6 +260,12 @@ class MessageWidget(QFrame):
             if n < len(blocks):
                 QGuiApplication.clipboard().setText(blocks[n])
 
+    def eventFilter(self, watched, event) -> bool:  # noqa: N802 - Qt override
+        if (event.type() == QEvent.Type.Enter and watched is self.buttons.get("regenerate")
+                and self.message is not None and watched.isEnabled()):
+            self.regenerate_hovered.emit(self.message.id)
+        return super().eventFilter(watched, event)
+
     # -- edit in place -------------------------------------------------------------------
 
     def begin_edit(self) -> None:
@@ -287,6 +297,9 @@ class MessageWidget(QFrame):
         QShortcut(QKeySequence("Escape"), self.editor, self.end_edit)
         self.editor.setFocus()
         self.editor.selectAll()
+        editor, mid = self.editor, self.message.id
+        editor.textChanged.connect(lambda: self.edit_changed.emit(mid, editor.toPlainText()))
+        self.edit_changed.emit(mid, self._text)
 
     def end_edit(self) -> None:
         if self.editor is None:
@@ -295,6 +308,8 @@ class MessageWidget(QFrame):
         self._edit_row.deleteLater()
         self.editor = None
         self.body.show()
+        if self.message is not None:
+            self.edit_ended.emit(self.message.id)
         self.expander.setVisible(collapsed(self._text) is not None)
 
     def _save_edit(self) -> None:
@@ -316,6 +331,9 @@ class TranscriptView(QScrollArea):
     link_requested = Signal(str)  # an http(s) link in any message was clicked
     delete_requested = Signal(int)
     copy_conversation_requested = Signal()
+    edit_changed = Signal(int, str)  # MessageWidget's: for zero-wait turns (prewarm_controller.py)
+    edit_ended = Signal(int)
+    regenerate_hovered = Signal(int)
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -426,6 +444,9 @@ class TranscriptView(QScrollArea):
         w.link_requested.connect(self.link_requested)
         w.delete_requested.connect(self.delete_requested)
         w.copy_conversation_requested.connect(self.copy_conversation_requested)
+        w.edit_changed.connect(self.edit_changed)
+        w.edit_ended.connect(self.edit_ended)
+        w.regenerate_hovered.connect(self.regenerate_hovered)
         return w
 
     @property

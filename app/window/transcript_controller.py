@@ -31,11 +31,13 @@ EMPTY_TEXT = ("<h2>Branchwise</h2><p>Ask anything. Every reply is a branch you c
 class ChatController(QObject):
     """The conversation shown in ``window`` (a MainWindow) and its streaming reply.
 
-    Signals: reply_finished(message id, 0 when nothing was stored), coverage_ready().
+    Signals: reply_finished(message id, 0 when nothing was stored), coverage_ready(),
+    path_shown() (a path was drawn with no reply streaming: the next prompt may start there).
     """
 
     reply_finished = Signal(int)
     coverage_ready = Signal()
+    path_shown = Signal()
 
     def __init__(self, window):
         super().__init__(window)
@@ -85,6 +87,8 @@ class ChatController(QObject):
             w.refresh_title()
             self.update_context_label()
             w.status.show_stats(None)
+            if not busy:
+                self.path_shown.emit()
             return
         path = self.session.shown_path(cid, self.reply)
         streaming_here = busy and self.reply.conversation_id == cid
@@ -105,6 +109,7 @@ class ChatController(QObject):
             QTimer.singleShot(0, self, self.request_context_count)  # prompt to the engine waits a beat
         else:  # no engine to ask: the saved figures of the leaf reply, if it has them
             self.update_context_label(path[-1].stats if path and path[-1].role == "assistant" else None)
+        self.path_shown.emit()
 
     def new_chat_settings(self) -> tuple[str, dict]:
         """(system prompt, sampling) the next new chat starts with: what Settings set for it,

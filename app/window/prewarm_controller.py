@@ -1,0 +1,172 @@
+"""Zero-wait turns, the window's side: tell the engine what the next prompt will probably be.
+
+The engine does the work between requests (``engine/prewarm.py``); this controller decides
+when to ask, from what the user does:
+
+* a conversation or branch is shown (sidebar, sibling switch, tree click, start, a reply
+  ended): the path, restored and prefilled up to the next user header;
+* the composer (or an inline editor: the path then ends before the edited message) holds a
+  draft: ``IDLE_MS`` after a keystroke, the whole prompt of the draft as it would be sent
+  (so that Enter, one key-gap later, finds it ready); and at most every ``PARTIAL_MS``,
+  the draft up to its last whitespace, for keys faster than that;
+* the pointer enters a reply's Regenerate button: the prompt of its user message.
+
+A newer prewarm replaces an older one in the engine, and any request (Enter) interrupts one
+between batches and reuses what it computed. Nothing is asked while the setting is off, no
+local model is ready, a reply streams, the cache is off, or the window is hidden or
+minimized. Qt has no battery API (PySide6 6.11 has none in QtCore or QtGui), so the
+setting is the way to save battery. The path's messages are read once per shown path, not
+per keystroke.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from PySide6.QtCore import QObject, QTimer, Signal
+
+from app.window.model_controller import ModelState
+from engine.chat_template import ChatMessage
+from engine.prewarm import stable_prefix
+from storage.errors import StorageError
+
+log = logging.getLogger(__name__)
+
+PARTIAL_MS = 300  # while typing: the draft's stable part at most this often
+IDLE_MS = 30  # after each keystroke (a burst, a paste or auto-repeat coalesced): the whole prompt
+
+
+class PrewarmController(QObject):
+    """Prewarms for ``window`` (a MainWindow). Signal ``answered(result dict)`` for each
+    prewarm the engine finished or dropped (engine.prewarm.PrewarmResult; tools and tests)."""
+
+    answered = Signal(dict)
+
+    def __init__(self, window):
+        super().__init__(window)
+        self.w = window
+        self._path: list[ChatMessage] | None = None  # the shown path's messages, read on demand
+        self._editing: int | None = None  # the message an inline editor is open on
+        self._edit_path: list[ChatMessage] = []
+        self._edit_text = ""
+        self._last: tuple | None = None  # the last request sent (not repeated)
+        self._hovered: int | None = None  # the reply whose Regenerate was prepared (once per path)
+        self.requests = 0  # prewarms sent (for tools and tests)
+        self.partial = QTimer(self, singleShot=True, interval=PARTIAL_MS)
+        self.partial.timeout.connect(lambda: self._draft(complete=False))
+        self.idle = QTimer(self, singleShot=True, interval=IDLE_MS)
+        self.idle.timeout.connect(lambda: self._draft(complete=True))
+
+    def connect(self) -> None:
+        w = self.w
+        w.composer.input.textChanged.connect(self.draft_changed)
+        w.composer.send_requested.connect(lambda _text: self._stop_timers())
+        w.transcript.edit_changed.connect(self.edit_changed)
+        w.transcript.edit_ended.connect(self.edit_ended)
+        w.transcript.regenerate_hovered.connect(self.regenerate_hovered)
+
+    # -- when to ask ---------------------------------------------------------------------
+
+    def active(self) -> bool:
+        """Whether a prewarm may be asked for now (see the module docstring)."""
+        w = self.w
+        return bool(w.settings.prewarm and w.use_cache and not w.closed and w.model.state == ModelState.READY
+                    and not (w.model.facts or {}).get("remote") and not w.chat.streaming
+                    and w.isVisible() and not w.isMinimized())
+
+    def path_changed(self) -> None:
+        """The shown path changed (or a reply ended): prewarm it, with the draft if any."""
+        self._path = None
+        self._last = None
+        self._hovered = None
+        if self._editing is None:
+            self._draft(complete=False)
+            if self._text().strip():
+                self.idle.start()
+
+    def draft_changed(self) -> None:
+        if not self.active():
+            return
+        if not self.partial.isActive():
+            self.partial.start()
+        self.idle.start()
+
+    def edit_changed(self, message_id: int, text: str) -> None:
+        """An inline editor on ``message_id`` opened or changed: prewarm up to its parent."""
+        if self._editing != message_id:
+            try:
+                self._edit_path = self.w.chat.session.prompt_before(message_id)
+            except StorageError as exc:
+                log.info("no prewarm for the edit: %s", exc)
+                return
+            self._editing = message_id
+            self._last = None
+            self._edit_text = text
+            self._draft(complete=False)
+        self._edit_text = text
+        self.draft_changed()
+
+    def edit_ended(self, message_id: int) -> None:
+        if self._editing == message_id:
+            self._editing = None
+            self._last = None
+
+    def regenerate_hovered(self, message_id: int) -> None:
+        if not self.active() or message_id == self._hovered:
+            return
+        self._hovered = message_id
+        try:
+            session = self.w.chat.session
+            messages = session.prompt(session.regenerate_target(message_id))
+        except (StorageError, ValueError) as exc:
+            log.info("no prewarm for regenerate: %s", exc)
+            return
+        self._send(messages, None, True)
+
+    # -- asking --------------------------------------------------------------------------
+
+    def _stop_timers(self) -> None:
+        self.partial.stop()
+        self.idle.stop()
+
+    def _text(self) -> str:
+        return self._edit_text if self._editing is not None else self.w.composer.text()
+
+    def _messages(self) -> list[ChatMessage] | None:
+        if self._editing is not None:
+            return self._edit_path
+        if self._path is None:
+            cid = self.w.chat.conversation_id
+            try:
+                self._path = self.w.chat.session.active_prompt(cid) if cid is not None else []
+            except StorageError as exc:
+                log.info("no prewarm: %s", exc)
+                return None
+        return self._path
+
+    def _draft(self, complete: bool) -> None:
+        if not self.active():
+            return
+        messages = self._messages()
+        if messages is None:
+            return
+        text = self._text()
+        if complete:
+            text = text.strip()  # as the composer sends it
+            if not text:
+                return
+        elif self._last is not None and self._last[1] is not None:
+            if stable_prefix(text) == stable_prefix(self._last[1]):
+                return  # the last request (a whole prompt too) covers this one: do not replace it
+        self._send(messages, text, complete)
+
+    def _send(self, messages: list[ChatMessage], draft: str | None, complete: bool) -> None:
+        key = (id(messages), draft, complete)
+        if key == self._last or (not messages and draft is not None and not draft.strip()):
+            return
+        handle = self.w.client.prewarm(messages, draft, complete)
+        if handle is None:
+            return
+        self._last = key
+        self.requests += 1
+        handle.done.connect(lambda event: self.answered.emit(dict(event.result)))

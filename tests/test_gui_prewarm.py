@@ -1,0 +1,106 @@
+"""Zero-wait turns in the real window (app/window/prewarm_controller.py): the draft is
+prefilled while it sits in the composer, Enter evaluates only the last two prompt tokens,
+the status line says what was ready, the reply is the one computed without any cache; and
+nothing is asked of the engine when the setting is off or the window is hidden."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+from PySide6.QtCore import Qt  # noqa: E402
+from app.window.prewarm_controller import IDLE_MS, PARTIAL_MS  # noqa: E402
+from gui_helpers import REPLY_TIMEOUT_MS, new_chat, send_and_wait  # noqa: E402
+
+
+def _type(qtbot, w, text: str) -> dict:
+    """Put ``text`` in the composer and wait for the prewarm of its whole prompt."""
+    with qtbot.waitSignal(w.prewarm.answered, timeout=REPLY_TIMEOUT_MS,
+                          check_params_cb=lambda r: r["kind"] == "prompt" and r["finished"]
+                          and r["ready_tokens"] == r["target_tokens"]) as blocker:
+        w.composer.input.setPlainText(text)
+    return blocker.args[0]
+
+
+def test_a_draft_prefilled_while_typing_leaves_two_tokens_for_enter(qtbot, open_window, data_dir):
+    w = open_window(data_dir)
+    new_chat(w, system_prompt="You are a concise assistant.")
+    send_and_wait(qtbot, w, "Name three fruits.")
+    ready = _type(qtbot, w, "Now name three vegetables, please.")
+    with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS) as blocker:
+        qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
+    warm = w.store.get_message(blocker.args[0])
+    assert warm.stats["restore_source"] == "context"
+    assert warm.stats["prefilled_tokens"] == 2
+    assert warm.stats["prepared_tokens"] == warm.stats["prompt_tokens"] - 2 == ready["target_tokens"] - 2
+    assert 0 < warm.stats["typed_tokens"] < warm.stats["prepared_tokens"]
+    assert f"prefilled while you typed: {warm.stats['typed_tokens']:,} tokens" in w.stats_label.text()
+
+    w.use_cache = False  # the same prompt from scratch gives the same reply (temperature 0)
+    with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS) as blocker:
+        qtbot.mouseClick(w.transcript.widgets[-1].buttons["regenerate"], Qt.MouseButton.LeftButton)
+    fresh = w.store.get_message(blocker.args[0])
+    assert fresh.stats["restored_tokens"] == 0 and fresh.stats["prompt_tokens"] == warm.stats["prompt_tokens"]
+    assert fresh.token_ids == warm.token_ids
+
+
+def test_nothing_is_prewarmed_when_off_or_hidden(qtbot, open_window, data_dir):
+    w = open_window(data_dir)
+    new_chat(w, system_prompt="Be brief.")
+    qtbot.waitUntil(lambda: w.prewarm.requests > 0)  # the shown chat's system prompt and user header
+    w.settings.prewarm = False
+    sent = w.prewarm.requests
+    w.composer.input.setPlainText("Hello there, how are")
+    qtbot.wait(PARTIAL_MS + IDLE_MS + 200)
+    assert w.prewarm.requests == sent
+    w.settings.prewarm = True
+    w.hide()
+    w.composer.input.setPlainText("Hello there, how are you")
+    qtbot.wait(PARTIAL_MS + IDLE_MS + 200)
+    assert w.prewarm.requests == sent
+    w.show()
+    w.composer.input.setPlainText("Hello there, how are you today")
+    qtbot.waitUntil(lambda: w.prewarm.requests > sent)
+    mid = send_and_wait(qtbot, w, "Hi")
+    assert w.store.get_message(mid).stats["prefilled_tokens"] >= 2
+
+
+def _answer(qtbot, w, kind: str, act) -> dict:
+    """Do ``act()`` and wait for a finished prewarm of ``kind``."""
+    with qtbot.waitSignal(w.prewarm.answered, timeout=REPLY_TIMEOUT_MS,
+                          check_params_cb=lambda r: r["kind"] == kind and r["finished"]) as blocker:
+        act()
+    return blocker.args[0]
+
+
+def test_opening_a_chat_restores_it_and_regenerate_and_edit_are_prepared(qtbot, open_window, data_dir):
+    from PySide6.QtCore import QEvent
+    from PySide6.QtWidgets import QApplication
+
+    w1 = open_window(data_dir)
+    cid = new_chat(w1, system_prompt="You are a concise assistant.")
+    send_and_wait(qtbot, w1, "Name three fruits.")
+    w1.close()
+
+    w2 = open_window(data_dir, wait=False)
+    answers: list[dict] = []
+    w2.prewarm.answered.connect(answers.append)
+    qtbot.waitUntil(lambda: any(a["kind"] == "open" and a["finished"] for a in answers), timeout=REPLY_TIMEOUT_MS)
+    opened = next(a for a in answers if a["kind"] == "open" and a["finished"])  # at start, the newest chat
+    assert w2.conversation_id == cid
+    assert opened["restored_tokens"] > 0 and opened["ready_tokens"] == opened["target_tokens"]
+    w2.prewarm._hovered = None  # the pointer may have passed over Regenerate already
+
+    button = w2.transcript.widgets[-1].buttons["regenerate"]
+    hovered = _answer(qtbot, w2, "prompt", lambda: QApplication.sendEvent(button, QEvent(QEvent.Type.Enter)))
+    assert hovered["ready_tokens"] == hovered["target_tokens"]
+    with qtbot.waitSignal(w2.reply_finished, timeout=REPLY_TIMEOUT_MS) as blocker:
+        qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
+    again = w2.store.get_message(blocker.args[0])
+    assert again.stats["prefilled_tokens"] == 2 and again.stats["restore_source"] == "context"
+    assert again.stats["prepared_tokens"] == hovered["target_tokens"] - 2
+
+    first = w2.transcript.widgets[0]
+    edited = _answer(qtbot, w2, "prompt", first.begin_edit)  # the path before it, then its text, sent as is
+    assert edited["ready_tokens"] == edited["target_tokens"] == again.stats["prompt_tokens"]
