@@ -68,3 +68,21 @@ def test_largest_context_is_the_smaller_of_training_and_memory():
     assert largest_context(8192, kvb, 2048, 50 * 2**20) == 3072  # 0.8 x (50 MB + the 2,048 in use)
     assert largest_context(0, kvb, 2048, 50 * 2**20) == 3072
     assert largest_context(0, 0, 2048, 0) == 0  # nothing known
+
+
+def test_a_message_that_surely_fits_is_sent_without_a_count_first(qtbot, open_window, data_dir):
+    """The shown path's last count plus the message's bytes under the context: no round trip
+    to the engine before the reply (it would wait for a running prewarm batch)."""
+    w = open_window(data_dir)
+    cid = new_chat(w, {"max_tokens": 8})
+    send_and_wait(qtbot, w, "Hi")
+    qtbot.waitUntil(lambda: w.chat.counted_path is not None and w.chat.counted_path[0] == cid, timeout=30_000)
+    w.composer.input.setPlainText("And again?")
+    with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS):
+        qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
+        assert w.chat.streaming  # the reply started at once, not after a count
+    # a message that may not fit is still counted first
+    w.composer.input.setPlainText("word " * 2100)
+    qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
+    assert not w.chat.streaming and w.overflow_flow.checking is not None
+    qtbot.waitUntil(lambda: w.overflow_box is not None and w.overflow_box.isVisible(), timeout=REPLY_TIMEOUT_MS)

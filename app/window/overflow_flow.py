@@ -1,8 +1,9 @@
 """A message that does not fit the context: checked before it is stored, and the choices
 that can work when it does not fit (``app.session.overflow``), from the engine's token counts.
 
-Sending: the prompt with the new message is counted by the engine (its process, not the UI
-thread) before anything is written. When it fits, the message is stored and answered; when
+Sending: a message that surely fits (``_surely_fits``: the shown path's last count plus
+the message's bytes) is stored and answered at once. Any other prompt with the new message
+is counted by the engine (its process, not the UI thread) before anything is written. When it fits, the message is stored and answered; when
 not, each message is counted and a dialog offers only what can work, and says the largest
 context this model and this machine's memory allow. The text goes back to the composer if
 the user backs out. A stored message the engine finds too long (an edit, a regeneration, a
@@ -24,6 +25,9 @@ from storage.errors import StorageError
 
 log = logging.getLogger(__name__)
 
+SEND_MARGIN_TOKENS = 64
+"""Tokens allowed for a new turn's template around the message (ChatML adds 5-8)."""
+
 
 class OverflowFlow(QObject):
     """For ``window`` (a MainWindow): ``check_send`` before a message is stored, ``stored``
@@ -43,6 +47,9 @@ class OverflowFlow(QObject):
         with ``new_chat``'s settings); store and answer it when it fits."""
         w = self.w
         system = new_chat[0] if cid is None and new_chat else ""
+        if self._surely_fits(cid, text, system):  # no round trip to the engine before the reply
+            w.chat.store_and_reply(cid, text, new_chat)
+            return
         try:
             messages, ids = w.chat.session.prompt_for_send(cid, text, system)
         except StorageError as exc:
@@ -57,6 +64,27 @@ class OverflowFlow(QObject):
         self._busy(True, len(text))
         handle.done.connect(lambda e: self._counted(handle, cid, text, new_chat, messages, ids, e))
         handle.failed.connect(lambda e: self._count_failed(handle, cid, text, new_chat, e))
+
+    def _surely_fits(self, cid: int | None, text: str, system: str) -> bool:
+        """True when the prompt with ``text`` fits without counting it: the shown path's last
+        count (or the system prompt of a new chat, by its UTF-8 bytes) plus ``text``'s UTF-8
+        bytes plus ``SEND_MARGIN_TOKENS`` is under the context. A token of text covers at
+        least one byte (byte-level BPE, SentencePiece with byte fallback); the margin covers
+        the template's role headers and a leading-space marker. Should a template add more,
+        the engine still refuses the stored prompt and ``stored`` offers the same choices."""
+        w = self.w
+        if cid is None:
+            known = len(system.encode("utf-8"))
+        else:
+            counted = w.chat.counted_path
+            try:
+                leaf = w.store.get_conversation(cid).active_leaf_id
+            except StorageError:
+                return False
+            if counted is None or counted[:2] != (cid, leaf):
+                return False
+            known = counted[2]
+        return known + len(text.encode("utf-8")) + SEND_MARGIN_TOKENS < w.chat.n_ctx()
 
     def engine_gone(self) -> None:
         """The engine died while counting: the message is kept, unanswered (Retry answers it

@@ -51,6 +51,7 @@ class ChatController(QObject):
         self._coverage: PendingRequest | None = None
         self._coverage_ids: list[int] = []
         self._count: PendingRequest | None = None
+        self.counted_path: tuple[int, int | None, int] | None = None  # (chat, leaf, prompt tokens), last count
         self._new_chat: tuple[str, dict] | None = None  # set in Settings before a new chat's first message
         self.flush_timer = QTimer(self, interval=FLUSH_MS)
         self.flush_timer.timeout.connect(self._flush)
@@ -146,10 +147,12 @@ class ChatController(QObject):
         handle = self.w.client.count(messages)
         if handle is not None:
             self._count = handle
-            handle.done.connect(lambda e, h=handle, c=cid: self._counted(h, c, e))
+            leaf = self.w.store.get_conversation(cid).active_leaf_id
+            handle.done.connect(lambda e, h=handle, c=cid, leaf=leaf: self._counted(h, c, e, leaf))
             handle.failed.connect(lambda e: log.info("count failed: %s", e.message))
 
-    def _counted(self, handle: PendingRequest, cid: int, event: CountEvent) -> None:
+    def _counted(self, handle: PendingRequest, cid: int, event: CountEvent, leaf: int | None = None) -> None:
+        self.counted_path = (cid, leaf, event.prompt_tokens)
         if handle is self._count and cid == self.conversation_id and not self.streaming:
             self._count = None
             self.w.status.set_context(event.prompt_tokens, event.n_ctx or self.n_ctx())
