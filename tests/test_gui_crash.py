@@ -133,3 +133,33 @@ def test_stop_ends_an_engine_that_does_not_answer(qtbot, open_window, data_dir, 
     mid = send_and_wait(qtbot, w, "Hello")
     assert w.store.get_message(mid).status == "complete"
     assert [m.role for m in w.store.active_path(cid)] == ["user", "assistant", "user", "assistant"]
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="POSIX signals")
+def test_stop_ends_an_engine_frozen_while_it_counts_a_long_paste(qtbot, open_window, data_dir):
+    """Stop while a message is being counted before it is stored (a long paste) is covered by
+    the same watchdog: the message is kept with an empty stopped reply, and the engine restarts."""
+    w = open_window(data_dir)
+    cid = new_chat(w, {"max_tokens": 8})
+    frozen = w.client.pid
+    os.kill(frozen, signal.SIGSTOP)  # frozen before the count can be answered
+    try:
+        w.chat.stop_hint.setInterval(300)
+        w.chat.stop_watchdog.setInterval(1_500)
+        w.composer.input.setPlainText("A question about lighthouses. " * 300)
+        qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
+        assert w.overflow_flow.checking is not None  # long: counted first
+        with qtbot.waitSignal(w.engine_died, timeout=30_000):
+            w.chat.stop()
+            qtbot.waitUntil(lambda: w.banner.button("End engine now") is not None, timeout=10_000)
+    finally:
+        try:
+            os.kill(frozen, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    assert w.overflow_flow.checking is None
+    assert w.banner.text.startswith("The engine did not answer Stop, so Branchwise ended it")
+    path = w.store.active_path(cid)
+    assert [(m.role, m.status, m.content) for m in path][1:] == [("assistant", "stopped", "")]
+    assert path[0].content.startswith("A question about lighthouses.")
+    qtbot.waitUntil(lambda: w.model_state == "ready", timeout=LOAD_TIMEOUT_MS)

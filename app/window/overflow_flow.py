@@ -94,7 +94,9 @@ class OverflowFlow(QObject):
         self.checking = None
         self._busy(False)
         cid, text, new_chat = self._sending
-        if self.w.chat.store(cid, text, new_chat) is not None:
+        if (user_id := self.w.chat.store(cid, text, new_chat)) is not None:
+            if self.stopped:  # Stop had been pressed (the watchdog ended the engine)
+                self._stopped_reply(user_id)
             self.w.chat.render()
 
     def stop(self) -> None:
@@ -105,6 +107,8 @@ class OverflowFlow(QObject):
 
     def _busy(self, busy: bool, chars: int = 0) -> None:
         w = self.w
+        if not busy:
+            w.chat.stop_settled()
         w.composer.set_streaming(busy)  # Stop (and Esc) stop the send
         if busy:
             self.stopped = False

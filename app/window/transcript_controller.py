@@ -303,7 +303,11 @@ class ChatController(QObject):
 
     def stop(self) -> None:
         """Cancel the reply; the engine answers with ``done`` (finish_reason "cancelled")."""
+        counting = self.w.overflow_flow.checking is not None and not self.w.overflow_flow.stopped
         self.w.overflow_flow.stop()  # a message still being counted is not answered
+        if counting:
+            self.stop_hint.start()
+            self.stop_watchdog.start()
         if self._request is not None and not self._stopping:
             self._stopping = True
             self.w.status.stats_label.setText("Stopping…")
@@ -311,8 +315,22 @@ class ChatController(QObject):
             self.stop_hint.start()
             self.stop_watchdog.start()
 
+    def _stop_unanswered(self) -> bool:
+        """True while Stop waits for the engine: a reply being cancelled, or a count."""
+        flow = self.w.overflow_flow
+        return (self._request is not None and self._stopping) or (flow.checking is not None and flow.stopped)
+
+    def stop_settled(self) -> None:
+        """The engine answered (or the request ended): the watchdog behind Stop stands down."""
+        self.stop_hint.stop()
+        self.stop_watchdog.stop()
+        if self._hint_shown:
+            self._hint_shown = False
+            if self.w.banner.button("End engine now") is not None:
+                self.w.banner.hide()
+
     def _offer_force_stop(self) -> None:
-        if self._request is None or not self._stopping:
+        if not self._stop_unanswered():
             return
         self._hint_shown = True
         self.w.banner.show_message(
@@ -322,7 +340,7 @@ class ChatController(QObject):
     def force_stop(self) -> None:
         """End an engine that has not answered Stop: its process is killed, the reply is
         saved as stopped when the death is reported, and ModelController starts a new one."""
-        if self._request is not None and self._stopping:
+        if self._stop_unanswered():
             self.w.client.kill_unresponsive()
 
     def _token(self, text: str) -> None:
@@ -347,12 +365,7 @@ class ChatController(QObject):
     def _end(self) -> ReplyRecorder | None:
         r, self.reply, self._request = self.reply, None, None
         self.flush_timer.stop()
-        self.stop_hint.stop()
-        self.stop_watchdog.stop()
-        if self._hint_shown:
-            self._hint_shown = False
-            if self.w.banner.button("End engine now") is not None:
-                self.w.banner.hide()
+        self.stop_settled()
         self.w.status.progress.hide()
         self.w.composer.set_streaming(False)
         self.w.sidebar.busy_id = None
