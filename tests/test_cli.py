@@ -164,3 +164,22 @@ def test_a_message_that_does_not_fit_is_not_stored(tmp_path):
     assert r.returncode == 1 and "--ctx-size" in r.stderr
     shown = json.loads(bw(tmp_path, "conversations", "show", first["conversation_id"], "--json").stdout)
     assert len(shown["messages"]) == 2  # the oversized message left no trace
+
+
+def test_chat_refuses_to_put_a_second_question_under_one_with_no_reply(tmp_path):
+    """Two `chat --conversation N` at once: the second one found the first one's question as
+    the leaf and stacked its own under it (two questions in a row, the first answer on
+    another branch). It now refuses and says what to do; nothing is written."""
+    from storage.chats import ChatStore
+
+    with ChatStore(tmp_path / "chats.sqlite3") as chats:
+        conv = chats.create_conversation(title="busy")
+        q = chats.add_message(conv.id, None, "user", "question A")  # being answered elsewhere
+    r = bw(tmp_path, "chat", "--conversation", conv.id, "question B", check=False)
+    assert r.returncode == 1
+    assert r.stderr.strip() == (
+        f"branchwise: Conversation {conv.id} ends on your message {q.id}, which has no reply yet (another "
+        "branchwise may be answering it right now). Wait for that reply, answer it with "
+        f"'branchwise regenerate {q.id}', or branch from an earlier reply with --parent ID.")
+    with ChatStore(tmp_path / "chats.sqlite3") as chats:
+        assert [m.content for m in chats.tree(conv.id)] == ["question A"]

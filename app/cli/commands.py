@@ -515,8 +515,16 @@ def cmd_chat(args) -> int:
         conversation = chats.get_conversation(parent.conversation_id)
         parent_id = parent.id
     elif args.conversation is not None:
+        from app.session import ConversationSession
+
         conversation = chats.get_conversation(args.conversation)
         parent_id = conversation.active_leaf_id
+        pending = ConversationSession(chats).unanswered_leaf(conversation.id)
+        if pending is not None:  # never two questions in a row (another branchwise may be answering it)
+            raise ValueError(
+                f"Conversation {conversation.id} ends on your message {pending.id}, which has no reply yet "
+                "(another branchwise may be answering it right now). Wait for that reply, answer it with "
+                f"'branchwise regenerate {pending.id}', or branch from an earlier reply with --parent ID.")
     else:
         conversation = None
         parent_id = None
