@@ -159,3 +159,17 @@ def test_ok_refuses_a_seed_that_is_not_a_number_and_a_context_past_the_model_s_t
     w.settings_dialog.chat_form.seed.setText("42")
     _ok(w.settings_dialog)
     assert w.chat.new_chat_settings()[1]["seed"] == 42
+
+
+def test_an_unreadable_settings_file_is_moved_aside_and_said(qtbot, open_window, data_dir):
+    (data_dir / "settings.json").write_text('{"n_ctx": 3072, "theme": "da')  # cut short
+    w = open_window(data_dir, wait=False, start_engine=False)
+    aside = data_dir / "settings.json.unreadable"
+    assert aside.read_text() == '{"n_ctx": 3072, "theme": "da'  # kept for the user
+    assert w.settings.n_ctx == AppSettings().n_ctx
+    assert w.banner.isVisible() and w.banner.text.startswith(
+        f"The settings file could not be used. {data_dir / 'settings.json'}: it could not be read (")
+    assert f"it was moved to {aside}. Every setting is back to its default." in w.banner.text
+    w.save_settings()
+    assert "unreadable" not in json.loads((data_dir / "settings.json").read_text())
+    assert aside.read_text() == '{"n_ctx": 3072, "theme": "da'

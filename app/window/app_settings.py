@@ -78,6 +78,8 @@ class AppSettings:
     prompt_presets: named system prompts (name -> text), offered in Settings.
     reset_fields: after ``load``, the fields the file held with an invalid value, now at
         their defaults (not saved; the window names them).
+    unreadable: after ``load``, why the whole file could not be used and where it went
+        ("" when it could; not saved; the window shows it).
     prewarm: zero-wait turns (app/window/prewarm_controller.py): restore an opened chat and
         prefill the composer's draft in the background. Off: the engine idles between turns.
     """
@@ -103,6 +105,7 @@ class AppSettings:
     prompt_presets: dict = field(default_factory=dict)
     reset_fields: list[str] = field(default_factory=list)
     prewarm: bool = True
+    unreadable: str = ""
 
     def engine_settings(self) -> EngineSettings:
         """The EngineSettings these settings describe, built by the engine's own rule
@@ -141,15 +144,27 @@ class AppSettings:
         except FileNotFoundError:
             return cls()
         except (OSError, ValueError) as exc:
-            log.warning("ignoring unreadable %s: %s", path, exc)
-            return cls()
+            return cls._unreadable(path, f"it could not be read ({exc})")
         if not isinstance(raw, dict):
-            log.warning("ignoring %s: it holds no settings object", path)
-            return cls()
+            return cls._unreadable(path, "it holds no settings")
         settings, settings.reset_fields = cls._valid_fields(raw)
         if settings.reset_fields:
             log.warning("%s: reset to the default: %s", path, ", ".join(settings.reset_fields))
         return settings
+
+    @classmethod
+    def _unreadable(cls, path: Path, why: str) -> "AppSettings":
+        """The defaults, for a settings file that cannot be used: the file is moved aside
+        (``settings.json.unreadable``, replacing an older one) so the next save does not
+        overwrite what it held, and ``unreadable`` says so for the window's banner."""
+        aside = path.with_name(path.name + ".unreadable")
+        try:
+            os.replace(path, aside)
+            kept = f"it was moved to {aside}"
+        except OSError as exc:
+            kept = f"it could not be moved aside ({exc.strerror or exc})"
+        log.warning("settings file %s: %s; %s; using the defaults", path, why, kept)
+        return cls(unreadable=f"{path}: {why}; {kept}. Every setting is back to its default.")
 
     @classmethod
     def _valid_fields(cls, raw: dict) -> tuple["AppSettings", list[str]]:
@@ -158,7 +173,7 @@ class AppSettings:
         default's and, for the engine's fields, EngineSettings accepts it with the others."""
         settings, reset = cls(), []
         for f in fields(cls):
-            if f.name not in raw or f.name == "reset_fields":
+            if f.name not in raw or f.name in ("reset_fields", "unreadable"):
                 continue
             value, default = raw[f.name], getattr(settings, f.name)
             if not _same_kind(value, default):
@@ -181,6 +196,6 @@ class AppSettings:
         """Write atomically (temp file + rename). Raises OSError if the folder is not writable."""
         path = Path(data_dir) / SETTINGS_FILE
         tmp = path.with_suffix(".json.tmp")
-        data = {k: v for k, v in asdict(self).items() if k != "reset_fields"}
+        data = {k: v for k, v in asdict(self).items() if k not in ("reset_fields", "unreadable")}
         tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
         os.replace(tmp, path)

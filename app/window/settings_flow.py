@@ -29,7 +29,10 @@ class SettingsFlow(QObject):
     def report_reset_fields(self) -> None:
         """A banner naming the fields ``AppSettings.load`` reset (nothing when none were)."""
         w = self.w
-        if w.settings.reset_fields:
+        if w.settings.unreadable:
+            w.banner.show_message(f"The settings file could not be used. {w.settings.unreadable}", "error",
+                                  [("Settings…", w.open_settings)])
+        elif w.settings.reset_fields:
             names = ", ".join(w.settings.reset_fields)
             w.banner.show_message(
                 f"{w.data_dir / SETTINGS_FILE} held an invalid value for {names}; "
