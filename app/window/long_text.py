@@ -75,7 +75,7 @@ class LongTextExpander(QWidget):
             self.full = None
         self.setVisible(cut is not None)
         if cut is not None:
-            self.button.setText(f"Show all {cut.lines:,} lines ({len(text):,} characters)")
+            self.button.setText(_show_all(cut.lines, len(text)))
 
     def toggle(self) -> None:
         """Show the whole text, or fold it again."""
@@ -93,5 +93,12 @@ class LongTextExpander(QWidget):
         else:
             self._expanded = not self._expanded
             self.full.setVisible(self._expanded)
-        self.button.setText("Show less" if self.expanded
-                            else f"Show all {self._cut.lines:,} lines ({len(self._text):,} characters)")
+        self.button.setText("Show less" if self.expanded else _show_all(self._cut.lines, len(self._text)))
+
+
+def _show_all(lines: int, chars: int) -> str:
+    """The button's words: "Show all 20,000 lines (1,099,999 characters)", or for one long
+    line "Show all 421,680 characters"."""
+    if lines <= 1:
+        return f"Show all {chars:,} characters"
+    return f"Show all {lines:,} lines ({chars:,} characters)"
