@@ -702,3 +702,17 @@ def test_a_sillytavern_group_chat_is_named_after_its_speakers(db: Path, tmp_path
     assert [(r[1], r[2], r[4]) for r in rows] == [
         (None, "user", "Hello both"), (0, "assistant", "Hi!"), (1, "assistant", "Hey.")]
     assert leaf == 2
+
+
+def test_a_full_disk_during_an_import_names_the_data_folder_not_the_file_being_read(tmp_path):
+    import sqlite3
+
+    from storage.errors import StorageFullError
+    from storage.importers.run import _database_folder, _transaction
+
+    (tmp_path / "data").mkdir()
+    conn = sqlite3.connect(tmp_path / "data" / "chats.sqlite3", isolation_level=None)
+    with pytest.raises(StorageFullError) as caught, _transaction(conn, _database_folder(conn), commit=True):
+        raise sqlite3.OperationalError("database or disk is full")
+    assert str(caught.value).startswith(f"The disk holding {tmp_path / 'data'} is full")
+    assert not conn.in_transaction

@@ -170,7 +170,7 @@ def detect(path: Path | str) -> ImportFormat:
 
 def _import_one(conn: sqlite3.Connection, path: Path, fmt: ImportFormat, dry_run: bool,
                 report: FileReport, progress: _Progress, is_cancelled: CancelFlag) -> None:
-    with _sources(path) as sources, _transaction(conn, str(path), commit=not dry_run):
+    with _sources(path) as sources, _transaction(conn, _database_folder(conn), commit=not dry_run):
         progress.start(sum(s.size for s in sources))
         found = False
         for source in sources:
@@ -343,6 +343,13 @@ def _forced(source: _Source, fmt: ImportFormat) -> tuple[ImportFormat, str, set[
 
 
 # -- transaction, progress, cancel ----------------------------------------------------------
+
+
+def _database_folder(conn: sqlite3.Connection) -> str:
+    """The folder of the chat database ``conn`` writes to: what a full disk is about (the
+    file being imported is only read)."""
+    file = next((row[2] for row in conn.execute("PRAGMA database_list") if row[1] == "main"), "")
+    return str(Path(file).parent) if file else "the chat database"
 
 
 @contextmanager
