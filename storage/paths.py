@@ -25,6 +25,8 @@ SYSTEM and administrators, and files created in it inherit that ACL.
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import shutil
 import stat
@@ -35,6 +37,8 @@ from pathlib import Path
 import platformdirs
 
 from storage.errors import DataDirError
+
+log = logging.getLogger(__name__)
 
 APP_NAME = "Branchwise"
 ENV_VAR = "BRANCHWISE_DATA_DIR"
@@ -175,6 +179,9 @@ def _check_writable(path: Path, source: str) -> None:
             probe.write(b"ok")
             probe.flush()
     except OSError as exc:
+        if exc.errno == errno.ENOSPC:  # writable but full: reading chats must still work, and
+            log.info("the disk holding %s is full", path)  # each write says "disk full" itself
+            return
         raise DataDirError(_message(path, source, _reason(exc))) from exc
 
 

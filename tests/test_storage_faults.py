@@ -132,6 +132,22 @@ def test_full_disk_is_named_and_only_the_cache_is_touched(small_fs, two_conversa
         assert re.search(r"is full \(\d[\d.]* (bytes|KB|MB) free\)", result["error"])
 
 
+def test_a_full_disk_is_named_as_full_even_for_reading(small_fs, two_conversations):
+    """Opening the chat database needs room for SQLite's WAL index, so on a disk with 0 bytes
+    free even `conversations list` cannot run; it must say the disk is full (with the free
+    space and what to do), not that the data folder cannot be used."""
+    data = small_fs / "data"
+    shutil.copytree(two_conversations, data)
+    _fill(data, 0)
+    r = bw(data, "conversations", "list")
+    err = r.stderr.decode()
+    (data.parent / "filler").unlink()
+    assert r.returncode == 1
+    assert err.strip() == (f"branchwise: The disk holding {data} is full (0 bytes free), so the chat database "
+                           "chats.sqlite3 could not be opened. Free some space and try again.")
+    assert bw(data, "conversations", "list").returncode == 0
+
+
 def test_prefix_store_on_a_full_disk_keeps_the_file(small_fs, tmp_path):
     path = small_fs / KVCACHE_DB
     store = PrefixStore(path, block_size=4)
