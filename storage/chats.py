@@ -449,6 +449,12 @@ class ChatStore:
             cur = conn.execute("UPDATE messages SET status = 'stopped' WHERE status = 'streaming'")
             return cur.rowcount
 
+    def data_version(self) -> int:
+        """SQLite's ``PRAGMA data_version``: changes when another connection (another
+        process) committed to the database since the last call on this one."""
+        with self._lock:
+            return int(self._conn.execute("PRAGMA data_version").fetchone()[0])
+
     def newest_unanswered_user_message(self, since: float) -> int | None:
         """The id of the newest user message created at or after ``since`` (Unix seconds)
         that has no reply, or None. Used to tell the user which message a crashed command

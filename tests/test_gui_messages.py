@@ -207,3 +207,30 @@ def test_words_in_different_messages_find_the_chat(qtbot, open_window, data_dir)
     qtbot.keyClicks(w.sidebar.search, "madrid paris")  # two messages on two branches
     qtbot.waitUntil(lambda: w.sidebar.list.item(0).data(SNIPPET_ROLE) is not None, timeout=3000)
     assert w.sidebar.ids() == [ids["cid"]]
+
+
+def test_changes_from_another_process_are_shown_before_the_window_sends(qtbot, open_window, data_dir):
+    """A CLI turn on the chat the window shows (another connection, as another process):
+    sending from the window first redraws the branch and gives the text back, so the new
+    message never lands under messages the user has not seen; activating the window redraws."""
+    ids = _capitals(data_dir)
+    w = open_window(data_dir)  # with the engine: a send that could go ahead
+    w.show_conversation(ids["cid"])
+    leaf = w.store.active_path(ids["cid"])[-1]
+    with ChatStore(data_dir / CHATS_DB) as other:  # another connection: what the CLI would write
+        q = other.add_message(ids["cid"], leaf.id, "user", "Written from the command line")
+        other.add_message(ids["cid"], q.id, "assistant", "Answered there")
+        other.set_active_leaf(ids["cid"], q.id + 1)
+    w.composer.input.setPlainText("From the window")
+    qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
+    assert w.composer.input.toPlainText() == "From the window" and not w.chat.streaming
+    assert "changed elsewhere" in w.banner.text
+    w.transcript.finish_building()
+    assert [b.message.content for b in w.transcript.widgets][-2:] == ["Written from the command line",
+                                                                      "Answered there"]
+    with ChatStore(data_dir / CHATS_DB) as other:
+        other.rename(ids["cid"], "Renamed elsewhere")
+    assert w.show_external_changes()  # what activating the window runs
+    assert not w.show_external_changes()  # nothing new since
+    titles = [w.sidebar.list.item(i).data(Qt.ItemDataRole.DisplayRole) for i in range(w.sidebar.list.count())]
+    assert "Renamed elsewhere" in titles

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QApplication, QMainWindow, QSplitter, QVBoxLayout, QWidget
 
@@ -41,7 +41,7 @@ from app.window.transcript import TranscriptView
 from app.window.transcript_controller import ChatController
 from app.window.tree_panel import TreePanel
 from storage.chats import ChatStore
-from storage.errors import StorageError
+from storage.errors import NotFoundError, StorageError
 from storage.paths import CHATS_DB
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         self.store = ChatStore(self.data_dir / CHATS_DB)
         interrupted = self.store.mark_interrupted_streams()
         self.settings = AppSettings.load(self.data_dir)
+        self._data_version = self.store.data_version()  # to notice other processes' writes
         self.use_cache = use_cache
         self.colors = theme.apply(QApplication.instance(), self.settings.theme)
         self.closed = False
@@ -413,6 +414,32 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         self.chat.shutdown()
         self.save_settings()
         self.store.close()
+
+    def changeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.ActivationChange and self.isActiveWindow():
+            self.show_external_changes()
+
+    def show_external_changes(self) -> bool:
+        """Coming back to the window, or sending: if another process (the CLI, a second
+        window) or a worker wrote to the chats since, redraw the sidebar and the shown
+        branch. Returns True when it did."""
+        try:
+            version = self.store.data_version()
+        except StorageError:
+            return False
+        seen, self._data_version = self._data_version, version
+        if version == seen or self.chat.streaming:
+            return False
+        self.sidebar.refresh()
+        cid = self.chat.conversation_id
+        if cid is not None:
+            try:
+                self.store.get_conversation(cid)
+            except NotFoundError:  # deleted by the other process
+                cid = None
+            self.show_conversation(cid)
+        return True
 
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt override
         self.shutdown()

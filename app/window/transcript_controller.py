@@ -51,6 +51,7 @@ class ChatController(QObject):
         self._coverage: PendingRequest | None = None
         self._coverage_ids: list[int] = []
         self._count: PendingRequest | None = None
+        self.shown_leaf: tuple[int, int | None] | None = None  # (chat, last message) as last drawn
         self.counted_path: tuple[int, int | None, int] | None = None  # (chat, leaf, prompt tokens), last count
         self._new_chat: tuple[str, dict] | None = None  # set in Settings before a new chat's first message
         self.flush_timer = QTimer(self, interval=FLUSH_MS)
@@ -92,6 +93,7 @@ class ChatController(QObject):
                 self.path_shown.emit()
             return
         path = self.session.shown_path(cid, self.reply)
+        self.shown_leaf = (cid, path[-1].id if path else None)
         streaming_here = busy and self.reply.conversation_id == cid
         unanswered = None if busy else self.session.unanswered(cid, path)  # path: the active one when not busy
         w.transcript.set_messages(path, self.session.sibling_positions(path), w.colors, busy, EMPTY_TEXT,
@@ -208,12 +210,33 @@ class ChatController(QObject):
         if not self.can_generate() or self.w.overflow_flow.checking is not None:
             self.w.composer.set_text(text)
             return
+        if self._changed_elsewhere():
+            self.w.show_external_changes()
+            self.render()
+            self.w.composer.set_text(text)
+            self.w.banner.show_message(
+                "This chat was changed elsewhere (the command line or another Branchwise window) and is now "
+                "shown as it is. Your message is still in the box: send it again to add it at the end.", "info",
+                chat_id=self.conversation_id)
+            return
         pending = self.session.unanswered_leaf(self.conversation_id) if self.conversation_id else None
         if pending is not None:
             self.w.unanswered_box = ask_unanswered(self.w, pending, text, self)
             return
         new_chat = self.new_chat_settings() if self.conversation_id is None else None
         self.w.overflow_flow.check_send(self.conversation_id, text, new_chat)
+
+    def _changed_elsewhere(self) -> bool:
+        """True when the shown chat's branch no longer ends where it did when it was drawn
+        (another process added to it or moved it): a message sent now would land under
+        messages the user has not seen."""
+        cid = self.conversation_id
+        if cid is None or self.shown_leaf is None or self.shown_leaf[0] != cid:
+            return False
+        try:
+            return self.w.store.get_conversation(cid).active_leaf_id != self.shown_leaf[1]
+        except StorageError:
+            return False
 
     def store(self, cid: int | None, text: str, new_chat: tuple[str, dict] | None = None) -> int | None:
         """Store ``text`` as a user message under the active leaf of ``cid`` (None: a new chat
