@@ -26,6 +26,7 @@ import json
 import sqlite3
 import threading
 import time
+import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -619,15 +620,26 @@ class ChatStore:
         return hits
 
     def _title_hits(self, term: str) -> set[int]:
-        """Ids of conversations whose title contains ``term`` (any case)."""
+        """Ids of conversations whose title contains ``term`` (any case, any Unicode
+        normalization form: "café" typed composed finds it pasted decomposed, as macOS writes it)."""
+        return set().union(*(self._title_hits_exact(form) for form in _forms(term)))
+
+    def _message_hits(self, term: str) -> dict[int, int]:
+        """Map message id -> conversation id for the messages that contain ``term`` (any
+        case, any normalization form)."""
+        hits: dict[int, int] = {}
+        for form in _forms(term):
+            hits.update(self._message_hits_exact(form))
+        return hits
+
+    def _title_hits_exact(self, term: str) -> set[int]:
         if len(term) >= _TRIGRAM:
             sql = "SELECT rowid FROM conversations_fts WHERE conversations_fts MATCH ?"
             return {r[0] for r in self._conn.execute(sql, (self._quote(term),))}
         sql = r"SELECT id FROM conversations WHERE title LIKE ? ESCAPE '\'"
         return {r[0] for r in self._conn.execute(sql, (_like(term),))}
 
-    def _message_hits(self, term: str) -> dict[int, int]:
-        """Map message id -> conversation id for the messages that contain ``term``."""
+    def _message_hits_exact(self, term: str) -> dict[int, int]:
         if len(term) >= _TRIGRAM:
             sql = ("SELECT m.id, m.conversation_id FROM messages_fts"
                    " JOIN messages AS m ON m.id = messages_fts.rowid WHERE messages_fts MATCH ?")
@@ -851,6 +863,13 @@ def _delete_leaves_first(conn: sqlite3.Connection, ids: list[int]) -> None:
     descending ids: a child's id is above its parent's): no row has children left when it goes, so
     ``ON DELETE CASCADE`` never chains into SQLite's trigger depth limit."""
     conn.executemany("DELETE FROM messages WHERE id = ?", ((i,) for i in ids))
+
+
+def _forms(term: str) -> list[str]:
+    """``term`` in its composed (NFC) and decomposed (NFD) Unicode forms, without repeats:
+    stored text keeps the form it was typed or pasted in."""
+    forms = [term, unicodedata.normalize("NFC", term), unicodedata.normalize("NFD", term)]
+    return list(dict.fromkeys(forms))
 
 
 def _like(term: str) -> str:

@@ -815,3 +815,18 @@ def test_search_hit_names_the_message_and_the_word_spans(store: ChatStore) -> No
     assert [hit.snippet[a:b] for a, b in hit.spans] == ["MADRID", "madrid"]
     (title_only,) = store.search_hits("capitals")
     assert title_only.message_id is None and title_only.snippet == "Capitals"
+
+
+def test_search_finds_text_in_either_unicode_normalization_form(store: ChatStore) -> None:
+    """Text pasted from macOS is often decomposed (NFD: "e" + U+0301); a person types the
+    composed form (NFC). Either finds the other, in titles and messages."""
+    import unicodedata
+
+    nfd = unicodedata.normalize("NFD", "Un café à Montréal")
+    assert nfd != "Un café à Montréal"
+    conv = store.create_conversation(title=nfd)
+    store.add_message(conv.id, None, "user", "Le " + nfd.lower())
+    other = store.create_conversation(title="Crème brûlée")  # composed
+    for query in ("café", "é à", "Montréal", unicodedata.normalize("NFD", "montréal")):
+        assert [h.conversation.id for h in store.search_hits(query)] == [conv.id], query
+    assert [h.conversation.id for h in store.search_hits(unicodedata.normalize("NFD", "brûlée"))] == [other.id]
