@@ -149,3 +149,22 @@ def _unanswered(data_dir: Path) -> bool:
             return chats.newest_unanswered_user_message(0) is not None
     except Exception:  # noqa: BLE001 - being created by the process under test
         return False
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
+def test_kill_ends_a_supervised_command_with_the_shell_s_code_for_the_signal(tmp_path):
+    """`kill PID` (SIGTERM) of a running `branchwise serve`: the child ends the same way and
+    the parent exits 143 (128 + 15), as a shell reports it, not 241 (-15 & 0xff)."""
+    env = {**os.environ, "BRANCHWISE_DATA_DIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", "0"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "http://" not in (line := proc.stdout.readline()):
+            assert line and time.monotonic() < deadline, "serve did not start"
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143

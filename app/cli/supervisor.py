@@ -98,8 +98,8 @@ def run_supervised(argv: list[str], data_dir: Path, repack_setting: str) -> int:
 
         return EXIT_INTERRUPTED
     what = crash_description(returncode)
-    if what is None:
-        return returncode
+    if what is None:  # a normal exit, or ended by a signal that is no crash (SIGTERM: 128 + 15)
+        return 128 - returncode if returncode < 0 else returncode
     print(crash_message(what, data_dir, repack_setting, started), file=sys.stderr)
     return EXIT_CRASHED
 
