@@ -183,6 +183,7 @@ class PrefixStore:
         self.recovered_from: str | None = None  # why the file was replaced, if it was
         self.files = BlockFiles(f"{self.path}-blocks")
         self._sync_scrub = False  # forget() forces its zeros to the disk
+        self._doomed: list[bytes] = []  # keys whose rows are deleted in the open transaction
         self._db = self._open()
         self._reclaim()
 
@@ -288,13 +289,31 @@ class PrefixStore:
         if not self.files.names():
             return
         try:
-            with self._lock, _tx(self._db):
+            with self._lock, self._tx():
                 keep = {r[0].hex() for r in self._db.execute("SELECT key FROM blocks")}
                 gone = self.files.reclaim(keep)
             if gone:
                 log.info("prefix store: %d orphaned block files removed", gone)
         except sqlite3.Error as exc:
             log.warning("prefix store: orphaned block files not checked: %s", exc)
+
+    @contextlib.contextmanager
+    def _tx(self):
+        """A transaction (``_tx``) after whose commit the files of deleted blocks are
+        scrubbed; after a rollback they stay, as their rows do."""
+        try:
+            with _tx(self._db):
+                yield
+        except BaseException:
+            if not self._db.in_transaction:
+                self._doomed.clear()
+            raise
+        if not self._db.in_transaction:
+            self._scrub_doomed()
+
+    def _scrub_doomed(self) -> None:
+        doomed, self._doomed = self._doomed, []
+        self.files.scrub(doomed, sync=self._sync_scrub)
 
     def _remove_files(self) -> None:
         for suffix in ("", "-wal", "-shm", "-journal"):
@@ -332,7 +351,7 @@ class PrefixStore:
 
     def register_model(self, fingerprint: bytes, layout: str, description: str) -> None:
         """Remember the KV layout (an opaque JSON string) of a fingerprint."""
-        with self._guard(), _tx(self._db):
+        with self._guard(), self._tx():
             self._db.execute(
                 "INSERT INTO models(fingerprint, layout, description, created_at) VALUES (?,?,?,?)"
                 " ON CONFLICT(fingerprint) DO UPDATE SET layout=excluded.layout",
@@ -357,7 +376,7 @@ class PrefixStore:
         return row[0] if row else None
 
     def remember_file_digest(self, path: str, stamp: str, digest: str) -> None:
-        with self._guard(), _tx(self._db):
+        with self._guard(), self._tx():
             self._db.execute("DELETE FROM file_digests WHERE path=?", (path,))
             self._db.execute("INSERT INTO file_digests VALUES (?,?,?)", (path, stamp, digest))
 
@@ -398,7 +417,7 @@ class PrefixStore:
             match = PrefixMatch(blocks)
             if count:
                 try:
-                    with _tx(self._db):
+                    with self._tx():
                         self._bump(lookups=1, hits=int(bool(blocks)), misses=int(not blocks),
                                    tokens_queried=len(arr))
                         self._touch([b.key for b in blocks])
@@ -448,7 +467,7 @@ class PrefixStore:
 
     def record_restore(self, restored_tokens: int, prefilled_tokens: int) -> None:
         """Add a request's restored / prefilled token counts to the statistics."""
-        with self._guard(), _tx(self._db):
+        with self._guard(), self._tx():
             self._bump(tokens_restored=restored_tokens, tokens_prefilled=prefilled_tokens)
 
     # -- write -----------------------------------------------------------------------
@@ -495,7 +514,7 @@ class PrefixStore:
         now = time.time()
         written = dropped = 0
         with self._guard():
-            with _tx(self._db):
+            with self._tx():
                 for b in blocks:
                     assert b.payload is not None
                     nbytes = payload_size(b.payload)
@@ -577,7 +596,7 @@ class PrefixStore:
         key, anchor, tail = self._checkpoint_key(fingerprint, arr)
         now = time.time()
         with self._guard():
-            with _tx(self._db):
+            with self._tx():
                 cur = self._db.execute(
                     "INSERT OR IGNORE INTO checkpoints(key, fingerprint, anchor, n_tokens, tail, nbytes,"
                     " checksum, last_access, data) VALUES (?,?,?,?,?,?,?,?,?)",
@@ -618,7 +637,7 @@ class PrefixStore:
                     if best is None or n > best.n_tokens:
                         best = CheckpointRef(key, n, nbytes)
             if best is not None and count:
-                with _tx(self._db):
+                with self._tx():
                     self._touch_checkpoints([best.key])
         return best
 
@@ -633,7 +652,7 @@ class PrefixStore:
                 data = blob.read()
             if checksum(data) != row[1] or len(data) != ref.nbytes:
                 log.warning("checkpoint %s failed its checksum; dropping it", ref.key.hex()[:12])
-                with _tx(self._db):
+                with self._tx():
                     self._db.execute("DELETE FROM checkpoints WHERE id=?", (row[0],))
                 return None
         return data
@@ -688,7 +707,7 @@ class PrefixStore:
                 break
             # Unprotected leaves first, least recently used first; the active path last.
             order = [r for r in leaves if r[0] not in protect] or leaves
-            with _tx(self._db):
+            with self._tx():
                 for key, nbytes, _, is_checkpoint, _ in order:
                     if total <= target:
                         break
@@ -748,8 +767,11 @@ class PrefixStore:
             marks = ",".join("?" * len(chunk))
             self._db.execute(f"DELETE FROM blocks WHERE key IN ({marks})", chunk)
             self._drop_checkpoints(chunk)
-            # Before the commit: rolled back, the rows fail their checksums (no file) and go.
-            self.files.scrub(chunk, sync=self._sync_scrub)
+        # The files go after the commit (a row never outlives its file); killed in
+        # between, they are orphans, scrubbed at the next open.
+        self._doomed.extend(keys)
+        if not self._db.in_transaction:
+            self._scrub_doomed()
         if row:
             self._db.execute(
                 "UPDATE blocks SET n_children = n_children - 1 WHERE key=?", (row[0],)
@@ -807,7 +829,7 @@ class PrefixStore:
             for tokens in keep:  # a block kept text uses only in part may hold ours
                 kept.update(b.key for b in self.lookup(fp, tokens, count=False).blocks
                             if b.use == b.n_tokens)
-            with _tx(self._db):
+            with self._tx():
                 for tokens in forget:
                     for ref in self.lookup(fp, tokens, count=False).blocks:
                         if ref.use < ref.n_tokens:
@@ -835,7 +857,7 @@ class PrefixStore:
                 if progress:
                     progress(i + 1, len(ids))
             removed = 0
-            with _tx(self._db):
+            with self._tx():
                 for key in bad_keys:
                     removed += self._delete_subtree(key)
                 for rowid, want, data in self._db.execute("SELECT id, checksum, data FROM checkpoints").fetchall():

@@ -319,3 +319,64 @@ def test_evicted_blocks_leave_no_bytes_in_the_file(tmp_path):
     assert restored_tokens(store, marker) == [] and restored_tokens(store, seq(16, start=300))
     store.close()
     assert needle not in raw_bytes(tmp_path)
+
+
+# -- block files beside the index (issue 15) -------------------------------------------------
+
+
+def test_migration_from_version_3_keeps_every_block(tmp_path):
+    path = tmp_path / "kv.sqlite3"
+    db = sqlite3.connect(path)
+    store = PrefixStore(path, budget_bytes=10**9, block_size=B)
+    store_tokens(store, seq(20))
+    store.close()
+    rows = db.execute("SELECT id, key FROM blocks").fetchall()
+    db.execute("CREATE TABLE block_data(id INTEGER PRIMARY KEY, data BLOB NOT NULL)")
+    for rowid, key in rows:
+        file = Path(f"{path}-blocks") / key.hex()
+        db.execute("INSERT INTO block_data VALUES (?, ?)", (rowid, file.read_bytes()))
+        file.unlink()
+    db.execute("PRAGMA user_version=3")
+    db.commit()
+    db.close()
+    store = PrefixStore(path, budget_bytes=10**9, block_size=B)
+    assert restored_tokens(store, seq(20)) == seq(20)
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 4
+    assert db.execute("SELECT count(*) FROM sqlite_master WHERE name='block_data'").fetchone()[0] == 0
+    db.close()
+    assert store.verify().bad == 0
+    store.close()
+
+
+def test_orphan_and_temporary_block_files_are_reclaimed_at_open(tmp_path):
+    path = tmp_path / "kv.sqlite3"
+    store = PrefixStore(path, budget_bytes=10**9, block_size=B)
+    store_tokens(store, seq(20))
+    store.close()
+    folder = Path(f"{path}-blocks")
+    kept = sorted(p.name for p in folder.iterdir())
+    (folder / ("ab" * 32)).write_bytes(payload_for([987_654_321] * 8))  # a write killed before its commit
+    (folder / f"{'cd' * 32}.123.tmp").write_bytes(b"half a block")
+    store = PrefixStore(path, budget_bytes=10**9, block_size=B)
+    assert sorted(p.name for p in folder.iterdir()) == kept
+    assert np.asarray([987_654_321], dtype="<i4").tobytes() not in raw_bytes(tmp_path)
+    assert restored_tokens(store, seq(20)) == seq(20)
+    store.close()
+
+
+def test_a_missing_block_file_is_a_bad_block(store, tmp_path):
+    store_tokens(store, seq(24))
+    db = sqlite3.connect(tmp_path / "kv.sqlite3")
+    (key,) = db.execute("SELECT key FROM blocks WHERE start=8").fetchone()
+    db.close()
+    (tmp_path / "kv.sqlite3-blocks" / key.hex()).unlink()
+    payloads, bad = store.read(store.lookup(FP, seq(24)))
+    assert [use for _, _, use in payloads] == [8] and bad == 2
+
+
+def test_block_files_are_private(store, tmp_path):
+    store_tokens(store, seq(20))
+    folder = tmp_path / "kv.sqlite3-blocks"
+    assert folder.stat().st_mode & 0o777 == 0o700
+    assert {p.stat().st_mode & 0o777 for p in folder.iterdir()} == {0o600}
