@@ -37,6 +37,8 @@ from storage.paths import DIR_MODE, FILE_MODE
 _TMP = ".tmp"
 _ZEROS = bytes(1 << 20)
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # fault the whole mapping in one go (Linux)
+_BINARY = getattr(os, "O_BINARY", 0)  # Windows opens files in text mode otherwise
+_datasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
 
 
 class BlockFiles:
@@ -62,7 +64,7 @@ class BlockFiles:
         final = self.path(key)
         tmp = self.folder / f"{key.hex()}.{os.getpid()}{_TMP}"
         parts = [memoryview(p).cast("B") for p in (data if isinstance(data, list) else [data])]
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _BINARY, FILE_MODE)
         try:
             try:
                 _write_all(fd, parts)
@@ -79,14 +81,16 @@ class BlockFiles:
         None when the file is missing, empty or unreadable. The mapping lives as long as
         the view (or anything made from it)."""
         try:
-            fd = os.open(self.path(key), os.O_RDONLY)
+            fd = os.open(self.path(key), os.O_RDONLY | _BINARY)
         except OSError:
             return None
         try:
             size = os.fstat(fd).st_size
             if size == 0:
                 return None
-            return memoryview(mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ))
+            if hasattr(mmap, "MAP_SHARED"):
+                return memoryview(mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ))
+            return memoryview(mmap.mmap(fd, size, access=mmap.ACCESS_READ))  # Windows
         except (OSError, ValueError):
             return None
         finally:
@@ -105,7 +109,7 @@ class BlockFiles:
 
     def _scrub_path(self, path: Path, sync: bool) -> None:
         try:
-            fd = os.open(path, os.O_WRONLY)
+            fd = os.open(path, os.O_WRONLY | _BINARY)
         except OSError:
             return
         try:
@@ -113,7 +117,7 @@ class BlockFiles:
             while left > 0:
                 left -= os.write(fd, _ZEROS[: min(left, len(_ZEROS))])
             if sync:
-                os.fdatasync(fd)
+                _datasync(fd)
         except OSError:
             pass  # a full disk cannot stop a deletion: unlink anyway
         finally:

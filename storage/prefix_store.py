@@ -342,6 +342,7 @@ class PrefixStore:
                 raise StoreReset(str(exc)) from exc
 
     def _reset_file(self) -> None:
+        self._doomed.clear()
         with contextlib.suppress(Exception):
             self._db.close()
         self._remove_files()

@@ -3,6 +3,7 @@ computed from scratch (same token ids at temperature 0), whatever path the prefi
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import sqlite3
@@ -313,15 +314,31 @@ def test_no_prefill_batch_is_a_single_token():
     assert [len(b) for b in _batches([7], 512)] == [1]
 
 
-def test_a_full_disk_while_storing_loses_nothing_but_the_cache(model_path, store):
+def test_a_full_disk_while_storing_loses_nothing_but_the_cache(model_path, store, monkeypatch):
     e = Engine(model_path, SETTINGS, store)
-    store._db.execute("PRAGMA max_page_count=4")  # the file may not grow: SQLite says "disk is full"
+    store._db.execute("PRAGMA max_page_count=4")  # the index may not grow: SQLite says "disk is full"
+    real_write = store.files.write
+    written = []
+
+    def full_disk(key, data):  # the block files' disk is full too, after a first file
+        if written:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written.append(key)
+        real_write(key, data)
+
+    monkeypatch.setattr(store.files, "write", full_disk)
     r = e.generate([ChatMessage("user", STORY + "Summarise.")], GREEDY)
-    assert r.token_ids and r.stats.snapshot_bytes_written == 0
+    assert r.token_ids and r.stats.snapshot_bytes_written == 0 and written
+    assert store.stats()["blocks"] == 0 and store.files.names() == [written[0].hex()]  # no row: an orphan
+    monkeypatch.setattr(store.files, "write", real_write)
     store._db.execute("PRAGMA max_page_count=1073741823")
     r2 = e.generate([ChatMessage("user", "Hello")], GREEDY)  # the store still works afterwards
     assert r2.stats.snapshot_bytes_written > 0
     e.close()
+    store.close()
+    reopened = PrefixStore(store.path)  # the file of the rolled-back row is an orphan: reclaimed
+    assert written[0].hex() not in reopened.files.names() and reopened.stats()["blocks"] > 0
+    reopened.close()
 
 
 def test_a_locked_store_means_prefill_not_an_error(model_path, store, tmp_path):

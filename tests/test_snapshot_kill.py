@@ -2,7 +2,7 @@
 
 A child process loads the default model, answers a short prompt, then snapshots in a loop:
 ``forget`` the conversation's blocks (scrub and unlink their files), store them again
-(write the files, insert the rows). The parent kills it with SIGKILL at a random moment,
+(write the files, insert the rows), pause. The parent kills it with SIGKILL at a random moment,
 then opens the store and checks, before anything is restored, that every index row has a
 complete block file with its checksum and no file is left without a row (the open
 reclaims orphans and temporary files). A restore through the store then verifies
@@ -37,6 +37,7 @@ QUESTION = ("A lighthouse keeper named Ada kept a logbook of every ship that pas
 
 CHILD = """
 import sys
+import time
 from engine.chat_template import ChatMessage
 from engine.core import Engine
 from engine.settings import EngineSettings, SamplingParams
@@ -49,6 +50,7 @@ print("ready", flush=True)
 while True:
     store.forget([tokens])
     engine.snapshot()
+    time.sleep(0.03)  # a moment with the blocks stored, so some kills leave them to restore
 """
 
 
@@ -83,7 +85,7 @@ def test_kill_during_snapshot_leaves_a_consistent_store(model_path, tmp_path):
         child = subprocess.Popen([sys.executable, "-c", CHILD, str(path), str(model_path), QUESTION],
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
         assert child.stdout.readline().strip() == "ready", f"trial {trial}: the child did not start"
-        time.sleep(rng.uniform(0.0, 0.15))
+        time.sleep(rng.uniform(0.0, 0.2))
         child.send_signal(signal.SIGKILL)
         child.wait()
         child.stdout.close()
