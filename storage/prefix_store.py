@@ -514,29 +514,35 @@ class PrefixStore:
         """
         now = time.time()
         written = dropped = 0
+        new_files: list[bytes] = []
         with self._guard():
-            with self._tx():
-                for b in blocks:
-                    assert b.payload is not None
-                    nbytes = payload_size(b.payload)
-                    cur = self._db.execute(
-                        "INSERT OR IGNORE INTO blocks(key, parent, fingerprint, start, n_tokens,"
-                        " tokens, nbytes, checksum, n_children, last_access)"
-                        " VALUES (?,?,?,?,?,?,?,?,0,?)",
-                        (b.key, b.parent, fingerprint, b.start, b.n_tokens,
-                         tokens_to_bytes(b.tokens), nbytes, checksum(b.payload), now),
-                    )
-                    if cur.rowcount == 0:
-                        continue
-                    # Inside the transaction: killed before the commit, the file is an
-                    # orphan (reclaimed at open), never a row without its payload.
-                    self._write_file(b.key, b.payload)
-                    self._db.execute(
-                        "UPDATE blocks SET n_children = n_children + 1 WHERE key=?", (b.parent,)
-                    )
-                    written += nbytes
-                    dropped += self._drop_covered_tails(b)
-                self._touch(active_path, now)
+            try:
+                with self._tx():
+                    for b in blocks:
+                        assert b.payload is not None
+                        nbytes = payload_size(b.payload)
+                        cur = self._db.execute(
+                            "INSERT OR IGNORE INTO blocks(key, parent, fingerprint, start, n_tokens,"
+                            " tokens, nbytes, checksum, n_children, last_access)"
+                            " VALUES (?,?,?,?,?,?,?,?,0,?)",
+                            (b.key, b.parent, fingerprint, b.start, b.n_tokens,
+                             tokens_to_bytes(b.tokens), nbytes, checksum(b.payload), now),
+                        )
+                        if cur.rowcount == 0:
+                            continue
+                        # Inside the transaction: killed before the commit, the file is an
+                        # orphan (reclaimed at open), never a row without its payload.
+                        self._write_file(b.key, b.payload)
+                        new_files.append(b.key)
+                        self._db.execute(
+                            "UPDATE blocks SET n_children = n_children + 1 WHERE key=?", (b.parent,)
+                        )
+                        written += nbytes
+                        dropped += self._drop_covered_tails(b)
+                    self._touch(active_path, now)
+            except BaseException:
+                self.files.scrub(new_files)  # rolled back: their rows are gone, so are they
+                raise
             if not self._evict(set(active_path)) and dropped:
                 self._vacuum()  # give the dropped tails' pages back (eviction does it otherwise)
         return written
