@@ -5,11 +5,14 @@ includes a checkpoint; see engine/core.py).
 1. Resume: a conversation whose first turn is about N tokens (N = 500, 1,000, 2,000) is
    continued by a *new process*, once with ``--no-cache`` (cold prefill) and once through
    the prefix store; TTFT of both, tokens restored, and whether the replies are equal.
-2. Restore throughput (MB/s of KV from the store into llama.cpp, warm page cache), split
-   into read+verify, join and ``llama_state_seq_set_data``; the snapshot cost of a turn.
+2. Restore throughput (MB/s of KV from the store into llama.cpp, end to end: lookup,
+   read+verify, join and ``llama_state_seq_set_data``), on a warm page cache and once
+   cold; the snapshot cost of a first turn (all blocks new) and of the next turn.
 3. Sharing: ten branches off one 1,500-token prefix; bytes stored against the bytes of
    their distinct tokens.
 4. The same sharing workload through llama-cpp-python's ``LlamaDiskCache``.
+5. With ``--llama-server PATH``: llama.cpp's own slot save and restore of the same prompt
+   (``app/bench_llama_server.py``), printed next to the store's figures.
 
 Prints a table, or one JSON object with ``--json``. Nothing here is asserted: the
 numbers are for people (and the closing notes) to read.
@@ -90,56 +93,90 @@ def bench_resume(engine, data_dir: Path, sizes: list[int], model: Path | None = 
 
 
 def bench_restore(engine, prompt: list[int], repeats: int = 7) -> dict:
-    """Restore the stored prefix of ``prompt`` repeatedly; medians in ms, MB/s of KV.
-    For a model with checkpoints the restore is blocks plus the deepest checkpoint."""
-    import ctypes
-
-    import llama_cpp
-
-    from engine import kv_codec
+    """Restore the stored prefix of ``prompt`` repeatedly, end to end: lookup, read and
+    verify, join, ``llama_state_seq_set_data``. Medians in ms on a warm page cache, then
+    once cold (the store's files dropped from the page cache with posix_fadvise after an
+    fsync; None where the OS has no posix_fadvise). MB/s of KV. For a model with
+    checkpoints the restore is blocks plus the deepest checkpoint."""
+    from storage.block_files import drop_file_cache
 
     store = engine.store
-    checkpointed = engine.mode.checkpoints
-    recurrent = engine.kind == kv_codec.StateKind.RECURRENT
-    match = store.lookup(engine.fingerprint, prompt[:-1], count=False) if not recurrent else None
-    ref = None
-    if checkpointed:
-        bound = len(prompt) - 1 if recurrent else match.n_tokens
-        ref = store.lookup_checkpoint(engine.fingerprint, prompt, bound, count=False)
-        if ref is None:
-            return {"tokens": 0}
-        if match is not None:
-            match = match.truncated(ref.n_tokens)
-    reads, joins, sets, totals = [], [], [], []
-    nbytes = 0
-    for _ in range(repeats):
+    parts = {"lookup": [], "read": [], "join": [], "set": []}
+    nbytes, blob_bytes, ref = 0, 0, None
+
+    def once() -> None:
+        nonlocal nbytes, blob_bytes, ref
         t0 = time.perf_counter()
-        payloads = store.read(match)[0] if match is not None else []
-        data = store.read_checkpoint(ref) if ref is not None else None
+        match, ref = _restore_lookup(engine, prompt)
         t1 = time.perf_counter()
-        buf = engine._buffer if engine._buffer.nbytes else None
-        if checkpointed:
-            blob = kv_codec.assemble(engine.kind, engine.layout, payloads, data, buffer=buf)
-        else:
-            blob = kv_codec.join(engine.layout, payloads, buffer=buf)
+        payloads, data = _restore_read(engine, match, ref)
         t2 = time.perf_counter()
-        ptr = blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
-        assert llama_cpp.llama_state_seq_set_data(engine.llama.ctx, ptr, blob.nbytes, 0) == blob.nbytes
+        blob = _restore_join(engine, payloads, data, ref)
         t3 = time.perf_counter()
-        reads.append(t1 - t0)
-        joins.append(t2 - t1)
-        sets.append(t3 - t2)
-        totals.append(t3 - t0)
-        nbytes = sum(len(p) * use // count for p, count, use in payloads) + (len(data) if data else 0)
+        assert engine._apply(blob)
+        t4 = time.perf_counter()
+        for name, dt in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            parts[name].append(dt)
+        nbytes = sum(memoryview(p).nbytes * use // count for p, count, use in payloads) + (len(data) if data else 0)
+        blob_bytes = blob.nbytes
+
+    match, ref = _restore_lookup(engine, prompt)
+    if (ref if engine.mode.checkpoints else match.n_tokens) in (None, 0):
+        return {"tokens": 0}
+    tokens = ref.n_tokens if ref is not None else match.n_tokens
+    for _ in range(repeats):
+        once()
     med = statistics.median
-    return {
-        "tokens": ref.n_tokens if ref is not None else match.n_tokens, "kv_mb": round(nbytes / 1e6, 1),
+    total = med([sum(x) for x in zip(*parts.values())])
+    out = {
+        "tokens": tokens, "kv_mb": round(nbytes / 1e6, 1),
         "checkpoint_mb": round(ref.nbytes / 1e6, 2) if ref is not None else 0.0,
-        "blob_mb": round(blob.nbytes / 1e6, 1),
-        "read_verify_ms": round(med(reads) * 1000, 2), "join_ms": round(med(joins) * 1000, 2),
-        "set_data_ms": round(med(sets) * 1000, 2), "total_ms": round(med(totals) * 1000, 2),
-        "mb_per_s": round(nbytes / 1e6 / med(totals), 0),
+        "blob_mb": round(blob_bytes / 1e6, 1),
+        "lookup_ms": round(med(parts["lookup"]) * 1000, 2),
+        "read_verify_ms": round(med(parts["read"]) * 1000, 2), "join_ms": round(med(parts["join"]) * 1000, 2),
+        "set_data_ms": round(med(parts["set"]) * 1000, 2), "total_ms": round(total * 1000, 2),
+        "mb_per_s": round(nbytes / 1e6 / total, 0),
+        "cold_ms": None, "cold_mb_per_s": None,
     }
+    if hasattr(os, "posix_fadvise"):
+        store.files.drop_cache()
+        drop_file_cache(store.path)
+        for values in parts.values():
+            values.clear()
+        once()
+        cold = sum(v[0] for v in parts.values())
+        out.update(cold_ms=round(cold * 1000, 2), cold_mb_per_s=round(nbytes / 1e6 / cold, 0))
+    return out
+
+
+def _restore_lookup(engine, prompt: list[int]):
+    """What ``Engine._position`` looks up: the block match and, with checkpoints, the
+    deepest checkpoint within it."""
+    from engine import kv_codec
+
+    store, fp = engine.store, engine.fingerprint
+    recurrent = engine.kind == kv_codec.StateKind.RECURRENT
+    match = store.lookup(fp, prompt[:-2], count=False) if not recurrent else None
+    ref = None
+    if engine.mode.checkpoints:
+        bound = len(prompt) - 2 if recurrent else match.n_tokens
+        ref = store.lookup_checkpoint(fp, prompt, bound, count=False)
+        if ref is not None and match is not None:
+            match = match.truncated(ref.n_tokens)
+    return match, ref
+
+
+def _restore_read(engine, match, ref):
+    payloads = engine.store.read(match)[0] if match is not None else []
+    data = engine.store.read_checkpoint(ref) if ref is not None else None
+    return payloads, data
+
+
+def _restore_join(engine, payloads, data, ref):
+    from engine import kv_codec
+
+    kind = engine.kind if ref is not None else kv_codec.StateKind.DENSE
+    return kv_codec.assemble(kind, engine.layout, payloads, data, buffer=engine._buffer)
 
 
 def _distinct_tokens(sequences: list[list[int]]) -> int:
@@ -220,7 +257,8 @@ def bench_llama_disk_cache(engine, sequences: list[list[int]], path: Path) -> di
             "load_ms": round(load_s * 1000, 1)}
 
 
-def run_bench(model: str | None = None, as_json: bool = False, quick: bool = False) -> int:
+def run_bench(model: str | None = None, as_json: bool = False, quick: bool = False,
+              llama_server: str | None = None) -> int:
     from engine.core import Engine
     from engine.model_file import default_model_path
     from engine.settings import EngineSettings
@@ -250,6 +288,13 @@ def run_bench(model: str | None = None, as_json: bool = False, quick: bool = Fal
         prompt = engine.prompt_tokens(conversation_messages(longest.system_prompt, chats.active_path(longest.id)))
         log("restore throughput ...")
         out["restore"] = bench_restore(engine, prompt)
+        if llama_server:
+            from app.bench_llama_server import bench_llama_server
+
+            log(f"llama-server slot save/restore ({llama_server}) ...")
+            out["llama_server"] = bench_llama_server(llama_server, model_path, prompt, work / "slots")
+        else:
+            out["llama_server"] = None
         engine.close()
         store.close()
         chats.close()
@@ -261,6 +306,17 @@ def run_bench(model: str | None = None, as_json: bool = False, quick: bool = Fal
     else:
         print(format_table(out))
     return 0
+
+
+def format_llama_server(x: dict | None) -> str:
+    """One line: llama.cpp's slot save/restore figures, or why there are none."""
+    if x is None:
+        return "llama-server: not compared (pass --llama-server PATH to time its slot save and restore)"
+    if x.get("error"):
+        return f"llama-server: not compared: {x['error']}"
+    return (f"llama-server slot save {x['save_ms']:.1f} ms, restore {x['restore_ms']:.1f} ms = "
+            f"{x['restore_mb_per_s'] / 1000:.2f} GB/s warm, {x['cold_restore_ms']:.1f} ms cold "
+            f"({x['tokens']:,} tokens, a {x['file_mb']:.1f} MB slot file)")
 
 
 def format_table(r: dict) -> str:
@@ -278,9 +334,17 @@ def format_table(r: dict) -> str:
     if x.get("tokens"):
         ckpt = (f"; of it a {x['checkpoint_mb']} MB checkpoint, handed over as a {x['blob_mb']} MB state"
                 if x.get("checkpoint_mb") else "")
+        cold = (f"; cold page cache {x['cold_ms']} ms = {x['cold_mb_per_s'] / 1000:.2f} GB/s"
+                if x.get("cold_ms") else "; cold page cache: not measured (no posix_fadvise here)")
         lines += ["", f"Restore from the store: {x['tokens']:,} tokens, {x['kv_mb']} MB of KV in {x['total_ms']} ms "
-                  f"= {x['mb_per_s']:,.0f} MB/s (read+verify {x['read_verify_ms']} ms, join {x['join_ms']} ms, "
-                  f"set_data {x['set_data_ms']} ms){ckpt}"]
+                  f"= {x['mb_per_s'] / 1000:.2f} GB/s warm (lookup {x['lookup_ms']} ms, read+verify "
+                  f"{x['read_verify_ms']} ms, join {x['join_ms']} ms, set_data {x['set_data_ms']} ms){cold}{ckpt}"]
+    if r["resume"]:
+        big = r["resume"][-1]
+        lines.append(f"Snapshot: first turn of {big['first_turn_tokens']:,} tokens {big['first_turn_snapshot_ms']:.1f} ms "
+                     f"(all blocks new); next turn {big['next_turn_snapshot_ms']:.1f} ms for "
+                     f"{big['next_turn_snapshot_bytes'] / 1e6:.1f} MB of new blocks")
+    lines.append(format_llama_server(r.get("llama_server")))
     s, d = r["sharing"], r["llama_disk_cache"]
     ratio = f"ratio {s['ratio']:.3f}" if s.get("ratio") else "no blocks"
     ckpts = (f"; {s['checkpoints']} checkpoints, {s['checkpoint_bytes'] / 1e6:.1f} MB"

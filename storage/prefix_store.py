@@ -1,7 +1,9 @@
 """The prefix store: token-aligned KV blocks, content-addressed and indexed in SQLite.
 
-``kvcache.sqlite3`` is disposable (deleting it only costs prefill time) and bounded by a
-byte budget. It knows nothing of llama.cpp: a block is an opaque payload plus the token
+``kvcache.sqlite3`` (the index: keys, tokens, checksums, checkpoints) and the folder
+``kvcache.sqlite3-blocks/`` (one file per block payload, :mod:`storage.block_files`) are
+disposable (deleting them only costs prefill time) and bounded by a byte budget. The
+index is the source of truth: a file without a row is an orphan, reclaimed at open. It knows nothing of llama.cpp: a block is an opaque payload plus the token
 ids it covers. The rules it keeps:
 
 * keys chain from the model fingerprint (:mod:`storage.block_hash`), so blocks are shared
@@ -12,8 +14,8 @@ ids it covers. The rules it keeps:
 * :meth:`PrefixStore.put` writes only blocks the store lacks, in one transaction, drops
   tails a longer block now covers, then evicts leaves in least-recently-used order down
   to the budget, the blocks of the active path last;
-* every payload carries an xxh3-64 checksum that :meth:`PrefixStore.read` verifies; a bad
-  block is deleted with its descendants and the match stops before it. A database file
+* every payload carries an xxh3-64 checksum that :meth:`PrefixStore.read` verifies over
+  the mapped file (no copy); a bad or missing block is deleted with its descendants and the match stops before it. A database file
   SQLite itself reports as malformed is replaced by an empty one.
 
 Faults: only a file SQLite reports as damaged (SQLITE_CORRUPT, SQLITE_NOTADB) is ever
@@ -22,14 +24,15 @@ replaced. A full disk, a lock or an I/O error leaves the file alone and raises
 engine treats as "no cache this time"; statistics and last-use stamps written by a
 lookup are best effort and never fail it.
 
-Budget: ``budget_bytes`` bounds what the cache takes on disk (the file plus any WAL),
+Budget: ``budget_bytes`` bounds what the cache takes on disk (the index file, its
+journal and the block files),
 beyond the fixed size of an empty store (its schema pages, a few hundred KB at 64 KB
 pages). After an eviction ``PRAGMA incremental_vacuum`` returns every free page to the
 file system, so the file shrinks with its contents.
 
-Deletion: ``PRAGMA secure_delete=ON`` overwrites freed content with zeros, and the
-vacuum truncates the freed pages, so an evicted or forgotten block leaves no bytes in
-the file. :meth:`PrefixStore.forget` drops the blocks of token sequences that no other
+Deletion: ``PRAGMA secure_delete=ON`` overwrites freed index content with zeros, the
+vacuum truncates the freed pages, and a block's file is overwritten with zeros before
+it is unlinked, so an evicted or forgotten block leaves no bytes in the folder. :meth:`PrefixStore.forget` drops the blocks of token sequences that no other
 sequence needs (the engine computes them: ``engine.forget``).
 """
 
@@ -49,6 +52,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
+from storage.block_files import BlockFiles
 from storage.block_hash import block_key, chain_keys, tokens_from_bytes, tokens_to_bytes
 from storage.errors import StorageError, StorageFullError, is_disk_full
 from storage.paths import disk_full_message, free_space
@@ -60,13 +64,28 @@ DEFAULT_BUDGET_BYTES = 4 * 1024**3
 """The prefix store's byte budget when the user chose none (4 GiB): the one default for the
 window, the CLI, the engine process and the README."""
 _PAGE_SIZE = 65536  # large pages keep the overflow chains of megabyte blobs short
-_SCHEMA_VERSION = 3  # a file with another version is replaced: the store is disposable
+_SCHEMA_VERSION = 4  # v3 (payloads in a block_data table) is migrated; others are replaced
+_BLOCKS_IN_TABLE = 3
 
 
-def checksum(data: bytes | memoryview) -> int:
-    """xxh3-64 of ``data`` as a signed 64-bit integer (SQLite's INTEGER range)."""
-    value = xxhash.xxh3_64_intdigest(data)
+def checksum(data) -> int:
+    """xxh3-64 of ``data`` (a buffer, or a list of buffers taken as their concatenation)
+    as a signed 64-bit integer (SQLite's INTEGER range)."""
+    if isinstance(data, list):
+        h = xxhash.xxh3_64()
+        for part in data:
+            h.update(part)
+        value = h.intdigest()
+    else:
+        value = xxhash.xxh3_64_intdigest(data)
     return value - (1 << 64) if value >= (1 << 63) else value
+
+
+def payload_size(payload) -> int:
+    """Bytes of a payload: a buffer, or a list of buffers."""
+    if isinstance(payload, list):
+        return sum(memoryview(p).nbytes for p in payload)
+    return memoryview(payload).nbytes
 
 
 @dataclass(frozen=True)
@@ -109,7 +128,7 @@ class NewBlock:
     parent: bytes
     start: int
     tokens: np.ndarray
-    payload: bytes | memoryview | None = None
+    payload: bytes | memoryview | list[memoryview] | None = None  # a list is one payload in pieces
 
     @property
     def n_tokens(self) -> int:
@@ -162,7 +181,11 @@ class PrefixStore:
         self.block_size = int(block_size)
         self._lock = threading.RLock()
         self.recovered_from: str | None = None  # why the file was replaced, if it was
+        self.files = BlockFiles(f"{self.path}-blocks")
+        self._sync_scrub = False  # forget() forces its zeros to the disk
+        self._doomed: list[bytes] = []  # keys whose rows are deleted in the open transaction
         self._db = self._open()
+        self._reclaim()
 
     # -- connection and schema -------------------------------------------------------
 
@@ -198,7 +221,7 @@ class PrefixStore:
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10)
         db.text_factory = lambda b: b.decode("utf-8", "replace")  # damaged text is damage, not a crash
         version = db.execute("PRAGMA user_version").fetchone()[0]
-        if version not in (0, _SCHEMA_VERSION):
+        if version not in (0, _BLOCKS_IN_TABLE, _SCHEMA_VERSION):
             db.close()
             log.info("prefix store %s has schema %s; starting a new one", self.path, version)
             self._remove_files()
@@ -218,6 +241,8 @@ class PrefixStore:
         # Freed pages are overwritten with zeros: an evicted or forgotten block leaves
         # no token ids or KV bytes behind (https://sqlite.org/pragma.html#pragma_secure_delete).
         db.execute("PRAGMA secure_delete=ON")
+        if version == _BLOCKS_IN_TABLE:
+            self._migrate_v3(db)
         if db.execute("PRAGMA user_version").fetchone()[0] != _SCHEMA_VERSION:
             # Under the write lock, read the version again: another process opening the
             # same new folder may have created the schema meanwhile.
@@ -236,10 +261,65 @@ class PrefixStore:
                 raise
         return db
 
+    def _migrate_v3(self, db: sqlite3.Connection) -> None:
+        """Schema 3 kept payloads in a ``block_data`` table: write each one to its block
+        file, then drop the table, in one transaction. A crash midway leaves schema 3
+        (the files written so far are rewritten next time)."""
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            if db.execute("PRAGMA user_version").fetchone()[0] == _BLOCKS_IN_TABLE:
+                for key, data in db.execute(
+                    "SELECT b.key, d.data FROM blocks b JOIN block_data d ON d.id = b.id"
+                ):
+                    self.files.write(key, data)
+                db.execute("DROP TABLE block_data")
+                db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        db.executescript("PRAGMA incremental_vacuum;")
+        log.info("prefix store %s: block payloads moved to %s", self.path, self.files.folder)
+
+    def _reclaim(self) -> None:
+        """Remove block files without an index row (a write killed before its commit) and
+        temporary files, under the write lock so no other process is between a file and
+        its row. Best effort: a locked store is left as it is."""
+        if not self.files.names():
+            return
+        try:
+            with self._lock, self._tx():
+                keep = {r[0].hex() for r in self._db.execute("SELECT key FROM blocks")}
+                gone = self.files.reclaim(keep)
+            if gone:
+                log.info("prefix store: %d orphaned block files removed", gone)
+        except sqlite3.Error as exc:
+            log.warning("prefix store: orphaned block files not checked: %s", exc)
+
+    @contextlib.contextmanager
+    def _tx(self):
+        """A transaction (``_tx``) after whose commit the files of deleted blocks are
+        scrubbed; after a rollback they stay, as their rows do."""
+        try:
+            with _tx(self._db):
+                yield
+        except BaseException:
+            if not self._db.in_transaction:
+                self._doomed.clear()
+            raise
+        if not self._db.in_transaction:
+            self._scrub_doomed()
+
+    def _scrub_doomed(self) -> None:
+        doomed, self._doomed = self._doomed, []
+        self.files.scrub(doomed, sync=self._sync_scrub)
+
     def _remove_files(self) -> None:
-        for suffix in ("", "-wal", "-shm"):
+        for suffix in ("", "-wal", "-shm", "-journal"):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(f"{self.path}{suffix}")
+        self.files.remove_all()
 
     def close(self) -> None:
         with self._lock:
@@ -262,6 +342,7 @@ class PrefixStore:
                 raise StoreReset(str(exc)) from exc
 
     def _reset_file(self) -> None:
+        self._doomed.clear()
         with contextlib.suppress(Exception):
             self._db.close()
         self._remove_files()
@@ -271,7 +352,7 @@ class PrefixStore:
 
     def register_model(self, fingerprint: bytes, layout: str, description: str) -> None:
         """Remember the KV layout (an opaque JSON string) of a fingerprint."""
-        with self._guard(), _tx(self._db):
+        with self._guard(), self._tx():
             self._db.execute(
                 "INSERT INTO models(fingerprint, layout, description, created_at) VALUES (?,?,?,?)"
                 " ON CONFLICT(fingerprint) DO UPDATE SET layout=excluded.layout",
@@ -296,7 +377,7 @@ class PrefixStore:
         return row[0] if row else None
 
     def remember_file_digest(self, path: str, stamp: str, digest: str) -> None:
-        with self._guard(), _tx(self._db):
+        with self._guard(), self._tx():
             self._db.execute("DELETE FROM file_digests WHERE path=?", (path,))
             self._db.execute("INSERT INTO file_digests VALUES (?,?,?)", (path, stamp, digest))
 
@@ -337,7 +418,7 @@ class PrefixStore:
             match = PrefixMatch(blocks)
             if count:
                 try:
-                    with _tx(self._db):
+                    with self._tx():
                         self._bump(lookups=1, hits=int(bool(blocks)), misses=int(not blocks),
                                    tokens_queried=len(arr))
                         self._touch([b.key for b in blocks])
@@ -352,36 +433,42 @@ class PrefixStore:
     def read(self, match: PrefixMatch) -> tuple[list[tuple[bytes, int, int]], int]:
         """Fetch and verify the payloads of ``match``.
 
-        Returns ``(payloads, n_bad)``: ``payloads`` is ``[(payload, n_tokens, use)]`` for
+        Returns ``(payloads, n_bad)``: ``payloads`` is ``[(payload, n_tokens, use)]``
+        (``payload`` a read-only memoryview over the mapped block file) for
         the verified leading blocks, ready for ``engine.kv_codec.join``; reading stops at
         the first block that is missing or fails its checksum, and such a block is deleted
         with its descendants (``n_bad`` counts them).
         """
-        out: list[tuple[bytes, int, int]] = []
+        out: list[tuple[memoryview, int, int]] = []
         bad = 0
         with self._guard():
+            rows = self._rows([b.key for b in match.blocks])
             for ref in match.blocks:
-                row = self._db.execute(
-                    "SELECT id, checksum FROM blocks WHERE key=?", (ref.key,)
-                ).fetchone()
+                row = rows.get(ref.key)
                 if row is None:
                     break
-                try:
-                    # One copy, from the page cache straight into a bytes object.
-                    with self._db.blobopen("block_data", "data", row[0], readonly=True) as blob:
-                        data = blob.read()
-                except sqlite3.OperationalError:  # no such row: the payload is gone
-                    data = b""
-                if checksum(data) != row[1] or not data or len(data) % ref.n_tokens:
+                # No copy: the checksum runs over the mapped file, and the caller copies
+                # the bytes once, into the state blob.
+                data = self.files.map(ref.key)
+                if data is None or len(data) != row[1] or checksum(data) != row[0] or len(data) % ref.n_tokens:
                     log.warning("KV block %s failed its checksum; dropping it", ref.key.hex()[:12])
                     bad += self._delete_subtree(ref.key)
                     break
                 out.append((data, ref.n_tokens, ref.use))
         return out, bad
 
+    def _rows(self, keys: Sequence[bytes]) -> dict[bytes, tuple[int, int]]:
+        """``{key: (checksum, nbytes)}`` of the stored ``keys`` (queried 500 at a time)."""
+        rows: dict[bytes, tuple[int, int]] = {}
+        for i in range(0, len(keys), 500):
+            chunk = keys[i : i + 500]
+            q = f"SELECT key, checksum, nbytes FROM blocks WHERE key IN ({','.join('?' * len(chunk))})"
+            rows.update((k, (c, n)) for k, c, n in self._db.execute(q, chunk))
+        return rows
+
     def record_restore(self, restored_tokens: int, prefilled_tokens: int) -> None:
         """Add a request's restored / prefilled token counts to the statistics."""
-        with self._guard(), _tx(self._db):
+        with self._guard(), self._tx():
             self._bump(tokens_restored=restored_tokens, tokens_prefilled=prefilled_tokens)
 
     # -- write -----------------------------------------------------------------------
@@ -418,37 +505,55 @@ class PrefixStore:
     ) -> int:
         """Store ``blocks`` (with payloads) in one transaction, then evict to the budget.
 
+        ``blocks`` is consumed in order, each payload written to its file before the next
+        block is asked for, so an iterator may cut every payload into one reused buffer.
+
         ``active_path`` are the keys of the conversation being served: they are marked
         as just used and are evicted only when nothing else is left. Returns the payload
         bytes written. Raises StorageFullError when the disk is full (nothing is written).
         """
         now = time.time()
         written = dropped = 0
+        new_files: list[bytes] = []
         with self._guard():
-            with _tx(self._db):
-                for b in blocks:
-                    assert b.payload is not None
-                    cur = self._db.execute(
-                        "INSERT OR IGNORE INTO blocks(key, parent, fingerprint, start, n_tokens,"
-                        " tokens, nbytes, checksum, n_children, last_access)"
-                        " VALUES (?,?,?,?,?,?,?,?,0,?)",
-                        (b.key, b.parent, fingerprint, b.start, b.n_tokens,
-                         tokens_to_bytes(b.tokens), len(b.payload), checksum(b.payload), now),
-                    )
-                    if cur.rowcount == 0:
-                        continue
-                    self._db.execute(
-                        "INSERT INTO block_data(id, data) VALUES (?, ?)", (cur.lastrowid, b.payload)
-                    )
-                    self._db.execute(
-                        "UPDATE blocks SET n_children = n_children + 1 WHERE key=?", (b.parent,)
-                    )
-                    written += len(b.payload)
-                    dropped += self._drop_covered_tails(b)
-                self._touch(active_path, now)
+            try:
+                with self._tx():
+                    for b in blocks:
+                        assert b.payload is not None
+                        nbytes = payload_size(b.payload)
+                        cur = self._db.execute(
+                            "INSERT OR IGNORE INTO blocks(key, parent, fingerprint, start, n_tokens,"
+                            " tokens, nbytes, checksum, n_children, last_access)"
+                            " VALUES (?,?,?,?,?,?,?,?,0,?)",
+                            (b.key, b.parent, fingerprint, b.start, b.n_tokens,
+                             tokens_to_bytes(b.tokens), nbytes, checksum(b.payload), now),
+                        )
+                        if cur.rowcount == 0:
+                            continue
+                        # Inside the transaction: killed before the commit, the file is an
+                        # orphan (reclaimed at open), never a row without its payload.
+                        self._write_file(b.key, b.payload)
+                        new_files.append(b.key)
+                        self._db.execute(
+                            "UPDATE blocks SET n_children = n_children + 1 WHERE key=?", (b.parent,)
+                        )
+                        written += nbytes
+                        dropped += self._drop_covered_tails(b)
+                    self._touch(active_path, now)
+            except BaseException:
+                self.files.scrub(new_files)  # rolled back: their rows are gone, so are they
+                raise
             if not self._evict(set(active_path)) and dropped:
                 self._vacuum()  # give the dropped tails' pages back (eviction does it otherwise)
         return written
+
+    def _write_file(self, key: bytes, payload) -> None:
+        try:
+            self.files.write(key, payload)
+        except OSError as exc:
+            if is_disk_full(exc):
+                raise StoreFull(disk_full_message(self.path.parent, "the KV cache could not be saved")) from exc
+            raise StoreUnavailable(f"the KV cache block {self.files.path(key)} could not be written: {exc}") from exc
 
     def _drop_covered_tails(self, new: NewBlock) -> int:
         """Delete tails under ``new.parent`` whose tokens are a prefix of ``new``'s;
@@ -498,7 +603,7 @@ class PrefixStore:
         key, anchor, tail = self._checkpoint_key(fingerprint, arr)
         now = time.time()
         with self._guard():
-            with _tx(self._db):
+            with self._tx():
                 cur = self._db.execute(
                     "INSERT OR IGNORE INTO checkpoints(key, fingerprint, anchor, n_tokens, tail, nbytes,"
                     " checksum, last_access, data) VALUES (?,?,?,?,?,?,?,?,?)",
@@ -539,7 +644,7 @@ class PrefixStore:
                     if best is None or n > best.n_tokens:
                         best = CheckpointRef(key, n, nbytes)
             if best is not None and count:
-                with _tx(self._db):
+                with self._tx():
                     self._touch_checkpoints([best.key])
         return best
 
@@ -554,7 +659,7 @@ class PrefixStore:
                 data = blob.read()
             if checksum(data) != row[1] or len(data) != ref.nbytes:
                 log.warning("checkpoint %s failed its checksum; dropping it", ref.key.hex()[:12])
-                with _tx(self._db):
+                with self._tx():
                     self._db.execute("DELETE FROM checkpoints WHERE id=?", (row[0],))
                 return None
         return data
@@ -609,7 +714,7 @@ class PrefixStore:
                 break
             # Unprotected leaves first, least recently used first; the active path last.
             order = [r for r in leaves if r[0] not in protect] or leaves
-            with _tx(self._db):
+            with self._tx():
                 for key, nbytes, _, is_checkpoint, _ in order:
                     if total <= target:
                         break
@@ -634,8 +739,9 @@ class PrefixStore:
         self._db.executescript("PRAGMA incremental_vacuum;")
 
     def disk_bytes(self) -> int:
-        """Bytes the cache takes on disk: the file, its WAL and its rollback journal."""
-        total = 0
+        """Bytes the cache takes on disk: the index file, its WAL and rollback journal, and
+        the block files."""
+        total = self._db.execute("SELECT coalesce(sum(nbytes), 0) FROM blocks").fetchone()[0]
         for suffix in ("", "-wal", "-journal"):
             with contextlib.suppress(OSError):
                 total += os.path.getsize(f"{self.path}{suffix}")
@@ -666,12 +772,13 @@ class PrefixStore:
         for i in range(0, len(keys), 500):
             chunk = keys[i : i + 500]
             marks = ",".join("?" * len(chunk))
-            self._db.execute(
-                f"DELETE FROM block_data WHERE id IN (SELECT id FROM blocks WHERE key IN ({marks}))",
-                chunk,
-            )
             self._db.execute(f"DELETE FROM blocks WHERE key IN ({marks})", chunk)
             self._drop_checkpoints(chunk)
+        # The files go after the commit (a row never outlives its file); killed in
+        # between, they are orphans, scrubbed at the next open.
+        self._doomed.extend(keys)
+        if not self._db.in_transaction:
+            self._scrub_doomed()
         if row:
             self._db.execute(
                 "UPDATE blocks SET n_children = n_children - 1 WHERE key=?", (row[0],)
@@ -712,21 +819,31 @@ class PrefixStore:
         keep = [np.asarray(t, dtype=np.int32) for t in keep]
         deleted = 0
         with self._guard():
-            for fp in (self.fingerprints() if fingerprints is None else list(fingerprints)):
-                kept: set[bytes] = set()
-                for tokens in keep:  # a block kept text uses only in part may hold ours
-                    kept.update(b.key for b in self.lookup(fp, tokens, count=False).blocks
-                                if b.use == b.n_tokens)
-                with _tx(self._db):
-                    for tokens in forget:
-                        for ref in self.lookup(fp, tokens, count=False).blocks:
-                            if ref.use < ref.n_tokens:
-                                break  # a block that only starts like ours holds other text
-                            if ref.key not in kept:
-                                deleted += self._delete_subtree(ref.key)
-                                break
+            self._sync_scrub = True
+            try:
+                deleted = self._forget(forget, keep, fingerprints)
+            finally:
+                self._sync_scrub = False
             if deleted:
                 self._vacuum()
+        return deleted
+
+    def _forget(self, forget: list[np.ndarray], keep: list[np.ndarray],
+                fingerprints: Iterable[bytes] | None) -> int:
+        deleted = 0
+        for fp in (self.fingerprints() if fingerprints is None else list(fingerprints)):
+            kept: set[bytes] = set()
+            for tokens in keep:  # a block kept text uses only in part may hold ours
+                kept.update(b.key for b in self.lookup(fp, tokens, count=False).blocks
+                            if b.use == b.n_tokens)
+            with self._tx():
+                for tokens in forget:
+                    for ref in self.lookup(fp, tokens, count=False).blocks:
+                        if ref.use < ref.n_tokens:
+                            break  # a block that only starts like ours holds other text
+                        if ref.key not in kept:
+                            deleted += self._delete_subtree(ref.key)
+                            break
         return deleted
 
     # -- maintenance -----------------------------------------------------------------
@@ -737,19 +854,17 @@ class PrefixStore:
             ids = self._db.execute("SELECT id, key FROM blocks ORDER BY id").fetchall()
             bad_keys = []
             for i, (rowid, key) in enumerate(ids):
-                row = self._db.execute(
-                    "SELECT b.checksum, d.data, b.n_tokens FROM blocks b"
-                    " LEFT JOIN block_data d ON d.id = b.id WHERE b.id=?",
-                    (rowid,),
-                ).fetchone()
+                row = self._db.execute("SELECT checksum, nbytes FROM blocks WHERE id=?", (rowid,)).fetchone()
                 if row is None:
                     continue
-                if row[1] is None or checksum(row[1]) != row[0]:
+                data = self.files.map(key)
+                if data is None or len(data) != row[1] or checksum(data) != row[0]:
                     bad_keys.append(key)
+                del data
                 if progress:
                     progress(i + 1, len(ids))
             removed = 0
-            with _tx(self._db):
+            with self._tx():
                 for key in bad_keys:
                     removed += self._delete_subtree(key)
                 for rowid, want, data in self._db.execute("SELECT id, checksum, data FROM checkpoints").fetchall():
@@ -902,10 +1017,6 @@ CREATE TABLE IF NOT EXISTS blocks(
 );
 CREATE INDEX IF NOT EXISTS blocks_parent ON blocks(parent);
 CREATE INDEX IF NOT EXISTS blocks_leaves ON blocks(n_children, last_access);
-CREATE TABLE IF NOT EXISTS block_data(
-    id INTEGER PRIMARY KEY,
-    data BLOB NOT NULL
-);
 CREATE TABLE IF NOT EXISTS checkpoints(
     id INTEGER PRIMARY KEY,
     key BLOB NOT NULL UNIQUE,

@@ -107,10 +107,11 @@ def test_cache_verify_finds_and_removes_damage(tmp_path):
     import sqlite3
 
     db = sqlite3.connect(tmp_path / "kvcache.sqlite3")
-    rowid, data = db.execute("SELECT id, data FROM block_data ORDER BY id LIMIT 1").fetchone()
-    db.execute("UPDATE block_data SET data=? WHERE id=?", (bytes([data[0] ^ 1]) + data[1:], rowid))
-    db.commit()
+    (key,) = db.execute("SELECT key FROM blocks ORDER BY id LIMIT 1").fetchone()
     db.close()
+    file = tmp_path / "kvcache.sqlite3-blocks" / key.hex()
+    data = file.read_bytes()
+    file.write_bytes(bytes([data[0] ^ 1]) + data[1:])
     report = json.loads(bw(tmp_path, "cache", "verify", "--json").stdout)
     assert report["bad"] == 1 and report["removed"] >= 1
     assert json.loads(bw(tmp_path, "cache", "verify", "--json").stdout)["bad"] == 0

@@ -3,10 +3,12 @@ computed from scratch (same token ids at temperature 0), whatever path the prefi
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import sqlite3
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -139,13 +141,12 @@ def test_damaged_blocks_are_dropped_and_the_reply_is_unchanged(model_path, store
     msgs = [ChatMessage("user", STORY + "Summarise.")]
     first = turn(e, msgs)
     db = sqlite3.connect(tmp_path / "kvcache.sqlite3")
-    rowid, data = db.execute(
-        "SELECT b.id, d.data FROM blocks b JOIN block_data d ON d.id=b.id WHERE b.start=64").fetchone()
-    data = bytearray(data)
-    data[len(data) // 2] ^= 0x5A
-    db.execute("UPDATE block_data SET data=? WHERE id=?", (bytes(data), rowid))
-    db.commit()
+    (key,) = db.execute("SELECT key FROM blocks WHERE start=64").fetchone()
     db.close()
+    file = tmp_path / "kvcache.sqlite3-blocks" / key.hex()
+    data = bytearray(file.read_bytes())
+    data[len(data) // 2] ^= 0x5A
+    file.write_bytes(bytes(data))
     e.reset_context()
     again = turn(e, msgs)
     assert again.stats.cache_blocks_dropped >= 1
@@ -162,13 +163,16 @@ def test_bytes_flipped_in_the_file_never_change_the_reply(model_path, tmp_path):
     first = turn(e, msgs)
     e.close()
     store.close()
-    size = os.path.getsize(path)
-    with open(path, "r+b") as f:
-        for frac in (0.3, 0.5, 0.7, 0.9):
-            f.seek(int(size * frac))
-            b = f.read(1)
-            f.seek(int(size * frac))
-            f.write(bytes([b[0] ^ 0xFF]))
+    blocks = sorted(Path(f"{path}-blocks").iterdir())
+    assert len(blocks) >= 2
+    for file, fracs in ((path, (0.3, 0.5, 0.7, 0.9)), (blocks[0], (0.5,)), (blocks[-1], (0.1, 0.9))):
+        size = os.path.getsize(file)
+        with open(file, "r+b") as f:
+            for frac in fracs:
+                f.seek(int(size * frac))
+                b = f.read(1)
+                f.seek(int(size * frac))
+                f.write(bytes([b[0] ^ 0xFF]))
     store = PrefixStore(path)
     e = Engine(model_path, SETTINGS, store)
     again = turn(e, msgs)
@@ -310,11 +314,23 @@ def test_no_prefill_batch_is_a_single_token():
     assert [len(b) for b in _batches([7], 512)] == [1]
 
 
-def test_a_full_disk_while_storing_loses_nothing_but_the_cache(model_path, store):
+def test_a_full_disk_while_storing_loses_nothing_but_the_cache(model_path, store, monkeypatch):
     e = Engine(model_path, SETTINGS, store)
-    store._db.execute("PRAGMA max_page_count=4")  # the file may not grow: SQLite says "disk is full"
+    store._db.execute("PRAGMA max_page_count=4")  # the index may not grow: SQLite says "disk is full"
+    real_write = store.files.write
+    written = []
+
+    def full_disk(key, data):  # the block files' disk is full too, after a first file
+        if written:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written.append(key)
+        real_write(key, data)
+
+    monkeypatch.setattr(store.files, "write", full_disk)
     r = e.generate([ChatMessage("user", STORY + "Summarise.")], GREEDY)
-    assert r.token_ids and r.stats.snapshot_bytes_written == 0
+    assert r.token_ids and r.stats.snapshot_bytes_written == 0 and written
+    assert store.stats()["blocks"] == 0 and store.files.names() == []  # the written file went too
+    monkeypatch.setattr(store.files, "write", real_write)
     store._db.execute("PRAGMA max_page_count=1073741823")
     r2 = e.generate([ChatMessage("user", "Hello")], GREEDY)  # the store still works afterwards
     assert r2.stats.snapshot_bytes_written > 0

@@ -125,7 +125,10 @@ MARKER = "ZQXW-bank-PIN-7391"
 
 
 def _raw(folder: Path, name: str) -> bytes:
-    return b"".join(p.read_bytes() for p in folder.glob(name + "*") if p.is_file())
+    """The bytes of ``name`` and its sidecars, and of the files in its folders (the
+    prefix store's ``kvcache.sqlite3-blocks/``)."""
+    files = [p for top in folder.glob(name + "*") for p in (top.rglob("*") if top.is_dir() else [top])]
+    return b"".join(p.read_bytes() for p in sorted(files) if p.is_file())
 
 
 def _run(token_ids) -> bytes:

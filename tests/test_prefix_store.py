@@ -5,6 +5,7 @@ checksums and statistics. Payload bytes encode their token ids so a read can be 
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -173,12 +174,23 @@ def test_statistics_count_lookups_hits_and_tokens(store):
 def corrupt_block(path, start: int) -> None:
     """Flip one byte inside the payload of the block at token ``start``."""
     db = sqlite3.connect(path)
-    (rowid,) = db.execute("SELECT id FROM blocks WHERE start=?", (start,)).fetchone()
-    data = bytearray(db.execute("SELECT data FROM block_data WHERE id=?", (rowid,)).fetchone()[0])
-    data[3] ^= 0xFF
-    db.execute("UPDATE block_data SET data=? WHERE id=?", (bytes(data), rowid))
-    db.commit()
+    (key,) = db.execute("SELECT key FROM blocks WHERE start=?", (start,)).fetchone()
     db.close()
+    file = Path(f"{path}-blocks") / key.hex()
+    data = bytearray(file.read_bytes())
+    data[3] ^= 0xFF
+    file.write_bytes(bytes(data))
+
+
+def raw_bytes(folder) -> bytes:
+    """Every byte of every file under ``folder`` (the index and the block files)."""
+    return b"".join(p.read_bytes() for p in sorted(Path(folder).rglob("*")) if p.is_file())
+
+
+def disk_size(path) -> int:
+    """The index file and its block files, in bytes."""
+    blocks = Path(f"{path}-blocks")
+    return Path(path).stat().st_size + sum(p.stat().st_size for p in blocks.glob("*") if p.is_file())
 
 
 def test_a_bad_checksum_stops_the_restore_and_drops_the_subtree(store, tmp_path):
@@ -238,12 +250,12 @@ def test_file_on_disk_shrinks_to_the_budget(tmp_path, budget):
     store = PrefixStore(path, budget_bytes=10**10, block_size=B)
     for i in range(8):  # 8 conversations of 32 tokens: 16 MB of blocks
         store_big(store, seq(32, start=10_000 * (i + 1)))
-    assert path.stat().st_size > 16 * 1024**2
+    assert disk_size(path) > 16 * 1024**2
     store.budget_bytes = budget
     store.evict()
     s = store.stats()
     block = B * BIG_BPT
-    on_disk = path.stat().st_size
+    on_disk = disk_size(path)
     assert s["file_bytes"] == on_disk  # no WAL or journal is left behind
     assert on_disk <= budget + s["overhead_bytes"]
     assert on_disk >= budget - block  # it did not evict more than needed
@@ -275,7 +287,7 @@ def test_forget_drops_unshared_blocks_and_keeps_shared_ones(tmp_path):
     assert restored_tokens(store, secret) == shared
     assert restored_tokens(store, secret, fp=OTHER_FP) == shared
     marker = np.asarray([987_654_321], dtype="<i4").tobytes()
-    raw = b"".join(p.read_bytes() for p in tmp_path.iterdir())
+    raw = raw_bytes(tmp_path)
     assert marker not in raw and np.asarray([500], dtype="<i4").tobytes() * 4 in raw
     assert store.forget([secret]) == 4 + 2  # nothing kept: each root's whole subtree
     assert store.stats()["blocks"] == 0
@@ -300,10 +312,71 @@ def test_evicted_blocks_leave_no_bytes_in_the_file(tmp_path):
     store_tokens(store, marker)
     store_tokens(store, seq(16, start=300))
     needle = np.asarray([987_654_321] * 4, dtype="<i4").tobytes()
-    assert needle in path.read_bytes()
+    assert needle in raw_bytes(tmp_path)
     store.lookup(FP, seq(16, start=300))  # the marker is now least recently used
     store.budget_bytes = 16 * BPT
     store.evict()
     assert restored_tokens(store, marker) == [] and restored_tokens(store, seq(16, start=300))
     store.close()
-    assert needle not in path.read_bytes()
+    assert needle not in raw_bytes(tmp_path)
+
+
+# -- block files beside the index (issue 15) -------------------------------------------------
+
+
+def test_migration_from_version_3_keeps_every_block(tmp_path):
+    path = tmp_path / "kv.sqlite3"
+    db = sqlite3.connect(path)
+    store = PrefixStore(path, budget_bytes=10**9, block_size=B)
+    store_tokens(store, seq(20))
+    store.close()
+    rows = db.execute("SELECT id, key FROM blocks").fetchall()
+    db.execute("CREATE TABLE block_data(id INTEGER PRIMARY KEY, data BLOB NOT NULL)")
+    for rowid, key in rows:
+        file = Path(f"{path}-blocks") / key.hex()
+        db.execute("INSERT INTO block_data VALUES (?, ?)", (rowid, file.read_bytes()))
+        file.unlink()
+    db.execute("PRAGMA user_version=3")
+    db.commit()
+    db.close()
+    store = PrefixStore(path, budget_bytes=10**9, block_size=B)
+    assert restored_tokens(store, seq(20)) == seq(20)
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 4
+    assert db.execute("SELECT count(*) FROM sqlite_master WHERE name='block_data'").fetchone()[0] == 0
+    db.close()
+    assert store.verify().bad == 0
+    store.close()
+
+
+def test_orphan_and_temporary_block_files_are_reclaimed_at_open(tmp_path):
+    path = tmp_path / "kv.sqlite3"
+    store = PrefixStore(path, budget_bytes=10**9, block_size=B)
+    store_tokens(store, seq(20))
+    store.close()
+    folder = Path(f"{path}-blocks")
+    kept = sorted(p.name for p in folder.iterdir())
+    (folder / ("ab" * 32)).write_bytes(payload_for([987_654_321] * 8))  # a write killed before its commit
+    (folder / f"{'cd' * 32}.123.tmp").write_bytes(b"half a block")
+    store = PrefixStore(path, budget_bytes=10**9, block_size=B)
+    assert sorted(p.name for p in folder.iterdir()) == kept
+    assert np.asarray([987_654_321], dtype="<i4").tobytes() not in raw_bytes(tmp_path)
+    assert restored_tokens(store, seq(20)) == seq(20)
+    store.close()
+
+
+def test_a_missing_block_file_is_a_bad_block(store, tmp_path):
+    store_tokens(store, seq(24))
+    db = sqlite3.connect(tmp_path / "kv.sqlite3")
+    (key,) = db.execute("SELECT key FROM blocks WHERE start=8").fetchone()
+    db.close()
+    (tmp_path / "kv.sqlite3-blocks" / key.hex()).unlink()
+    payloads, bad = store.read(store.lookup(FP, seq(24)))
+    assert [use for _, _, use in payloads] == [8] and bad == 2
+
+
+def test_block_files_are_private(store, tmp_path):
+    store_tokens(store, seq(20))
+    folder = tmp_path / "kv.sqlite3-blocks"
+    assert folder.stat().st_mode & 0o777 == 0o700
+    assert {p.stat().st_mode & 0o777 for p in folder.iterdir()} == {0o600}

@@ -145,6 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true")
     bench.add_argument("--model", help="a GGUF model (default: the embedded one)")
     bench.add_argument("--quick", action="store_true", help="smaller workload (for a smoke test)")
+    bench.add_argument("--llama-server", metavar="PATH",
+                       help="a llama-server binary: time its slot save/restore of the same prompt")
     bench.add_argument("--cpu", action="store_true",
                        help="only measure prefill speed with llama.cpp's weight repacking on and off")
     bench.add_argument("--threads", action="store_true",
@@ -220,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
 
                 return run_serve_bench(model=args.model, as_json=args.json, quick=args.quick)
 
-            return run_bench(model=args.model, as_json=args.json, quick=args.quick)
+            return run_bench(model=args.model, as_json=args.json, quick=args.quick,
+                             llama_server=args.llama_server)
         if args.command == "import":
             from app.cli.import_commands import run_import
 

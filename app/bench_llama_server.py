@@ -1,0 +1,83 @@
+"""``branchwise bench --llama-server PATH``: llama.cpp's own slot save and restore of the
+prompt the restore bench uses, for comparison with the prefix store.
+
+A llama-server binary (for example built from the pinned llama-cpp-python sdist's
+``vendor/llama.cpp`` with cmake) is started on the same model with ``--slot-save-path``;
+the prompt's token ids are evaluated in slot 0, then ``POST /slots/0?action=save`` writes
+the slot's state to a file. The server is restarted (a restore in a new process, as a
+resume is), and ``POST /slots/0?action=restore`` reads it back: several times on a warm
+page cache (median), once after the file was dropped from the page cache. The figures are
+the server's own ``timings`` (``save_ms``, ``restore_ms``); nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from pathlib import Path
+
+FILENAME = "branchwise-bench.bin"
+
+
+def _server(binary: str, model: Path, slots: Path, log: Path):
+    """A llama-server child on a free loopback port (started and stopped as the serve
+    bench's servers are), and the base URL of its native endpoints."""
+    from app.serve.bench import _Server
+    from app.serve.server import free_port
+
+    port = free_port()
+    argv = [binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "4096", "-np", "1",
+            "--slot-save-path", str(slots), "-t", str(os.cpu_count() or 1)]
+    return _Server(argv, log, False, port), f"http://127.0.0.1:{port}"
+
+
+def _post(url: str, body: dict) -> dict:
+    import httpx
+
+    r = httpx.post(url, json=body, timeout=600, trust_env=False)
+    if r.status_code != 200:
+        raise RuntimeError(f"llama-server {url}: HTTP {r.status_code}: {r.text[:200]}")
+    return r.json()
+
+
+def _ms(reply: dict, key: str, wall: float) -> float:
+    timings = reply.get("timings") or {}
+    return float(timings.get(key, wall * 1000))
+
+
+def bench_llama_server(binary: str, model: Path, prompt: list[int], work: Path, repeats: int = 5) -> dict:
+    """Slot save and restore of ``prompt`` (token ids) through ``binary``. Returns ms and
+    MB/s, or ``{"error": words}`` when the server cannot be run."""
+    from storage.block_files import drop_file_cache
+
+    if not Path(binary).is_file() or not os.access(binary, os.X_OK):
+        return {"error": f"{binary} is not an executable file"}
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "llama-server.log"
+    try:
+        server, url = _server(binary, model, work, log)
+        with server:
+            _post(url + "/completion", {"prompt": prompt, "n_predict": 1, "temperature": 0,
+                                        "cache_prompt": True, "id_slot": 0})
+            t = time.perf_counter()
+            saved = _post(url + "/slots/0?action=save", {"filename": FILENAME})
+            save_ms = _ms(saved, "save_ms", time.perf_counter() - t)
+        restores = []
+        server, url = _server(binary, model, work, log)  # restore in a new process, as a resume does
+        with server:
+            for _ in range(repeats):
+                t = time.perf_counter()
+                restored = _post(url + "/slots/0?action=restore", {"filename": FILENAME})
+                restores.append(_ms(restored, "restore_ms", time.perf_counter() - t))
+            drop_file_cache(work / FILENAME)
+            t = time.perf_counter()
+            cold = _ms(_post(url + "/slots/0?action=restore", {"filename": FILENAME}), "restore_ms",
+                       time.perf_counter() - t)
+    except (OSError, RuntimeError, ValueError) as exc:
+        return {"error": str(exc) if str(log) in str(exc) else f"{exc} (see {log})"}
+    size = (work / FILENAME).stat().st_size
+    warm = statistics.median(restores)
+    return {"tokens": int(saved.get("n_saved", len(prompt))), "file_mb": round(size / 1e6, 1),
+            "save_ms": round(save_ms, 2), "restore_ms": round(warm, 2), "cold_restore_ms": round(cold, 2),
+            "restore_mb_per_s": round(size / 1e6 / (warm / 1000), 0)}

@@ -1,0 +1,203 @@
+"""Block payloads as files beside the prefix store's SQLite index: one immutable file per
+block, named by its key, in ``<store>-blocks/``.
+
+Why files: a payload in a SQLite BLOB spans a chain of overflow pages, so reading it takes
+a copy (SQLite page -> ``bytes``) before anything else can look at it. A file is mapped
+(:meth:`BlockFiles.map`): the checksum runs over the page cache in place and the codec
+copies the bytes once, straight into the state blob handed to llama.cpp.
+
+The rules that keep the store consistent (``storage/prefix_store.py`` applies them):
+
+* a file is written whole under a temporary name and renamed over its final name, so a
+  reader sees either no file or a complete one (the content of a key never changes);
+* a file is written *inside* the index transaction that inserts its row (the SQLite write
+  lock is held), before the commit: a process killed at any moment leaves at worst a
+  file without a row (an orphan) or a temporary file, and both are removed by
+  :meth:`BlockFiles.reclaim` under the same lock at the next open;
+* a row whose file is missing or damaged fails its checksum on read and is dropped, as a
+  damaged BLOB was;
+* deletion overwrites the file with zeros before unlinking it (:meth:`BlockFiles.scrub`),
+  so a forgotten or evicted block leaves no bytes in the folder; with ``sync`` the zeros
+  are forced to the disk first (``forget``), else they reach it with the next writeback.
+
+No fsync on write: the store is disposable, and a power loss that tears a file is caught
+by the checksum. Files are created 0600 and the folder 0700 (``storage/paths.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from storage.paths import DIR_MODE, FILE_MODE
+
+_TMP = ".tmp"
+_ZEROS = bytes(1 << 20)
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # fault the whole mapping in one go (Linux)
+_BINARY = getattr(os, "O_BINARY", 0)  # Windows opens files in text mode otherwise
+_datasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
+
+
+class BlockFiles:
+    """The payload files of one store: ``folder / key.hex()``.
+
+    Args:
+        folder: the directory (created 0700 on the first write).
+
+    Errors: :meth:`write` raises OSError (a full disk is ENOSPC) after removing its
+    temporary file; :meth:`map` returns None for a missing or unreadable file.
+    """
+
+    def __init__(self, folder: Path | str):
+        self.folder = Path(folder)
+
+    def path(self, key: bytes) -> Path:
+        return self.folder / key.hex()
+
+    def write(self, key: bytes, data) -> None:
+        """Write ``data`` (a buffer, or a list of buffers written one after the other) as
+        the payload of ``key``: temporary file, then rename."""
+        self.folder.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        final = self.path(key)
+        tmp = self.folder / f"{key.hex()}.{os.getpid()}{_TMP}"
+        parts = [memoryview(p).cast("B") for p in (data if isinstance(data, list) else [data])]
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _BINARY, FILE_MODE)
+        try:
+            try:
+                _write_all(fd, parts)
+            finally:
+                os.close(fd)
+            os.replace(tmp, final)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            raise
+
+    def map(self, key: bytes) -> memoryview | None:
+        """A read-only view of the payload of ``key`` over the page cache (no copy), or
+        None when the file is missing, empty or unreadable. The mapping lives as long as
+        the view (or anything made from it)."""
+        try:
+            fd = os.open(self.path(key), os.O_RDONLY | _BINARY)
+        except OSError:
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                return None
+            if hasattr(mmap, "MAP_SHARED"):
+                return memoryview(mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ))
+            return memoryview(mmap.mmap(fd, size, access=mmap.ACCESS_READ))  # Windows
+        except (OSError, ValueError):
+            return None
+        finally:
+            os.close(fd)
+
+    def size(self, key: bytes) -> int:
+        try:
+            return self.path(key).stat().st_size
+        except OSError:
+            return 0
+
+    def scrub(self, keys: Iterable[bytes], sync: bool = False) -> None:
+        """Overwrite the files of ``keys`` with zeros, then unlink them (missing ones are skipped)."""
+        for key in keys:
+            self._scrub_path(self.path(key), sync)
+
+    def _scrub_path(self, path: Path, sync: bool) -> None:
+        try:
+            fd = os.open(path, os.O_WRONLY | _BINARY)
+        except OSError:
+            return
+        try:
+            left = os.fstat(fd).st_size
+            while left > 0:
+                left -= os.write(fd, _ZEROS[: min(left, len(_ZEROS))])
+            if sync:
+                _datasync(fd)
+        except OSError:
+            pass  # a full disk cannot stop a deletion: unlink anyway
+        finally:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+    def names(self) -> list[str]:
+        """Every file name in the folder (keys in hex, and temporary files)."""
+        try:
+            return [e.name for e in os.scandir(self.folder) if e.is_file(follow_symlinks=False)]
+        except FileNotFoundError:
+            return []
+
+    def reclaim(self, keep: set[str]) -> int:
+        """Scrub every file whose name is not in ``keep`` (hex keys): temporary files and
+        orphans of a write that never committed. Call it holding the index's write lock.
+        Returns how many files went."""
+        gone = 0
+        for name in self.names():
+            if name not in keep:
+                self._scrub_path(self.folder / name, False)
+                gone += 1
+        return gone
+
+    def total_bytes(self) -> int:
+        """Bytes of every file in the folder."""
+        total = 0
+        with contextlib.suppress(FileNotFoundError):
+            for e in os.scandir(self.folder):
+                with contextlib.suppress(OSError):
+                    total += e.stat(follow_symlinks=False).st_size
+        return total
+
+    def remove_all(self) -> None:
+        """Unlink every file and the folder (a reset of the store)."""
+        for name in self.names():
+            with contextlib.suppress(OSError):
+                os.remove(self.folder / name)
+        with contextlib.suppress(OSError):
+            os.rmdir(self.folder)
+
+    def drop_cache(self) -> None:
+        """Evict the files from the page cache (``posix_fadvise(DONTNEED)``, after an
+        fsync so no dirty page stays), for cold-cache measurements. No-op elsewhere."""
+        if not hasattr(os, "posix_fadvise"):
+            return
+        for name in self.names():
+            drop_file_cache(self.folder / name)
+
+
+def _write_all(fd: int, parts: list[memoryview]) -> None:
+    """Gathering writes of ``parts`` in order (``os.writev``, at most IOV_MAX at a time),
+    resumed after a short write."""
+    limit = getattr(os, "IOV_MAX", 1024) if hasattr(os, "writev") else 1
+    i = 0
+    while i < len(parts):
+        chunk = parts[i : i + limit]
+        done = os.writev(fd, chunk) if limit > 1 else os.write(fd, chunk[0])
+        for part in chunk:  # skip what was written; a partial part is resumed
+            if done >= len(part):
+                done -= len(part)
+                i += 1
+            else:
+                parts[i] = part[done:]
+                break
+
+
+def drop_file_cache(path: Path | str) -> None:
+    """fsync ``path``, then ask the kernel to drop its cached pages (Linux)."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
