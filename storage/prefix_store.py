@@ -882,9 +882,15 @@ class PrefixStore:
         return VerifyReport(len(ids), len(bad_keys), removed)
 
     def clear(self) -> None:
-        """Start over with an empty file (blocks, layouts, digests and counters go)."""
-        with self._lock:
-            self._reset_file()
+        """Empty the store (blocks, checkpoints, layouts, digests and counters go) in place,
+        in one transaction: another process that has it open (the window, ``serve``) keeps
+        a working store and simply finds nothing. A damaged file is replaced instead."""
+        with self._guard():
+            with self._tx():
+                self._doomed.extend(r[0] for r in self._db.execute("SELECT key FROM blocks"))
+                for table in ("blocks", "checkpoints", "models", "counters", "file_digests"):
+                    self._db.execute(f"DELETE FROM {table}")  # noqa: S608 - fixed names
+            self._vacuum()
 
     def stats(self) -> dict:
         """Counters and sizes: lookups, hits, misses, tokens_restored, tokens_prefilled,

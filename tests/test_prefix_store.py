@@ -227,6 +227,20 @@ def test_clear_removes_every_block(store):
     store.clear()
     assert store.stats()["blocks"] == 0
     assert store.lookup(FP, seq(40)).n_tokens == 0
+    assert not any(store.files.folder.glob("*"))  # the block files are gone too
+
+
+def test_clear_from_another_process_leaves_this_one_a_working_store(store, tmp_path):
+    """`branchwise cache clear` while `serve` or the window has the store open: it used to
+    replace the file, and every later snapshot of the running process failed ("attempt to
+    write a readonly database") until it restarted."""
+    store_tokens(store, seq(40))
+    other = PrefixStore(tmp_path / "kv.sqlite3", budget_bytes=10**9, block_size=B)
+    other.clear()
+    other.close()
+    assert store.lookup(FP, seq(40)).n_tokens == 0
+    assert store_tokens(store, seq(24)) > 0  # the running process stores again
+    assert restored_tokens(store, seq(24)) == seq(24)
 
 
 # -- the file shrinks to its budget (issue 11.3) -----------------------------------------
