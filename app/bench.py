@@ -267,7 +267,10 @@ def run_bench(model: str | None = None, as_json: bool = False, quick: bool = Fal
 
     model_path = Path(model) if model else default_model_path()
     sizes = [200] if quick else [500, 1000, 2000]
-    out: dict = {"model": model_path.name, "cpu_count": os.cpu_count()}
+    from engine.machine import default_threads
+
+    # EngineSettings' automatic thread count (engine/machine.py), as every engine here uses
+    out: dict = {"model": model_path.name, "cpu_count": os.cpu_count(), "threads": default_threads()}
     with tempfile.TemporaryDirectory(prefix="branchwise-bench-") as tmp:
         work = Path(tmp)
         log = (lambda *a: None) if as_json else (lambda *a: print(*a, file=sys.stderr, flush=True))
@@ -320,7 +323,7 @@ def format_llama_server(x: dict | None) -> str:
 
 
 def format_table(r: dict) -> str:
-    lines = [f"Branchwise bench · {r['model']} · {r['cpu_count']} CPU threads · "
+    lines = [f"Branchwise bench · {r['model']} · {r['threads']} of {r['cpu_count']} CPU threads · "
              f"prefix store: {r.get('cache_mode', 'blocks')}", ""]
     lines.append("Resume in a new process (TTFT, ms)")
     lines.append(f"{'turn-1 tokens':>14} {'cold':>9} {'resume':>9} {'ratio':>7} {'restored':>9} "

@@ -138,7 +138,8 @@ def measure_big() -> dict:
             if w.model_state != "ready":
                 raise SystemExit(f"the model did not load: {w.banner.text}")
             other = w.store.create_conversation(title="Other")
-            w.store.add_message(other.id, None, "user", "hello")
+            hello = w.store.add_message(other.id, None, "user", "hello")
+            w.store.add_message(other.id, hello.id, "assistant", "Hello!")  # answered: no "no reply yet" question
             long = w.store.create_conversation(title="200 messages")
             parent = None
             for i in range(100):
