@@ -134,13 +134,18 @@ def test_a_wrong_key_is_one_line_and_the_message_is_kept(tmp_path):
     with BranchwiseServe(tmp_path / "server", "--api-key", "right") as server:
         server.start()
         r = bw(tmp_path / "c", "chat", "--engine-url", server.url, "--engine-key", "wrong", "Hello", check=False)
-        ok = chat(tmp_path / "c", ("--engine-url", server.url, "--engine-key", "right"), "--conversation", "1",
-                  "Hello again")
+        # the kept message has no reply: a new one is not stacked under it, it is answered in place
+        stacked = bw(tmp_path / "c", "chat", "--engine-url", server.url, "--engine-key", "right",
+                     "--conversation", "1", "Hello again", check=False)
+        ok = json.loads(bw(tmp_path / "c", "regenerate", "1", "--json", *SAMPLING, "--engine-url", server.url,
+                           "--engine-key", "right").stdout)
     assert r.returncode == 1 and r.stderr.count("\n") == 1
     assert "refused the API key (401)" in r.stderr and "--engine-key" in r.stderr
-    assert ok["text"].strip()
+    assert stacked.returncode == 1 and "'branchwise regenerate 1'" in stacked.stderr
+    assert ok["text"].strip() and ok["user_message_id"] == 1
     tree = json.loads(bw(tmp_path / "c", "conversations", "export", "1", "--format", "json").stdout)
-    assert [m["content"] for m in tree["messages"] if m["role"] == "user"] == ["Hello", "Hello again"]
+    assert [(m["role"], m["content"]) for m in tree["messages"]][0] == ("user", "Hello")
+    assert [m["role"] for m in tree["messages"]] == ["user", "assistant"]
 
 
 def test_a_bad_url_is_a_usage_error(tmp_path):
