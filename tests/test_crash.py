@@ -88,7 +88,7 @@ def test_a_second_ctrl_c_ends_an_engine_that_does_not_stop(tmp_path):
     engine to stop between steps; when it cannot answer (frozen here with SIGSTOP, as one
     stuck in native code would be), the second ends it, with one line and exit code 130."""
     env = {**os.environ, "BRANCHWISE_DATA_DIR": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "chat", "--max-tokens", "400",
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "chat", "--temperature", "0", "--max-tokens", "400",
                              "Write a long story about a lighthouse keeper."],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)  # its own process group, as a terminal gives it
@@ -119,7 +119,7 @@ def test_a_second_ctrl_c_ends_an_engine_that_does_not_stop(tmp_path):
 @pytest.mark.skipif(os.name != "posix", reason="process groups")
 def test_one_ctrl_c_stops_the_reply_and_keeps_it(tmp_path):
     env = {**os.environ, "BRANCHWISE_DATA_DIR": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "chat", "--max-tokens", "400",
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "chat", "--temperature", "0", "--max-tokens", "400",
                              "Write a long story about a lighthouse keeper."],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)

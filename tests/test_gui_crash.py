@@ -105,10 +105,10 @@ def test_stop_ends_an_engine_that_does_not_answer(qtbot, open_window, data_dir, 
     now", then ends the process by itself; the partial reply is kept as stopped, a new
     engine loads the model, and the next message is answered."""
     w = open_window(data_dir)
-    cid = new_chat(w, {"max_tokens": 400})
+    cid = new_chat(w, {"max_tokens": 400, "temperature": 0.0})
     if how == "timeout":  # the offer, then the end, sooner than in use (3 s and 30 s)
-        w.chat.stop_hint.setInterval(500)
-        w.chat.stop_watchdog.setInterval(2_500)
+        w.chat.watchdog.hint.setInterval(500)
+        w.chat.watchdog.deadline.setInterval(2_500)
     frozen, reply = _stream_then_freeze(qtbot, w, cid)
     try:
         w.chat.stop()
@@ -144,8 +144,8 @@ def test_stop_ends_an_engine_frozen_while_it_counts_a_long_paste(qtbot, open_win
     frozen = w.client.pid
     os.kill(frozen, signal.SIGSTOP)  # frozen before the count can be answered
     try:
-        w.chat.stop_hint.setInterval(300)
-        w.chat.stop_watchdog.setInterval(1_500)
+        w.chat.watchdog.hint.setInterval(300)
+        w.chat.watchdog.deadline.setInterval(1_500)
         w.composer.input.setPlainText("A question about lighthouses. " * 300)
         qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
         assert w.overflow_flow.checking is not None  # long: counted first

@@ -45,6 +45,27 @@ class MessageActionsMixin:
     _deleted_messages: tuple = ()  # what Undo puts back (set per window by delete_message)
     _deleted_active_leaf: int | None = None
 
+    def changed_elsewhere(self, text: str) -> bool:
+        """Before sending ``text``: when the shown chat's branch no longer ends where it did
+        when it was drawn (another process added to it or moved it), a message sent now would
+        land under messages the user has not seen. Then redraw, put ``text`` back in the box,
+        say so, and return True."""
+        cid, shown = self.chat.conversation_id, self.chat.shown_leaf
+        if cid is None or shown is None or shown[0] != cid:
+            return False
+        try:
+            if self.store.get_conversation(cid).active_leaf_id == shown[1]:
+                return False
+        except StorageError:
+            return False
+        self.show_external_changes()
+        self.chat.render()
+        self.composer.set_text(text)
+        self.banner.show_message(
+            "This chat was changed elsewhere (the command line or another Branchwise window) and is now shown as "
+            "it is. Your message is still in the box: send it again to add it at the end.", "info", chat_id=cid)
+        return True
+
     def open_search_hit(self, conversation_id: int, message_id: int) -> None:
         """Show the branch that holds ``message_id`` (down to its newest leaf), scrolled to
         that message, highlighted."""

@@ -108,7 +108,7 @@ class OverflowFlow(QObject):
     def _busy(self, busy: bool, chars: int = 0) -> None:
         w = self.w
         if not busy:
-            w.chat.stop_settled()
+            w.chat.watchdog.settle()
         w.composer.set_streaming(busy)  # Stop (and Esc) stop the send
         if busy:
             self.stopped = False

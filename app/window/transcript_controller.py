@@ -15,7 +15,8 @@ import logging
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.session import ConversationSession, ReplyRecorder, ReplyState
-from app.window.engine_client import STOP_HINT_S, STOP_WATCHDOG_S, PendingRequest
+from app.window.engine_client import PendingRequest
+from app.window.stop_watchdog import StopWatchdog
 from app.window.model_controller import ModelState
 from app.window.unanswered import ask_unanswered
 from engine.events import CountEvent, CoverageEvent, DoneEvent, ErrorEvent, ErrorKind, SnapshotEvent
@@ -57,11 +58,7 @@ class ChatController(QObject):
         self.flush_timer = QTimer(self, interval=FLUSH_MS)
         self.flush_timer.timeout.connect(self._flush)
         # the watchdog behind Stop: offer to end a slow engine, then end one that never answers
-        self.stop_hint = QTimer(self, singleShot=True, interval=int(STOP_HINT_S * 1000))
-        self.stop_hint.timeout.connect(self._offer_force_stop)
-        self.stop_watchdog = QTimer(self, singleShot=True, interval=int(STOP_WATCHDOG_S * 1000))
-        self.stop_watchdog.timeout.connect(self.force_stop)
-        self._hint_shown = False
+        self.watchdog = StopWatchdog(window, self._stop_unanswered)
 
     @property
     def streaming(self) -> bool:
@@ -210,14 +207,7 @@ class ChatController(QObject):
         if not self.can_generate() or self.w.overflow_flow.checking is not None:
             self.w.composer.set_text(text)
             return
-        if self._changed_elsewhere():
-            self.w.show_external_changes()
-            self.render()
-            self.w.composer.set_text(text)
-            self.w.banner.show_message(
-                "This chat was changed elsewhere (the command line or another Branchwise window) and is now "
-                "shown as it is. Your message is still in the box: send it again to add it at the end.", "info",
-                chat_id=self.conversation_id)
+        if self.w.changed_elsewhere(text):  # the branch moved since it was drawn: redrawn, text kept
             return
         pending = self.session.unanswered_leaf(self.conversation_id) if self.conversation_id else None
         if pending is not None:
@@ -225,18 +215,6 @@ class ChatController(QObject):
             return
         new_chat = self.new_chat_settings() if self.conversation_id is None else None
         self.w.overflow_flow.check_send(self.conversation_id, text, new_chat)
-
-    def _changed_elsewhere(self) -> bool:
-        """True when the shown chat's branch no longer ends where it did when it was drawn
-        (another process added to it or moved it): a message sent now would land under
-        messages the user has not seen."""
-        cid = self.conversation_id
-        if cid is None or self.shown_leaf is None or self.shown_leaf[0] != cid:
-            return False
-        try:
-            return self.w.store.get_conversation(cid).active_leaf_id != self.shown_leaf[1]
-        except StorageError:
-            return False
 
     def store(self, cid: int | None, text: str, new_chat: tuple[str, dict] | None = None) -> int | None:
         """Store ``text`` as a user message under the active leaf of ``cid`` (None: a new chat
@@ -329,42 +307,17 @@ class ChatController(QObject):
         counting = self.w.overflow_flow.checking is not None and not self.w.overflow_flow.stopped
         self.w.overflow_flow.stop()  # a message still being counted is not answered
         if counting:
-            self.stop_hint.start()
-            self.stop_watchdog.start()
+            self.watchdog.start()
         if self._request is not None and not self._stopping:
             self._stopping = True
             self.w.status.stats_label.setText("Stopping…")
             self.w.client.cancel(self._request)
-            self.stop_hint.start()
-            self.stop_watchdog.start()
+            self.watchdog.start()
 
     def _stop_unanswered(self) -> bool:
         """True while Stop waits for the engine: a reply being cancelled, or a count."""
         flow = self.w.overflow_flow
         return (self._request is not None and self._stopping) or (flow.checking is not None and flow.stopped)
-
-    def stop_settled(self) -> None:
-        """The engine answered (or the request ended): the watchdog behind Stop stands down."""
-        self.stop_hint.stop()
-        self.stop_watchdog.stop()
-        if self._hint_shown:
-            self._hint_shown = False
-            if self.w.banner.button("End engine now") is not None:
-                self.w.banner.hide()
-
-    def _offer_force_stop(self) -> None:
-        if not self._stop_unanswered():
-            return
-        self._hint_shown = True
-        self.w.banner.show_message(
-            "The engine finishes its current step before it stops; on a busy machine that can take a while. "
-            f"It will be ended after {STOP_WATCHDOG_S:g} seconds.", "info", [("End engine now", self.force_stop)])
-
-    def force_stop(self) -> None:
-        """End an engine that has not answered Stop: its process is killed, the reply is
-        saved as stopped when the death is reported, and ModelController starts a new one."""
-        if self._stop_unanswered():
-            self.w.client.kill_unresponsive()
 
     def _token(self, text: str) -> None:
         if not self.reply.text and not self._stopping:
@@ -388,7 +341,7 @@ class ChatController(QObject):
     def _end(self) -> ReplyRecorder | None:
         r, self.reply, self._request = self.reply, None, None
         self.flush_timer.stop()
-        self.stop_settled()
+        self.watchdog.settle()
         self.w.status.progress.hide()
         self.w.composer.set_streaming(False)
         self.w.sidebar.busy_id = None
