@@ -122,7 +122,8 @@ def test_one_ctrl_c_stops_the_reply_and_keeps_it(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "chat", "--temperature", "0", "--max-tokens", "400",
                              "Write a long story about a lighthouse keeper."],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+                            start_new_session=True,
+                            preexec_fn=_default_sigint)
     try:
         first = proc.stdout.read(40)  # the reply is streaming
         os.killpg(proc.pid, signal.SIGINT)
@@ -137,6 +138,13 @@ def test_one_ctrl_c_stops_the_reply_and_keeps_it(tmp_path):
     with ChatStore(tmp_path / "chats.sqlite3") as chats:
         reply = chats.get_message(2)
     assert reply.status == "stopped" and reply.content.startswith(first.strip()[:20])
+
+
+def _default_sigint() -> None:
+    """In the child before exec: Ctrl+C as a terminal delivers it. A shell starts background
+    jobs with SIGINT ignored, and Python keeps an inherited SIG_IGN, so under `.ci/run &`
+    the command would never see the signal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _unanswered(data_dir: Path) -> bool:
