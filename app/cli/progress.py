@@ -113,11 +113,13 @@ class TerminalProgress:
                 self._start_task(phase)
             self._progress.update(self._tasks[phase], completed=done, total=total,
                                   amount=_amount(phase, done, total))
+            self._progress.refresh()  # drawn now, not only by rich's timer (starved on a busy machine)
 
     def _draw_if_running(self, phase: str) -> None:
         with self._lock:
             if not self._stopped and phase in self._started and phase not in self._tasks:
                 self._start_task(phase)
+                self._progress.refresh()
 
     def finish(self, phase: str) -> None:
         """Mark ``phase`` complete (it will not be drawn if it never was)."""
