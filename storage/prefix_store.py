@@ -265,8 +265,7 @@ class PrefixStore:
         """Schema 3 kept payloads in a ``block_data`` table: write each one to its block
         file, then drop the table, in one transaction. A crash midway leaves schema 3
         (the files written so far are rewritten next time)."""
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with _tx(db):
             if db.execute("PRAGMA user_version").fetchone()[0] == _BLOCKS_IN_TABLE:
                 for key, data in db.execute(
                     "SELECT b.key, d.data FROM blocks b JOIN block_data d ON d.id = b.id"
@@ -274,11 +273,6 @@ class PrefixStore:
                     self.files.write(key, data)
                 db.execute("DROP TABLE block_data")
                 db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
-            db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
         db.executescript("PRAGMA incremental_vacuum;")
         log.info("prefix store %s: block payloads moved to %s", self.path, self.files.folder)
 
