@@ -33,12 +33,22 @@ def _answer(events, rid: int):
     return next(e for e in events if isinstance(e, ev.PrewarmEvent) and e.id == rid).result
 
 
-def test_a_send_interrupts_a_draft_prewarm_and_reuses_its_tokens(model_path, tmp_path):
+def _loaded(model_path, tmp_path) -> EngineProcess:
+    """An engine child process with the default model loaded (the caller stops it)."""
     proc = EngineProcess(tmp_path)
     proc.start()
     try:
         proc.send(ev.LoadRequest(str(model_path), SETTINGS.to_dict()))
         _until(proc, lambda e: isinstance(e, ev.LoadedEvent))
+    except BaseException:
+        proc.stop()
+        raise
+    return proc
+
+
+def test_a_send_interrupts_a_draft_prewarm_and_reuses_its_tokens(model_path, tmp_path):
+    proc = _loaded(model_path, tmp_path)
+    try:
         proc.send(ev.PrewarmRequest(1, PATH, ""))
         opened = _answer(_until(proc, lambda e: isinstance(e, ev.PrewarmEvent)), 1)
         assert opened["finished"] and opened["ready_tokens"] == opened["target_tokens"] > 0
@@ -69,11 +79,8 @@ def test_a_send_interrupts_a_draft_prewarm_and_reuses_its_tokens(model_path, tmp
 
 
 def test_a_count_interrupts_a_prewarm_which_then_resumes(model_path, tmp_path):
-    proc = EngineProcess(tmp_path)
-    proc.start()
+    proc = _loaded(model_path, tmp_path)
     try:
-        proc.send(ev.LoadRequest(str(model_path), SETTINGS.to_dict()))
-        _until(proc, lambda e: isinstance(e, ev.LoadedEvent))
         proc.send(ev.PrewarmRequest(1, PATH, LONG_DRAFT))
         proc.send(ev.CountRequest(2, PATH))
         events = _until(proc, lambda e: isinstance(e, ev.PrewarmEvent))
