@@ -7,7 +7,8 @@ includes a checkpoint; see engine/core.py).
    the prefix store; TTFT of both, tokens restored, and whether the replies are equal.
 2. Restore throughput (MB/s of KV from the store into llama.cpp, end to end: lookup,
    read+verify, join and ``llama_state_seq_set_data``), on a warm page cache and once
-   cold; the snapshot cost of a first turn (all blocks new) and of the next turn.
+   cold; the snapshot cost of a first turn (all blocks new: once in the resume run's new
+   process, and the median of five into an empty store in this one) and of the next turn.
 3. Sharing: ten branches off one 1,500-token prefix; bytes stored against the bytes of
    their distinct tokens.
 4. The same sharing workload through llama-cpp-python's ``LlamaDiskCache``.
@@ -24,6 +25,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -147,6 +149,39 @@ def bench_restore(engine, prompt: list[int], repeats: int = 7) -> dict:
         cold = sum(v[0] for v in parts.values())
         out.update(cold_ms=round(cold * 1000, 2), cold_mb_per_s=round(nbytes / 1e6 / cold, 0))
     return out
+
+
+def bench_snapshot(engine, prompt: list[int], work: Path, repeats: int = 5) -> dict:
+    """A first-turn snapshot, repeated: the stored prefix of ``prompt`` is restored into the
+    live context, then snapshotted into an empty store (a new one each time, the old one
+    deleted). Median ms, bytes, and MB/s. For dense models only ({} otherwise)."""
+    from storage.prefix_store import PrefixStore
+
+    if engine.mode.checkpoints:
+        return {}
+    store = engine.store
+    match, _ = _restore_lookup(engine, prompt)
+    n, _ = engine._restore(match)
+    if not n:
+        return {}
+    engine._set_tokens(prompt[:n])
+    engine._exact_upto = n
+    times, written = [], 0
+    try:
+        for i in range(repeats):
+            folder = work / f"snapshot-{i}"
+            engine.store = PrefixStore(folder / "kv.sqlite3", budget_bytes=store.budget_bytes,
+                                       block_size=store.block_size)
+            t = time.perf_counter()
+            written = engine.snapshot()
+            times.append(time.perf_counter() - t)
+            engine.store.close()
+            shutil.rmtree(folder)
+    finally:
+        engine.store = store
+    ms = statistics.median(times) * 1000
+    return {"tokens": n, "bytes": written, "median_ms": round(ms, 1), "min_ms": round(min(times) * 1000, 1),
+            "mb_per_s": round(written / 1e6 / (ms / 1000))}
 
 
 def _restore_lookup(engine, prompt: list[int]):
@@ -291,6 +326,8 @@ def run_bench(model: str | None = None, as_json: bool = False, quick: bool = Fal
         prompt = engine.prompt_tokens(conversation_messages(longest.system_prompt, chats.active_path(longest.id)))
         log("restore throughput ...")
         out["restore"] = bench_restore(engine, prompt)
+        log("snapshot throughput ...")
+        out["snapshot"] = bench_snapshot(engine, prompt, work)
         if llama_server:
             from app.bench_llama_server import bench_llama_server
 
@@ -344,8 +381,11 @@ def format_table(r: dict) -> str:
                   f"{x['read_verify_ms']} ms, join {x['join_ms']} ms, set_data {x['set_data_ms']} ms){cold}{ckpt}"]
     if r["resume"]:
         big = r["resume"][-1]
+        y = r.get("snapshot") or {}
+        again = (f"; into an empty store again, {y['tokens']:,} tokens: {y['median_ms']} ms median of 5 "
+                 f"= {y['mb_per_s'] / 1000:.2f} GB/s" if y.get("tokens") else "")
         lines.append(f"Snapshot: first turn of {big['first_turn_tokens']:,} tokens {big['first_turn_snapshot_ms']:.1f} ms "
-                     f"(all blocks new); next turn {big['next_turn_snapshot_ms']:.1f} ms for "
+                     f"in a new process (all blocks new){again}; next turn {big['next_turn_snapshot_ms']:.1f} ms for "
                      f"{big['next_turn_snapshot_bytes'] / 1e6:.1f} MB of new blocks")
     lines.append(format_llama_server(r.get("llama_server")))
     s, d = r["sharing"], r["llama_disk_cache"]

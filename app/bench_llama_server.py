@@ -28,7 +28,8 @@ def _server(binary: str, model: Path, slots: Path, log: Path):
 
     port = free_port()
     argv = [binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "4096", "-np", "1",
-            "--slot-save-path", str(slots), "-t", str(os.cpu_count() or 1)]
+            "--slot-save-path", str(slots), "-t", str(os.cpu_count() or 1),
+            "-fa", "off"]  # the KV layout Branchwise uses (V transposed): the same bytes to move
     return _Server(argv, log, False, port), f"http://127.0.0.1:{port}"
 
 

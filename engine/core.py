@@ -81,9 +81,10 @@ class _Checkpoint:
 
 
 def _keep_large_allocations_mapped() -> None:
-    """Make glibc serve the megabyte-sized block payloads from the heap and keep freed
-    memory mapped. By default each payload gets fresh mmap'd pages and pays a page fault
-    per 4 KiB on first touch: restoring 48 MB then ran at ~1.1 GB/s instead of ~2.1 GB/s
+    """Make glibc serve megabyte-sized buffers (checkpoint payloads, grown state buffers)
+    from the heap and keep freed memory mapped. By default each gets fresh mmap'd pages
+    and pays a page fault per 4 KiB on first touch: when block payloads were still read
+    into memory from SQLite, restoring 48 MB ran at ~1.1 GB/s instead of ~2.1 GB/s
     (`branchwise bench`). Other platforms' allocators already reuse such memory."""
     if not sys.platform.startswith("linux"):
         return
@@ -183,15 +184,15 @@ class Engine:
                 log.warning("ignoring a damaged KV layout in the store: %s", exc)
                 self.layout = None
         self._buffer = np.empty(0, dtype=np.uint8)
+        self._cut_buffer = np.empty(0, dtype=np.uint8)
         if self.store is not None:  # page the state buffer in now, not during a TTFT or snapshot
             per_token = self.layout.bytes_per_token if self.layout else self.model.facts.kv_bytes_per_token
             size = min(self.llama.n_ctx() * per_token, PREFAULT_BYTES)
             self._buffer = np.zeros(size, dtype=np.uint8)
             self._buffer[::4096] = 1
-            # ... and as much heap for the payloads read from SQLite: freed, it stays mapped
-            # (_keep_large_allocations_mapped), so the first restore does not fault either.
-            warm = [bytearray(1 << 20) for _ in range(size >> 20)]
-            del warm
+            # ... and the buffer the snapshot cuts block payloads into
+            self._cut_buffer = np.zeros(min(size, CUT_CHUNK_BYTES), dtype=np.uint8)
+            self._cut_buffer[::4096] = 1
         self._lock = threading.RLock()  # generate() holds it while calling snapshot()
         # Leading live-context tokens whose KV was computed in batches of >= 2 tokens
         # (and so may be reused or stored); decoded tokens are not, until recomputed.
@@ -528,7 +529,7 @@ class Engine:
                     self.store.register_model(
                         self.fingerprint, json.dumps(state.layout.to_json()), self.model.facts.name
                     )
-                written = self.store.put(self.fingerprint, _cut(state, missing), active_path=chain)
+                written = self._store_blocks(state, missing, chain)
             else:
                 self.store.put(self.fingerprint, [], active_path=chain)
         except kv_codec.UnsupportedStateError as exc:
@@ -538,6 +539,19 @@ class Engine:
         if stats is not None:
             stats.snapshot_ms = (time.perf_counter() - t) * 1000
             stats.snapshot_bytes_written = written
+        return written
+
+    def _store_blocks(self, state: kv_codec.ParsedState, missing: list[NewBlock], chain: list[bytes]) -> int:
+        """Cut the ``missing`` blocks out of ``state`` into the reused cut buffer and store
+        them, a chunk (one transaction) at a time; returns the bytes written."""
+        need = min(CUT_CHUNK_BYTES, sum(b.n_tokens for b in missing) * state.layout.bytes_per_token)
+        if self._cut_buffer.nbytes < need:
+            self._cut_buffer = np.empty(need, dtype=np.uint8)
+        written = 0
+        for chunk in _cut(state, missing, self._cut_buffer):
+            written += self.store.put(self.fingerprint, chunk, active_path=chain)
+        if not missing:
+            self.store.put(self.fingerprint, [], active_path=chain)
         return written
 
     def _recompute_decoded(self) -> None:
@@ -745,7 +759,7 @@ class Engine:
                     self.layout = state.blocks.layout
                     self.store.register_model(
                         self.fingerprint, json.dumps(state.blocks.layout.to_json()), self.model.facts.name)
-                written += self.store.put(self.fingerprint, _cut(state.blocks, missing), active_path=chain)
+                written += self._store_blocks(state.blocks, missing, chain)
             keys = list(chain)
             if cp is not None and cp.n >= MIN_RESTORE_TOKENS and cp.n <= exact:
                 key, w = self.store.put_checkpoint(self.fingerprint, tokens[: cp.n], cp.data, active_path=keys)
@@ -794,15 +808,37 @@ class Engine:
         self.model.close()
 
 
-def _cut(state: kv_codec.ParsedState, missing: list[NewBlock]) -> Iterator[NewBlock]:
-    """The ``missing`` blocks with their payloads cut out of ``state``, one at a time into
-    one reused buffer (``PrefixStore.put`` consumes each before asking for the next): fresh
-    memory for every block costs a page fault per 4 KiB, which took longer than the copy."""
-    size = max((b.n_tokens for b in missing), default=0) * state.layout.bytes_per_token
-    scratch = np.empty(size, dtype=np.uint8)
+CUT_CHUNK_BYTES = 64 * 1024 * 1024
+"""Most payload bytes cut out of a state before they are stored: a first snapshot of a long
+context is stored in several transactions of at most this size, so the cut buffer stays
+bounded (each one extends the chain of the one before, so a kill between them leaves a
+consistent prefix)."""
+
+
+def _cut(state: kv_codec.ParsedState, missing: list[NewBlock], buffer: np.ndarray) -> Iterator[list[NewBlock]]:
+    """The ``missing`` blocks, a chunk of at most :data:`CUT_CHUNK_BYTES` of payload at a
+    time. Each payload is a callable that cuts it out of ``state`` into its own piece of
+    ``buffer`` (a reused uint8 array of at least ``min(CUT_CHUNK_BYTES, all payloads)``
+    bytes, so its pages are already mapped; valid until the next chunk is asked for):
+    ``PrefixStore.put`` calls it on the thread that checksums and writes the block."""
+    per_token = state.layout.bytes_per_token
+    chunk: list[NewBlock] = []
+    used = 0
+
+    def cut(b: NewBlock, off: int) -> NewBlock:
+        return NewBlock(b.key, b.parent, b.start, b.tokens,
+                        lambda: kv_codec.block_into(state, b.start, b.start + b.n_tokens, buffer[off:]),
+                        b.n_tokens * per_token)
+
     for b in missing:
-        parts = kv_codec.block_parts(state, b.start, b.start + b.n_tokens, scratch)
-        yield NewBlock(b.key, b.parent, b.start, b.tokens, parts)
+        size = b.n_tokens * per_token
+        if chunk and used + size > buffer.nbytes:
+            yield chunk
+            chunk, used = [], 0
+        chunk.append(cut(b, used))
+        used += size
+    if chunk:
+        yield chunk
 
 
 def _batches(tokens: list[int], size: int) -> list[list[int]]:

@@ -41,10 +41,14 @@ to prefill.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
+
+from storage.parallel import in_halves
 
 STATE_MAGIC = 0xAF143CD8
 _CELL_RECORD = np.dtype([("pos", "<i4"), ("n_seq_id", "<u4"), ("seq_id", "<i4")])
@@ -304,30 +308,37 @@ def block_payload(state: ParsedState, start: int, stop: int) -> bytes:
 
     Size is ``(stop - start) * state.layout.bytes_per_token`` bytes.
     """
-    return b"".join(block_parts(state, start, stop))
+    return block_into(state, start, stop, np.empty((stop - start) * state.layout.bytes_per_token, np.uint8)).tobytes()
 
 
-def block_parts(state: ParsedState, start: int, stop: int, scratch: np.ndarray | None = None) -> list[memoryview]:
-    """The payload of the block of tokens ``[start, stop)`` as consecutive pieces, for a
-    gathering write (``os.writev``) and a streaming checksum: the K rows of each layer and
-    untransposed V rows are views into ``state`` (no copy); a transposed V, strided in
-    the state, is copied once into ``scratch`` (a uint8 array of at least
-    ``(stop - start) * sum(v_elem_bytes * v_dims)`` bytes; a new one when None).
+def block_into(state: ParsedState, start: int, stop: int, out: np.ndarray) -> np.ndarray:
+    """Write the payload of the block of tokens ``[start, stop)`` into ``out`` (a uint8
+    array of at least ``(stop - start) * state.layout.bytes_per_token`` bytes) and return
+    the part written: the K rows of each layer, then V (a transposed V, strided in the
+    state, is gathered a ``dims x (stop - start)`` box per layer).
+
+    One contiguous payload is what the store checksums and writes in one call each.
     """
     if not 0 <= start < stop <= state.n_tokens:
         raise ValueError(f"block [{start}, {stop}) outside 0..{state.n_tokens}")
     n = stop - start
-    parts = [k[start:stop].data for k in state.k]
-    if state.layout.v_trans == 0:
-        return parts + [v[start:stop].data for v in state.v]
-    size = n * sum(e * d for e, d in zip(state.layout.v_elem_bytes, state.layout.v_dims))
-    out = np.empty(size, dtype=np.uint8) if scratch is None else scratch[:size]
+    out = out[: n * state.layout.bytes_per_token]
     off = 0
+    for k in state.k:
+        size = n * k.shape[1]
+        out[off : off + size].reshape(n, k.shape[1])[:] = k[start:stop]
+        off += size
     for v in state.v:
-        dims, _, elem = v.shape
-        out[off : off + dims * n * elem].reshape(dims, n * elem)[:] = _merge_last(v[:, start:stop])
-        off += dims * n * elem
-    return parts + [out.data]
+        if state.layout.v_trans == 0:
+            size = n * v.shape[1]
+            out[off : off + size].reshape(n, v.shape[1])[:] = v[start:stop]
+        else:
+            dims, _, elem = v.shape
+            size = dims * n * elem
+            out[off : off + size].reshape(dims, n * elem)[:] = _merge_last(v[:, start:stop])
+        off += size
+    assert off == out.nbytes
+    return out
 
 
 def _merge_last(a: np.ndarray) -> np.ndarray:
@@ -478,48 +489,57 @@ def _write_kv(out: np.ndarray, off: int, layout: KvLayout, payloads, n: int, seq
         # stride in ``out``: one strided view per K and V moves all layers at once.
         k_all = _stacked(out, k_dst)
         v_all = _stacked(out, v_dst)
+
+    def copy(entries: Sequence[tuple[Any, int, int, int]]) -> list[None]:
+        for payload, count, use, pos in entries:
+            if payload is None:  # zero cells (the masked front of a sliding window)
+                for d in k_dst:
+                    d[pos : pos + use] = 0
+                for d in v_dst:
+                    if layout.v_trans == 0:
+                        d[pos : pos + use] = 0
+                    else:
+                        d[:, pos : pos + use] = 0
+                continue
+            src = np.frombuffer(payload, dtype=np.uint8)
+            k_part = count * sum(k_rows)
+            if layout._uniform():
+                k_all[:, pos : pos + use] = src[:k_part].reshape(L, count, k_rows[0])[:, :use]
+                if layout.v_trans == 0:
+                    vs = src[k_part:].reshape(L, count, v_sizes[0])
+                    v_all[:, pos : pos + use] = vs[:, :use]
+                else:
+                    vs = src[k_part:].reshape(L, layout.v_dims[0], count, layout.v_elem_bytes[0])
+                    _merge_last(v_all[:, :, pos : pos + use])[:] = _merge_last(vs[:, :, :use])
+            else:
+                o = 0
+                for i in range(L):
+                    size = count * k_rows[i]
+                    k_dst[i][pos : pos + use] = src[o : o + size].reshape(count, k_rows[i])[:use]
+                    o += size
+                for i in range(L):
+                    size = count * v_sizes[i]
+                    if layout.v_trans == 0:
+                        v_dst[i][pos : pos + use] = src[o : o + size].reshape(count, v_sizes[i])[:use]
+                    else:
+                        d, e = layout.v_dims[i], layout.v_elem_bytes[i]
+                        v_dst[i][:, pos : pos + use] = src[o : o + size].reshape(d, count, e)[:, :use]
+                    o += size
+        return []
+
+    # Check every payload first, then copy them into their disjoint ranges of ``out``,
+    # on two threads (storage.parallel) when they are large.
+    entries = []
     pos = 0
     for payload, count, use in payloads:
-        if payload is None:  # zero cells (the masked front of a sliding window)
-            for d in k_dst:
-                d[pos : pos + use] = 0
-            for d in v_dst:
-                if layout.v_trans == 0:
-                    d[pos : pos + use] = 0
-                else:
-                    d[:, pos : pos + use] = 0
-            pos += use
-            continue
-        src = np.frombuffer(payload, dtype=np.uint8)
-        if src.size != count * layout.bytes_per_token or use > count:
+        if payload is not None and (memoryview(payload).nbytes != count * layout.bytes_per_token or use > count):
             raise ValueError(
-                f"block payload of {src.size} bytes does not hold {count} tokens of "
+                f"block payload of {memoryview(payload).nbytes} bytes does not hold {count} tokens of "
                 f"{layout.bytes_per_token} bytes"
             )
-        k_part = count * sum(k_rows)
-        if layout._uniform():
-            k_all[:, pos : pos + use] = src[:k_part].reshape(L, count, k_rows[0])[:, :use]
-            if layout.v_trans == 0:
-                vs = src[k_part:].reshape(L, count, v_sizes[0])
-                v_all[:, pos : pos + use] = vs[:, :use]
-            else:
-                vs = src[k_part:].reshape(L, layout.v_dims[0], count, layout.v_elem_bytes[0])
-                _merge_last(v_all[:, :, pos : pos + use])[:] = _merge_last(vs[:, :, :use])
-        else:
-            o = 0
-            for i in range(L):
-                size = count * k_rows[i]
-                k_dst[i][pos : pos + use] = src[o : o + size].reshape(count, k_rows[i])[:use]
-                o += size
-            for i in range(L):
-                size = count * v_sizes[i]
-                if layout.v_trans == 0:
-                    v_dst[i][pos : pos + use] = src[o : o + size].reshape(count, v_sizes[i])[:use]
-                else:
-                    d, e = layout.v_dims[i], layout.v_elem_bytes[i]
-                    v_dst[i][:, pos : pos + use] = src[o : o + size].reshape(d, count, e)[:, :use]
-                o += size
+        entries.append((payload, count, use, pos))
         pos += use
+    in_halves(copy, entries, pos * layout.bytes_per_token)
     if pos != n:
         raise ValueError(f"payloads hold {pos} tokens, expected {n}")
     return off

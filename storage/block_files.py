@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -39,6 +40,10 @@ _ZEROS = bytes(1 << 20)
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # fault the whole mapping in one go (Linux)
 _BINARY = getattr(os, "O_BINARY", 0)  # Windows opens files in text mode otherwise
 _datasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
+_CACHE_MAPS = os.name == "posix"  # Windows cannot delete a file that is still mapped
+MAP_CACHE_BYTES = 1024**3
+"""Most bytes of block files kept mapped between restores (address space, not memory:
+the pages are the page cache's, shared and reclaimable)."""
 
 
 class BlockFiles:
@@ -53,6 +58,8 @@ class BlockFiles:
 
     def __init__(self, folder: Path | str):
         self.folder = Path(folder)
+        self._maps: OrderedDict[bytes, tuple[tuple[int, int, int], memoryview]] = OrderedDict()
+        self._mapped = 0  # bytes in _maps
 
     def path(self, key: bytes) -> Path:
         return self.folder / key.hex()
@@ -76,12 +83,48 @@ class BlockFiles:
                 os.remove(tmp)
             raise
 
-    def map(self, key: bytes) -> memoryview | None:
+    def map(self, key: bytes, cache: bool = True) -> memoryview | None:
         """A read-only view of the payload of ``key`` over the page cache (no copy), or
         None when the file is missing, empty or unreadable. The mapping lives as long as
-        the view (or anything made from it)."""
+        the view (or anything made from it).
+
+        With ``cache`` (POSIX) the mapping is kept for the next call, up to
+        :data:`MAP_CACHE_BYTES` in least-recently-used order, and reused while the file
+        at the path is the same file (inode, size and mtime, one ``stat``): mapping 48 MB
+        of block files costs ~6 ms of page-table work per restore on this project's
+        machine. The bytes are still read, and checked, on every restore; a file that is
+        scrubbed or replaced is never served from an old mapping."""
+        path = self.path(key)
+        if cache and _CACHE_MAPS:
+            try:
+                st = os.stat(path)
+            except OSError:
+                self._forget_map(key)
+                return None
+            ident = (st.st_ino, st.st_size, st.st_mtime_ns)
+            hit = self._maps.get(key)
+            if hit is not None and hit[0] == ident:
+                self._maps.move_to_end(key)
+                return hit[1]
+        view = self._map_file(path)
+        if cache and _CACHE_MAPS and view is not None:
+            self._forget_map(key)
+            self._maps[key] = (ident, view)
+            self._mapped += len(view)
+            while self._mapped > MAP_CACHE_BYTES and len(self._maps) > 1:
+                self._forget_map(next(iter(self._maps)))
+        return view
+
+    def _forget_map(self, key: bytes) -> None:
+        """Drop the cached mapping of ``key``; the OS unmaps it when its last view goes."""
+        hit = self._maps.pop(key, None)
+        if hit is not None:
+            self._mapped -= len(hit[1])
+
+    @staticmethod
+    def _map_file(path: Path) -> memoryview | None:
         try:
-            fd = os.open(self.path(key), os.O_RDONLY | _BINARY)
+            fd = os.open(path, os.O_RDONLY | _BINARY)
         except OSError:
             return None
         try:
@@ -105,6 +148,7 @@ class BlockFiles:
     def scrub(self, keys: Iterable[bytes], sync: bool = False) -> None:
         """Overwrite the files of ``keys`` with zeros, then unlink them (missing ones are skipped)."""
         for key in keys:
+            self._forget_map(key)
             self._scrub_path(self.path(key), sync)
 
     def _scrub_path(self, path: Path, sync: bool) -> None:
@@ -137,6 +181,8 @@ class BlockFiles:
         orphans of a write that never committed. Call it holding the index's write lock.
         Returns how many files went."""
         gone = 0
+        self._maps.clear()
+        self._mapped = 0
         for name in self.names():
             if name not in keep:
                 self._scrub_path(self.folder / name, False)
@@ -154,6 +200,8 @@ class BlockFiles:
 
     def remove_all(self) -> None:
         """Unlink every file and the folder (a reset of the store)."""
+        self._maps.clear()
+        self._mapped = 0
         for name in self.names():
             with contextlib.suppress(OSError):
                 os.remove(self.folder / name)
@@ -165,6 +213,8 @@ class BlockFiles:
         fsync so no dirty page stays), for cold-cache measurements. No-op elsewhere."""
         if not hasattr(os, "posix_fadvise"):
             return
+        self._maps.clear()  # a mapped page is never dropped
+        self._mapped = 0
         for name in self.names():
             drop_file_cache(self.folder / name)
 

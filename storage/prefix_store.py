@@ -47,6 +47,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,7 @@ import xxhash
 from storage.block_files import BlockFiles
 from storage.block_hash import block_key, chain_keys, tokens_from_bytes, tokens_to_bytes
 from storage.errors import StorageError, StorageFullError, is_disk_full
+from storage.parallel import in_halves, xxh3_64
 from storage.paths import disk_full_message, free_space
 
 log = logging.getLogger(__name__)
@@ -77,7 +79,7 @@ def checksum(data) -> int:
             h.update(part)
         value = h.intdigest()
     else:
-        value = xxhash.xxh3_64_intdigest(data)
+        value = xxh3_64(data)
     return value - (1 << 64) if value >= (1 << 63) else value
 
 
@@ -128,7 +130,10 @@ class NewBlock:
     parent: bytes
     start: int
     tokens: np.ndarray
-    payload: bytes | memoryview | list[memoryview] | None = None  # a list is one payload in pieces
+    # The bytes: a buffer, a list of buffers taken as one, or a callable returning either
+    # (called once, on whichever thread writes the block: PrefixStore.put).
+    payload: bytes | memoryview | list[memoryview] | Callable[[], Any] | None = None
+    nbytes: int = 0  # the size a callable payload will have (to decide on a second thread)
 
     @property
     def n_tokens(self) -> int:
@@ -437,18 +442,29 @@ class PrefixStore:
         bad = 0
         with self._guard():
             rows = self._rows([b.key for b in match.blocks])
+            # No copy: the checksum runs over the mapped file, and the caller copies the
+            # bytes once, into the state blob. The files are checked on two threads.
+            mapped: list[tuple[BlockRef, memoryview, int]] = []
+            broken = None  # a block whose file is missing or of the wrong size
             for ref in match.blocks:
                 row = rows.get(ref.key)
                 if row is None:
                     break
-                # No copy: the checksum runs over the mapped file, and the caller copies
-                # the bytes once, into the state blob.
                 data = self.files.map(ref.key)
-                if data is None or len(data) != row[1] or checksum(data) != row[0] or len(data) % ref.n_tokens:
-                    log.warning("KV block %s failed its checksum; dropping it", ref.key.hex()[:12])
-                    bad += self._delete_subtree(ref.key)
+                if data is None or len(data) != row[1] or len(data) % ref.n_tokens:
+                    broken = ref
+                    break
+                mapped.append((ref, data, row[0]))
+            sums = in_halves(lambda part: [checksum(d) for _, d, _ in part], mapped,
+                             sum(len(d) for _, d, _ in mapped))
+            for (ref, data, want), got in zip(mapped, sums):
+                if got != want:
+                    broken = ref
                     break
                 out.append((data, ref.n_tokens, ref.use))
+            if broken is not None:
+                log.warning("KV block %s failed its checksum; dropping it", broken.key.hex()[:12])
+                bad += self._delete_subtree(broken.key)
         return out, bad
 
     def _rows(self, keys: Sequence[bytes]) -> dict[bytes, tuple[int, int]]:
@@ -497,37 +513,38 @@ class PrefixStore:
         blocks: Iterable[NewBlock],
         active_path: Sequence[bytes] = (),
     ) -> int:
-        """Store ``blocks`` (with payloads) in one transaction, then evict to the budget.
+        """Store ``blocks`` in one transaction, then evict to the budget.
 
-        ``blocks`` is consumed in order, each payload written to its file before the next
-        block is asked for, so an iterator may cut every payload into one reused buffer.
+        Each block the store lacks is made ready on one of two threads (storage.parallel):
+        its payload is produced (when it is a callable, see :class:`NewBlock`),
+        checksummed and written to its file while it is still in the CPU cache; the
+        SQLite work stays on this thread. The files are written inside the transaction
+        that inserts their rows, before it commits: a process killed before the commit
+        leaves orphans (reclaimed at open), never a row without its payload.
 
         ``active_path`` are the keys of the conversation being served: they are marked
         as just used and are evicted only when nothing else is left. Returns the payload
         bytes written. Raises StorageFullError when the disk is full (nothing is written).
         """
         now = time.time()
+        blocks = list(blocks)
         written = dropped = 0
-        new_files: list[bytes] = []
+        todo: list[NewBlock] = []
         with self._guard():
             try:
-                with self._tx():
-                    for b in blocks:
-                        assert b.payload is not None
-                        nbytes = payload_size(b.payload)
-                        cur = self._db.execute(
-                            "INSERT OR IGNORE INTO blocks(key, parent, fingerprint, start, n_tokens,"
+                with self._tx():  # BEGIN IMMEDIATE: no other writer until the commit
+                    present = self._present([b.key for b in blocks])
+                    todo = [b for b in blocks if b.key not in present]
+                    size = sum(b.nbytes if callable(b.payload) else payload_size(b.payload) for b in todo)
+                    ready = in_halves(lambda part: [self._write_block(b) for b in part], todo, size)
+                    for b, (nbytes, value) in zip(todo, ready):
+                        self._db.execute(
+                            "INSERT INTO blocks(key, parent, fingerprint, start, n_tokens,"
                             " tokens, nbytes, checksum, n_children, last_access)"
                             " VALUES (?,?,?,?,?,?,?,?,0,?)",
                             (b.key, b.parent, fingerprint, b.start, b.n_tokens,
-                             tokens_to_bytes(b.tokens), nbytes, checksum(b.payload), now),
+                             tokens_to_bytes(b.tokens), nbytes, value, now),
                         )
-                        if cur.rowcount == 0:
-                            continue
-                        # Inside the transaction: killed before the commit, the file is an
-                        # orphan (reclaimed at open), never a row without its payload.
-                        self._write_file(b.key, b.payload)
-                        new_files.append(b.key)
                         self._db.execute(
                             "UPDATE blocks SET n_children = n_children + 1 WHERE key=?", (b.parent,)
                         )
@@ -535,11 +552,19 @@ class PrefixStore:
                         dropped += self._drop_covered_tails(b)
                     self._touch(active_path, now)
             except BaseException:
-                self.files.scrub(new_files)  # rolled back: their rows are gone, so are they
+                self.files.scrub(b.key for b in todo)  # rolled back: their rows are gone, so are they
                 raise
             if not self._evict(set(active_path)) and dropped:
                 self._vacuum()  # give the dropped tails' pages back (eviction does it otherwise)
         return written
+
+    def _write_block(self, b: NewBlock) -> tuple[int, int]:
+        """Produce, checksum and write the payload of ``b``; returns ``(bytes, checksum)``."""
+        payload = b.payload() if callable(b.payload) else b.payload
+        assert payload is not None
+        value = checksum(payload)
+        self._write_file(b.key, payload)
+        return payload_size(payload), value
 
     def _write_file(self, key: bytes, payload) -> None:
         try:
@@ -851,7 +876,7 @@ class PrefixStore:
                 row = self._db.execute("SELECT checksum, nbytes FROM blocks WHERE id=?", (rowid,)).fetchone()
                 if row is None:
                     continue
-                data = self.files.map(key)
+                data = self.files.map(key, cache=False)
                 if data is None or len(data) != row[1] or checksum(data) != row[0]:
                     bad_keys.append(key)
                 del data

@@ -1,0 +1,90 @@
+"""Memory-bound work split across two threads, and an xxh3 that lets the other one run.
+
+A restore spends its time in three copies-or-reads of the same bytes: checking each
+block's xxh3, gathering the blocks into the state blob (``engine.kv_codec``), and
+``llama_state_seq_set_data``. The first two are independent per block, run in C, and
+release the GIL (numpy's copies do; :func:`xxh3_64` does when the xxhash extension
+exports its C function, which its Linux and macOS wheels do), so on a machine with a
+second core they take about half the wall time on two threads.
+
+:func:`in_halves` is the one way this project does that: a single long-lived helper
+thread takes the first half of the work while the calling thread does the second.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import numpy as np
+import xxhash
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+MIN_PARALLEL_BYTES = 4 * 1024 * 1024
+"""Below this many bytes the hand-off (~50 µs) costs more than the second thread saves."""
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _helper() -> ThreadPoolExecutor | None:
+    global _pool
+    if (os.cpu_count() or 1) < 2:
+        return None
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="branchwise-copy")
+        return _pool
+
+
+def in_halves(fn: Callable[[Sequence[T]], list[R]], items: Sequence[T], nbytes: int) -> list[R]:
+    """``fn(items)``, computed as ``fn(first half) + fn(second half)`` on two threads when
+    ``nbytes`` (the bytes the work touches) is at least :data:`MIN_PARALLEL_BYTES` and the
+    machine has two cores. ``fn`` must be safe to run on two disjoint halves at once.
+    An exception from either half is raised here, after both have finished."""
+    pool = _helper() if nbytes >= MIN_PARALLEL_BYTES and len(items) >= 2 else None
+    if pool is None:
+        return fn(items)
+    mid = len(items) // 2
+    first = pool.submit(fn, items[:mid])
+    try:
+        second = fn(items[mid:])
+    finally:
+        head = first.result()
+    return head + second
+
+
+def _c_xxh3():
+    """XXH3_64bits from the xxhash extension module, called through ctypes (which
+    releases the GIL), or None when the module does not export it (Windows wheels) or
+    it disagrees with the module's own function."""
+    try:
+        lib = ctypes.CDLL(xxhash._xxhash.__file__)  # type: ignore[attr-defined]
+        fn = lib.XXH3_64bits
+    except (AttributeError, OSError):
+        return None
+    fn.restype = ctypes.c_uint64
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    probe = np.arange(4099, dtype=np.uint32).view(np.uint8)
+    if fn(probe.ctypes.data, probe.nbytes) != xxhash.xxh3_64_intdigest(probe):
+        return None
+    return fn
+
+
+_XXH3 = _c_xxh3()
+
+
+def xxh3_64(data) -> int:
+    """xxh3-64 of a buffer as an unsigned int, equal to ``xxhash.xxh3_64_intdigest``;
+    large buffers are hashed without holding the GIL where the C function is reachable."""
+    view = memoryview(data)
+    if _XXH3 is None or view.nbytes < 65536 or not view.c_contiguous:
+        return xxhash.xxh3_64_intdigest(view)
+    arr = np.frombuffer(view.cast("B"), dtype=np.uint8)
+    return _XXH3(arr.ctypes.data, arr.nbytes)
