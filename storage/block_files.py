@@ -41,9 +41,11 @@ _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # fault the whole mapping in one g
 _BINARY = getattr(os, "O_BINARY", 0)  # Windows opens files in text mode otherwise
 _datasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
 _CACHE_MAPS = os.name == "posix"  # Windows cannot delete a file that is still mapped
-MAP_CACHE_BYTES = 1024**3
-"""Most bytes of block files kept mapped between restores (address space, not memory:
-the pages are the page cache's, shared and reclaimable)."""
+MAP_CACHE_BYTES = 256 * 1024**2
+"""Most bytes of block files kept mapped between restores: the active conversation of a
+context up to ~11,000 tokens of the default model. The pages are the page cache's (shared
+and reclaimable, cached whether mapped or not), but system monitors count mapped pages in
+the process's resident size, so the bound stays modest."""
 
 
 class BlockFiles:
