@@ -4,8 +4,9 @@
 regeneration, when its request starts) and marks each step with ``time.perf_counter``:
 
 =============  ===========================================================================
-``request``    the generate request is on its way to the engine process (the checks, the
-               overflow count when one is needed, the prompt read from ``chats.sqlite3``)
+``request``    the generate request is about to be sent to the engine process (after the
+               checks, the overflow count when one is needed, the prompt read from
+               ``chats.sqlite3``)
 ``stored``     the user message is in ``chats.sqlite3`` (right after the request is sent)
 ``drawn``      the sent message and the reply's empty bubble are drawn
 ``token_read`` the window's reader thread read the first token from the pipe
@@ -100,15 +101,19 @@ class SendTimeline(QObject):
         }
 
     def describe(self, stats: dict) -> str:
-        """``breakdown`` in one line of words."""
-        b = self.breakdown(stats)
+        """``breakdown(stats)`` in one line of words (``describe``)."""
+        return describe(self.breakdown(stats))
 
-        def f(key: str) -> str:
-            return "?" if b[key] is None else f"{b[key]:.1f}"
 
-        engine = (f"waiting in the engine process {f('engine_queued')} ms + engine TTFT {f('engine_ttft')} ms"
-                  f" + pipe {f('pipe')} ms" if b["engine_ttft"] is not None
-                  else f"engine and pipe {f('engine_and_pipe')} ms")
-        return (f"Enter to request {f('before_request')} ms + {engine} + UI thread busy {f('ui_busy')} ms"
-                f" + into the bubble {f('to_bubble')} ms + painted {f('to_paint')} ms"
-                f" = {f('window_ttft')} ms")
+PARTS = (("before_request", "Enter to request"), ("engine_queued", "waiting in the engine process"),
+         ("engine_ttft", "engine TTFT"), ("pipe", "pipe"), ("ui_busy", "UI thread busy"),
+         ("to_bubble", "into the bubble"), ("to_paint", "painted"))
+
+
+def describe(breakdown: dict) -> str:
+    """A ``SendTimeline.breakdown`` as "Enter to request 3.1 + ... = 85.0 ms" ("?": not reached)."""
+    def f(value) -> str:
+        return "?" if value is None else f"{value:.1f}"
+
+    return (" + ".join(f"{label} {f(breakdown.get(key))}" for key, label in PARTS)
+            + f" = {f(breakdown.get('window_ttft'))} ms")

@@ -168,7 +168,10 @@ class MessageWidget(QFrame):
         self.body.setOpenExternalLinks(False)
         self.body.linkActivated.connect(self._link)
         self.body.setContextMenuPolicy(Qt.ContextMenuPolicy.NoContextMenu)  # the bubble's menu
-        self.body.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
+        # Preferred, not Minimum: a word-wrapped label's size hint is its height at about 80
+        # characters a line; taken as its minimum, a long message made the transcript taller
+        # than its bubbles, and the view at the bottom showed blank space, not the new reply
+        self.body.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
         outer.addWidget(self.body)
         self.expander = LongTextExpander()  # "Show all N lines" of a long message
         outer.addWidget(self.expander)

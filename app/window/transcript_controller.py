@@ -205,9 +205,9 @@ class ChatController(QObject):
                 plan = self.session.send_plan(cid, text)
             except StorageError:
                 plan = None  # ``store`` says why
-        if plan is not None and (handle := self.w.client.generate(plan.messages, plan.sampling,
-                                                                  use_cache=self.w.use_cache)) is not None:
+        if plan is not None:
             self.timeline.mark("request")
+            handle = self.w.client.generate(plan.messages, plan.sampling, use_cache=self.w.use_cache)
         user_id = self.store(cid, text, new_chat, plan.parent_id if plan else None)
         if user_id is None:
             if handle is not None:
@@ -260,11 +260,9 @@ class ChatController(QObject):
         """Send the request for a reply under ``user_message_id`` (None: the engine is gone)."""
         w = self.w
         cid = w.store.get_message(user_message_id).conversation_id
-        sampling = w.store.get_conversation(cid).sampling
-        handle = w.client.generate(self.session.prompt(user_message_id), dict(sampling), use_cache=w.use_cache)
-        if handle is not None:
-            self.timeline.mark("request")
-        return handle
+        sampling, messages = w.store.get_conversation(cid).sampling, self.session.prompt(user_message_id)
+        self.timeline.mark("request")
+        return w.client.generate(messages, dict(sampling), use_cache=w.use_cache)
 
     def start_reply(self, user_message_id: int, handle: PendingRequest | None = None) -> None:
         """Generate a new assistant reply (a new child) under the user message ``user_message_id``;
