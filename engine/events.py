@@ -179,6 +179,10 @@ class TokenEvent:
 
 @dataclass(frozen=True)
 class DoneEvent:
+    """A reply ended. ``stats``: ``GenerationStats.to_dict()`` (engine/core.py), plus from the
+    engine process ``prepared_tokens`` / ``typed_tokens`` (engine/prewarm.py) and
+    ``queued_ms``: milliseconds the request waited there behind the one being served."""
+
     id: int
     text: str
     token_ids: list[int]

@@ -18,6 +18,7 @@ import logging
 import multiprocessing as mp
 import queue
 import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,7 @@ class _Server:
         self.store = None
         self.prewarmer = None  # engine.prewarm.Prewarmer of a local engine
         self.arrived = threading.Event()  # set by the reader for every request: a prewarm yields
+        self.arrived_at: dict[int, float] = {}  # generate request id -> perf_counter when it was read
         self._send_lock = threading.Lock()
 
     def send(self, event: Event) -> None:
@@ -174,6 +176,8 @@ class _Server:
             if isinstance(msg, CancelRequest):
                 self.cancels.setdefault(msg.id, threading.Event()).set()
                 continue
+            if isinstance(msg, GenerateRequest):
+                self.arrived_at[msg.id] = time.perf_counter()
             self.inbox.put(msg)
             self.arrived.set()
             if isinstance(msg, ShutdownRequest):
@@ -278,9 +282,11 @@ class _Server:
         from engine.errors import ContextOverflowError, EngineError, TemplateError
         from engine.settings import SamplingParams
 
+        rid = msg.id
+        # how long the request waited behind the one being served (a prewarm batch, a count)
+        queued_ms = round((time.perf_counter() - self.arrived_at.pop(rid, time.perf_counter())) * 1000, 2)
         if not self._require_engine(msg):
             return
-        rid = msg.id
         cancel = self.cancels.setdefault(rid, threading.Event())
         result = None
         try:
@@ -307,7 +313,8 @@ class _Server:
         finally:
             self.cancels.pop(rid, None)
             ready = self._account_prewarm(result)
-        self.send(DoneEvent(rid, result.text, list(result.token_ids), {**result.stats.to_dict(), **ready}))
+        stats = {**result.stats.to_dict(), **ready, "queued_ms": queued_ms}
+        self.send(DoneEvent(rid, result.text, list(result.token_ids), stats))
         if msg.use_cache:  # a remote engine stores nothing (0 bytes); the window still expects the event
             self.engine.snapshot(result.stats)
             self.send(SnapshotEvent(rid, round(result.stats.snapshot_ms, 2), result.stats.snapshot_bytes_written))

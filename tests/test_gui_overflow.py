@@ -76,7 +76,7 @@ def test_a_message_that_surely_fits_is_sent_without_a_count_first(qtbot, open_wi
     w = open_window(data_dir)
     cid = new_chat(w, {"max_tokens": 8})
     send_and_wait(qtbot, w, "Hi")
-    qtbot.waitUntil(lambda: w.chat.counted_path is not None and w.chat.counted_path[0] == cid, timeout=30_000)
+    qtbot.waitUntil(lambda: w.chat.figures.counted_path is not None and w.chat.figures.counted_path[0] == cid, timeout=30_000)
     w.composer.input.setPlainText("And again?")
     with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS):
         qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)

@@ -33,6 +33,18 @@ class Overflow:
     suggested_n_ctx: int
 
 
+@dataclass(frozen=True)
+class SendPlan:
+    """A message about to be sent under the active leaf of a conversation, read before it is
+    stored: the engine's ``messages`` for its reply (the new user message last, exactly what
+    ``prompt`` gives once it is stored), the ``parent_id`` to store it under (None: the first
+    message) and the conversation's ``sampling``."""
+
+    messages: list[ChatMessage]
+    parent_id: int | None
+    sampling: dict
+
+
 def suggested_context_size(prompt_tokens: int, n_ctx: int, max_tokens: int, trained: int = 0) -> int:
     """A context size (tokens) for a prompt of ``prompt_tokens`` that overflowed ``n_ctx``:
     room for the prompt and ``max_tokens`` of reply, at least twice ``n_ctx``, rounded up to a
@@ -93,6 +105,15 @@ class ConversationSession:
             system_prompt = self.chats.get_conversation(conversation_id).system_prompt
         messages = conversation_messages(system_prompt, path) + [ChatMessage("user", text)]
         return messages, _prompt_ids(messages[:-1], path) + [None]
+
+    def send_plan(self, conversation_id: int, text: str) -> SendPlan:
+        """What sending ``text`` under the active leaf of ``conversation_id`` takes, before it
+        is stored (the window sends the request first and stores the message right after,
+        under ``SendPlan.parent_id``, with ``send``)."""
+        conv = self.chats.get_conversation(conversation_id)
+        path = self.chats.active_path(conversation_id)
+        messages = conversation_messages(conv.system_prompt, path) + [ChatMessage("user", text)]
+        return SendPlan(messages, path[-1].id if path else None, dict(conv.sampling))
 
     def prompt_with_ids(self, user_message_id: int) -> tuple[list[ChatMessage], list[int | None]]:
         """``prompt(user_message_id)`` and the message id of each (None: the system prompt)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Qt, Signal, Slot
@@ -39,7 +40,9 @@ class PendingRequest(QObject):
     """One request in flight. Signals (UI thread): ``token(text)``, ``progress(phase, done,
     total)`` for a reply; ``done(event)`` with the answering event (DoneEvent, CountEvent,
     CoverageEvent, CacheEvent); ``snapshot(SnapshotEvent)`` after a reply's KV was stored;
-    ``failed(ErrorEvent)``. ``finished`` is True once nothing more will arrive."""
+    ``failed(ErrorEvent)``. ``finished`` is True once nothing more will arrive.
+    ``first_token_read_at``: ``time.perf_counter()`` when the reader thread read the first
+    token from the pipe (None before), for the send timeline (``send_timeline.py``)."""
 
     token = Signal(str)
     progress = Signal(str, int, int)
@@ -54,6 +57,7 @@ class PendingRequest(QObject):
         self.is_reply = is_reply
         self.expects_snapshot = expects_snapshot
         self.finished = False
+        self.first_token_read_at: float | None = None
 
     def _deliver(self, event) -> bool:
         """Emit ``event``; return True when this request has received its last event."""
@@ -263,7 +267,7 @@ class EngineClient(QObject):
             if event is None:
                 continue
             if not self._stopping.is_set():
-                self._incoming.emit(event)
+                self._incoming.emit((event, time.perf_counter()))
 
     def _drop_pending(self) -> None:
         """Forget every request in flight (the process that would answer them is gone)."""
@@ -295,10 +299,12 @@ class EngineClient(QObject):
         self.died.emit(exit_info)
 
     @Slot(object)
-    def _dispatch(self, event) -> None:
-        if event is None:
+    def _dispatch(self, item) -> None:
+        """``item``: None (end of file: the child is gone) or (event, perf_counter when read)."""
+        if item is None:
             self._report_death()
             return
+        event, read_at = item
         if isinstance(event, ev.LoadProgressEvent):
             self.load_progress.emit(event.done, event.total)
         elif isinstance(event, ev.LoadedEvent):
@@ -314,6 +320,8 @@ class EngineClient(QObject):
             elif isinstance(event, ev.DoneEvent):
                 self._replies_done += 1
             handle = self._pending.get(rid) if rid is not None else None
+            if handle is not None and handle.first_token_read_at is None and isinstance(event, ev.TokenEvent):
+                handle.first_token_read_at = read_at
             if handle is not None and handle._deliver(event):
                 self._pending.pop(rid, None)
                 handle.deleteLater()  # its last signal has been delivered

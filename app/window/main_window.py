@@ -58,7 +58,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
 
     Public hooks (tests and tools/): the signals model_ready(facts), model_failed(message),
     reply_finished(message id or 0), engine_died(message), coverage_ready(); ``chat`` (the
-    ChatController: ``coverage_pending``, ``flush_timer``), ``model`` (ModelController),
+    ChatController: ``figures.coverage_pending``, ``flush_timer``, ``timeline``), ``model`` (ModelController),
     ``status`` (StatusBar) and ``client`` (EngineClient).
     """
 
@@ -233,11 +233,11 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
 
     def _model_ready(self, facts: dict) -> None:
         if self.chat.conversation_id is None:
-            self.chat.update_context_label()
-        self.chat.request_context_count()
+            self.chat.figures.update_context_label()
+        self.chat.figures.request_context_count()
         self.prewarm.path_changed()
         self.model_ready.emit(facts)
-        self.chat.refresh_coverage()
+        self.chat.figures.refresh_coverage()
 
     def _engine_died(self, message: str) -> None:
         self.chat.engine_gone()
@@ -334,7 +334,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         self.sidebar.focus_search()
 
     def refresh_coverage(self) -> None:
-        self.chat.refresh_coverage()
+        self.chat.figures.refresh_coverage()
 
     def refresh_title(self) -> None:
         title = "Branchwise"
@@ -374,7 +374,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         self.menu_actions["toggle_tree"].setChecked(self.tree.isVisible())
         self.settings.show_tree = self.tree.isVisible()
         self.save_settings()
-        self.chat.refresh_coverage()
+        self.chat.figures.refresh_coverage()
 
     def open_settings(self) -> None:
         self.settings_flow.open()
@@ -388,7 +388,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         self.colors = theme.apply(QApplication.instance(), self.settings.theme)
         self.banner.restyle(self.colors)
         self.chat.render()
-        self.chat.refresh_coverage()
+        self.chat.figures.refresh_coverage()
 
     def _system_scheme_changed(self, *_args) -> None:
         if self.settings.theme == "system":

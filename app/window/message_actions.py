@@ -95,7 +95,7 @@ class MessageActionsMixin:
         self._deleted_messages, self._deleted_active_leaf = removed, leaf
         scrub_in_background(self.store.path)  # Undo puts back the copies held here
         self.chat.render()
-        self.chat.refresh_coverage()
+        self.chat.figures.refresh_coverage()
         n = len(removed)
         what = "1 message" if n == 1 else f"{n:,} messages"
         self.banner.show_message(f"Deleted {what}.", "info", [("Undo", self.undo_message_delete)], chat_id=cid)
@@ -116,7 +116,7 @@ class MessageActionsMixin:
             return
         if self.chat.conversation_id == removed[0].conversation_id:
             self.chat.render()
-            self.chat.refresh_coverage()
+            self.chat.figures.refresh_coverage()
 
     def copy_conversation_markdown(self) -> None:
         """Copy the shown branch as Markdown (Chat menu and the message's menu)."""

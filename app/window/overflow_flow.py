@@ -76,7 +76,7 @@ class OverflowFlow(QObject):
         if cid is None:
             known = len(system.encode("utf-8"))
         else:
-            counted = w.chat.counted_path
+            counted = w.chat.figures.counted_path
             try:
                 leaf = w.store.get_conversation(cid).active_leaf_id
             except StorageError:
@@ -84,7 +84,7 @@ class OverflowFlow(QObject):
             if counted is None or counted[:2] != (cid, leaf):
                 return False
             known = counted[2]
-        return known + len(text.encode("utf-8")) + SEND_MARGIN_TOKENS < w.chat.n_ctx()
+        return known + len(text.encode("utf-8")) + SEND_MARGIN_TOKENS < w.chat.figures.n_ctx()
 
     def engine_gone(self) -> None:
         """The engine died while counting: the message is kept, unanswered (Retry answers it
@@ -121,7 +121,7 @@ class OverflowFlow(QObject):
     def _counted(self, handle, cid, text, new_chat, messages, ids, event: CountEvent) -> None:
         if handle is not self.checking:
             return
-        n_ctx = event.n_ctx or self.w.chat.n_ctx()
+        n_ctx = event.n_ctx or self.w.chat.figures.n_ctx()
         fits = event.prompt_tokens + 1 <= n_ctx or not event.n_ctx  # a remote engine counts nothing
         if fits or self.stopped:
             self.checking = None
@@ -164,7 +164,7 @@ class OverflowFlow(QObject):
         self.checking = None
         self._busy(False)
         sampling = new_chat[1] if cid is None and new_chat else self._sampling(cid)
-        self._dialog(list(event.message_tokens), ids, event.n_ctx or self.w.chat.n_ctx(), sampling,
+        self._dialog(list(event.message_tokens), ids, event.n_ctx or self.w.chat.figures.n_ctx(), sampling,
                      unsent=(cid, text, new_chat))
 
     def _count_failed(self, handle, cid, text, new_chat, event) -> None:

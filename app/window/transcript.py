@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 
 from app.session import is_empty_reply
 from app.window.long_text import LongTextExpander, collapsed
+from app.window.message_body import MessageBody
 from app.window.markdown_view import LinkKind, classify_link, code_blocks, to_html
 from app.window.theme import LIGHT, Colors
 from storage.chats import Message
@@ -123,13 +124,12 @@ class MessageWidget(QFrame):
         header.addWidget(self.note)
         header.addStretch(1)
         self.buttons: dict[str, QToolButton] = {}
+        self.index, self.count = index, count
         if message is not None and count > 1:
             prev_b = self._tool("‹", "Previous version", lambda: self.sibling_requested.emit(message.id, -1))
-            prev_b.setEnabled(index > 1 and not busy)
             self.position = QLabel(f"{index}/{count}")
             self.position.setObjectName("sibling_position")
             nxt = self._tool("›", "Next version", lambda: self.sibling_requested.emit(message.id, +1))
-            nxt.setEnabled(index < count and not busy)
             header.addWidget(prev_b)
             header.addWidget(self.position)
             header.addWidget(nxt)
@@ -138,7 +138,6 @@ class MessageWidget(QFrame):
         if self.empty_reply:  # stopped before its first token: Retry takes its place
             self.buttons["retry"] = self._tool("Retry", "Generate this reply again",
                                                lambda: self.regenerate_requested.emit(message.id))
-            self.buttons["retry"].setEnabled(not busy)
             header.addWidget(self.buttons["retry"])
         elif message is not None:
             self.buttons["copy"] = self._tool("Copy", "Copy this message", self._copy_all)
@@ -160,19 +159,19 @@ class MessageWidget(QFrame):
             self.buttons["fork"] = self._tool("Fork", "Fork to a new chat from here",
                                               lambda: self.fork_requested.emit(message.id))
             header.addWidget(self.buttons["fork"])
-            for key in ("edit", "regenerate", "retry", "fork"):
-                if key in self.buttons:
-                    self.buttons[key].setEnabled(not busy)
+        self.set_busy(busy)
         outer.addLayout(header)
 
-        self.body = QLabel()
-        self.body.setWordWrap(True)
+        self.body = MessageBody()
         self.body.setTextFormat(Qt.TextFormat.RichText)
         self.body.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
         self.body.setOpenExternalLinks(False)
         self.body.linkActivated.connect(self._link)
         self.body.setContextMenuPolicy(Qt.ContextMenuPolicy.NoContextMenu)  # the bubble's menu
-        self.body.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
+        # Preferred, not Minimum: a word-wrapped label's size hint is its height at about 80
+        # characters a line; taken as its minimum, a long message made the transcript taller
+        # than its bubbles, and the view at the bottom showed blank space, not the new reply
+        self.body.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
         outer.addWidget(self.body)
         self.expander = LongTextExpander()  # "Show all N lines" of a long message
         outer.addWidget(self.expander)
@@ -184,6 +183,15 @@ class MessageWidget(QFrame):
         self.set_text(self._text)
         if message is not None:
             self.set_stats(message.stats, message.status)
+
+    def set_busy(self, busy: bool) -> None:
+        """Disable (True) or enable the actions that change the tree while a reply streams:
+        ‹ ›, Edit, Regenerate, Retry, Fork, and Delete in the menu. Copy stays."""
+        self.busy = busy
+        enabled = {"prev": self.index > 1, "next": self.index < self.count}
+        for key in ("prev", "next", "edit", "regenerate", "retry", "fork"):
+            if key in self.buttons:
+                self.buttons[key].setEnabled(enabled.get(key, True) and not busy)
 
     def set_highlighted(self, on: bool) -> None:
         """Draw the bubble with an accent border (a search hit that was opened) or without."""
@@ -512,6 +520,52 @@ class TranscriptView(QScrollArea):
         self._add(self.pending)
         self._stick_to_bottom = True
         return self.pending
+
+    @property
+    def path(self) -> list[Message]:
+        """The messages shown (root first; built or not), without the reply being streamed."""
+        return list(self._args[0]) if self._args else []
+
+    def append(self, message: Message, position: tuple[int, int] = (1, 1)) -> MessageWidget | None:
+        """Add the bubble of ``message`` (at ``position`` among its siblings), a new child of
+        the last message shown, below the others without rebuilding them (a message just
+        sent). Returns it; None when nothing was shown with ``set_messages`` yet."""
+        if not self._args or self.pending is not None:
+            return None
+        path, positions, *rest = self._args
+        self._args = (path + [message], {**positions, message.id: position}, *rest)
+        self._empty.hide()
+        w = self._bubble(message, position, False)
+        self._add(w)
+        self._stick_to_bottom = True
+        return w
+
+    def replace_pending(self, message: Message, position: tuple[int, int] = (1, 1)) -> MessageWidget | None:
+        """The streamed reply was saved as ``message``: its bubble (with its actions and
+        figures) takes the place of the pending one; the others are not rebuilt. Returns it;
+        None when no reply is pending."""
+        if self.pending is None or not self._args:
+            return None
+        path, positions, *rest = self._args
+        self._args = (path + [message], {**positions, message.id: position}, *rest)
+        old, self.pending = self.pending, None
+        w = self._bubble(message, position, False)
+        self._layout.insertWidget(self._layout.indexOf(old), w)
+        self.widgets[self.widgets.index(old)] = w
+        self._layout.removeWidget(old)
+        old.hide()
+        old.deleteLater()
+        return w
+
+    def set_busy(self, busy: bool) -> None:
+        """A reply started (True) or ended: the bubbles' tree-changing actions follow
+        (``MessageWidget.set_busy``), those built later too."""
+        if self._args:
+            path, positions, colors, _busy, *rest = self._args
+            self._args = (path, positions, colors, busy, *rest)
+        for w in self.widgets:
+            if w is not self.pending:
+                w.set_busy(busy)
 
     def widget_for(self, message_id: int) -> MessageWidget | None:
         if any(item[0].id == message_id for item in self._older):

@@ -3,9 +3,12 @@
 ``ChatController`` turns the transcript's, composer's and tree's requests (send, edit,
 regenerate, retry, fork, switch sibling) into ``ConversationSession`` calls, starts
 replies on the engine and feeds their events to a ``ReplyRecorder``. Nothing here waits
-on the engine: streamed text is painted every ``FLUSH_MS``; the recorder writes it to
+on the engine: a sent message's request goes first and the message is stored right after
+(``store_and_reply``); ``ReplyView`` (reply_view.py) draws what changed and the streamed
+text (the first at once, then at most every ``FLUSH_MS``); the recorder writes it to
 ``chats.sqlite3`` at most every half second, so a crash loses at most that much text;
-a stop, a quit or a dead engine saves the partial reply as "stopped".
+a stop, a quit or a dead engine saves the partial reply as "stopped". ``timeline``
+(send_timeline.py) marks where the time goes from Enter to the first text painted.
 """
 
 from __future__ import annotations
@@ -16,15 +19,17 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.session import ConversationSession, ReplyRecorder, ReplyState
 from app.window.engine_client import PendingRequest
-from app.window.stop_watchdog import StopWatchdog
 from app.window.model_controller import ModelState
+from app.window.path_figures import PathFigures
+from app.window.reply_view import ReplyView
+from app.window.send_timeline import SendTimeline
+from app.window.stop_watchdog import StopWatchdog
 from app.window.unanswered import ask_unanswered
-from engine.events import CountEvent, CoverageEvent, DoneEvent, ErrorEvent, ErrorKind, SnapshotEvent
-from storage.errors import NotFoundError, StorageError
+from engine.events import DoneEvent, ErrorEvent, ErrorKind, SnapshotEvent
+from storage.errors import StorageError
 
 log = logging.getLogger(__name__)
 
-FLUSH_MS = 40
 EMPTY_TEXT = ("<h2>Branchwise</h2><p>Ask anything. Every reply is a branch you can edit, "
               "regenerate or fork,<br>and resuming a chat restores its KV cache instantly.</p>")
 
@@ -48,15 +53,11 @@ class ChatController(QObject):
         self.reply: ReplyRecorder | None = None
         self._request: PendingRequest | None = None
         self._stopping = False
-        self._dirty = False
-        self._coverage: PendingRequest | None = None
-        self._coverage_ids: list[int] = []
-        self._count: PendingRequest | None = None
         self.shown_leaf: tuple[int, int | None] | None = None  # (chat, last message) as last drawn
-        self.counted_path: tuple[int, int | None, int] | None = None  # (chat, leaf, prompt tokens), last count
         self._new_chat: tuple[str, dict] | None = None  # set in Settings before a new chat's first message
-        self.flush_timer = QTimer(self, interval=FLUSH_MS)
-        self.flush_timer.timeout.connect(self._flush)
+        self.figures = PathFigures(self)  # the context figure and the tree's coverage
+        self.view = ReplyView(self)
+        self.timeline = SendTimeline(self)
         # the watchdog behind Stop: offer to end a slow engine, then end one that never answers
         self.watchdog = StopWatchdog(window, self._stop_unanswered)
 
@@ -65,9 +66,9 @@ class ChatController(QObject):
         return self.reply is not None
 
     @property
-    def coverage_pending(self) -> bool:
-        """True while the tree panel's coverage request is in flight (for tools and tests)."""
-        return self._coverage is not None
+    def flush_timer(self) -> QTimer:
+        """The streamed text's paint timer (``ReplyView.flush_timer``; tests)."""
+        return self.view.flush_timer
 
     # -- showing -------------------------------------------------------------------------
 
@@ -75,7 +76,7 @@ class ChatController(QObject):
         self.conversation_id = conversation_id
         self.w.sidebar.set_current(conversation_id)
         self.render()
-        self.refresh_coverage()
+        self.figures.refresh_coverage()
 
     def render(self) -> None:
         """Re-read the shown conversation and redraw the transcript, tree and status."""
@@ -84,7 +85,7 @@ class ChatController(QObject):
             w.transcript.set_messages([], {}, w.colors, busy, EMPTY_TEXT)
             w.tree.set_tree([], set(), w.colors)
             w.refresh_title()
-            self.update_context_label()
+            self.figures.update_context_label()
             w.status.show_stats(None)
             if not busy:
                 self.path_shown.emit()
@@ -99,16 +100,23 @@ class ChatController(QObject):
             pending = w.transcript.start_pending()
             if self.reply.text:
                 pending.set_text(self.reply.text)
+            self.view.pending_drawn()
         w.tree.set_tree(w.store.tree(cid), {m.id for m in path}, w.colors, w.store.get_conversation(cid).title)
         w.refresh_title()
-        if busy:
-            return  # the reply owns the status line until it ends
+        if not busy:  # else the reply owns the status line until it ends
+            self.shown_idle(path)
+
+    def shown_idle(self, path: list) -> None:
+        """``path`` (the active one) is drawn and no reply streams: the status line, the
+        context figure, and ``path_shown`` (the next prompt may start there)."""
+        w = self.w
+        self.shown_leaf = (self.conversation_id, path[-1].id if path else None)
         last = next((m for m in reversed(path) if m.role == "assistant"), None)
         w.status.show_stats(last.stats if last else None, saved=True)
         if w.model.state == ModelState.READY:  # the exact figure, asynchronously; sending a long
-            QTimer.singleShot(0, self, self.request_context_count)  # prompt to the engine waits a beat
+            QTimer.singleShot(0, self, self.figures.request_context_count)  # prompt to the engine waits a beat
         else:  # no engine to ask: the saved figures of the leaf reply, if it has them
-            self.update_context_label(path[-1].stats if path and path[-1].role == "assistant" else None)
+            self.figures.update_context_label(path[-1].stats if path and path[-1].role == "assistant" else None)
         self.path_shown.emit()
 
     def new_chat_settings(self) -> tuple[str, dict]:
@@ -120,64 +128,9 @@ class ChatController(QObject):
     def set_new_chat_settings(self, system_prompt: str, sampling: dict) -> None:
         self._new_chat = (system_prompt, dict(sampling))
 
-    def n_ctx(self) -> int:
-        return (self.w.model.facts or {}).get("n_ctx") or self.w.settings.n_ctx
-
-    def update_context_label(self, stats: dict | None = None) -> None:
-        self.w.status.set_context_from_stats(stats, self.n_ctx())
-
-    def request_context_count(self) -> None:
-        """Ask the engine how many tokens the shown path takes (the context figure); older
-        answers are dropped. Does nothing while a reply streams or no model is ready."""
-        if self.w.closed:  # a deferred call after the window shut down
-            return
-        cid, self._count = self.conversation_id, None
-        if cid is None or self.streaming or self.w.model.state != ModelState.READY:
-            if cid is None:
-                self.w.status.set_context(0, self.n_ctx())
-            return
-        try:
-            messages = self.session.active_prompt(cid)
-        except StorageError:
-            return
-        if not messages:
-            self.w.status.set_context(0, self.n_ctx())
-            return
-        handle = self.w.client.count(messages)
-        if handle is not None:
-            self._count = handle
-            leaf = self.w.store.get_conversation(cid).active_leaf_id
-            handle.done.connect(lambda e, h=handle, c=cid, leaf=leaf: self._counted(h, c, e, leaf))
-            handle.failed.connect(lambda e: log.info("count failed: %s", e.message))
-
-    def _counted(self, handle: PendingRequest, cid: int, event: CountEvent, leaf: int | None = None) -> None:
-        self.counted_path = (cid, leaf, event.prompt_tokens)
-        if handle is self._count and cid == self.conversation_id and not self.streaming:
-            self._count = None
-            self.w.status.set_context(event.prompt_tokens, event.n_ctx or self.n_ctx())
-
-    def refresh_coverage(self) -> None:
-        """Ask the engine how much of each node's prompt the prefix store holds (tree panel)."""
-        if (not self.w.tree.isVisible() or self.conversation_id is None
-                or self.w.model.state != ModelState.READY or self._coverage is not None):
-            return
-        ids, paths = self.session.coverage_paths(self.conversation_id)
-        if not paths:
-            return
-        handle = self.w.client.coverage(paths)
-        if handle is not None:
-            self._coverage, self._coverage_ids = handle, ids
-            handle.done.connect(self._covered)
-            handle.failed.connect(lambda _e: setattr(self, "_coverage", None))
-
-    def _covered(self, event: CoverageEvent) -> None:
-        self._coverage = None
-        self.w.tree.set_coverage({mid: (int(r[0]), int(r[1])) for mid, r in zip(self._coverage_ids, event.results)})
-        self.coverage_ready.emit()
-
     def engine_gone(self) -> None:
         """The engine process ended: in-flight requests will not be answered."""
-        self._coverage = self._count = None
+        self.figures.engine_gone()
         self.w.overflow_flow.engine_gone()
         if self.reply is not None:
             self.abandon(ReplyState.STOPPED)
@@ -204,6 +157,7 @@ class ChatController(QObject):
         """Send ``text`` under the active leaf: counted first (``OverflowFlow.check_send``),
         then stored and answered, or the overflow choices are offered. When the branch ends on
         a question with no answer, ask first (``ask_unanswered``)."""
+        self.timeline.start()
         if not self.can_generate() or self.w.overflow_flow.checking is not None:
             self.w.composer.set_text(text)
             return
@@ -216,12 +170,13 @@ class ChatController(QObject):
         new_chat = self.new_chat_settings() if self.conversation_id is None else None
         self.w.overflow_flow.check_send(self.conversation_id, text, new_chat)
 
-    def store(self, cid: int | None, text: str, new_chat: tuple[str, dict] | None = None) -> int | None:
-        """Store ``text`` as a user message under the active leaf of ``cid`` (None: a new chat
-        with ``new_chat``'s settings) and show it; its id, or None (the text is put back in
-        the composer) when it cannot be stored."""
+    def store(self, cid: int | None, text: str, new_chat: tuple[str, dict] | None = None,
+              parent_id: int | None = None) -> int | None:
+        """Store ``text`` as a user message under ``parent_id`` (default: the active leaf) of
+        ``cid`` (None: a new chat with ``new_chat``'s settings); its id, or None (the text is
+        put back in the composer) when it cannot be stored."""
         try:
-            user = self.session.send(cid, text, new_chat=new_chat)
+            user = self.session.send(cid, text, parent_id, new_chat=new_chat)
         except (StorageError, ValueError) as exc:
             self.w.composer.set_text(text)
             self.w.banner.show_message(f"Your message could not be saved: {exc}", "error")
@@ -233,13 +188,38 @@ class ChatController(QObject):
         return user.id
 
     def store_and_reply(self, cid: int | None, text: str, new_chat: tuple[str, dict] | None = None) -> None:
-        """Store ``text`` (``store``) and generate the reply, if the model is still ready."""
+        """Store ``text`` (``store``) and generate the reply, if the model is still ready.
+
+        In a chat that exists, the request goes first (read with ``ConversationSession.send_plan``)
+        and the message is stored right after, in the same call: the engine starts while the
+        database writes, and no event (no token, no crash report) is handled in between, so
+        the message is as safe as when stored first. If it cannot be stored, the request is
+        cancelled and the text goes back to the composer. With the engine gone, the message
+        is stored and shown unanswered (Retry answers it)."""
         if not self.can_generate():
             self.w.composer.set_text(text)
             return
-        user_id = self.store(cid, text, new_chat)
-        if user_id is not None:
-            self.start_reply(user_id)
+        plan, handle = None, None
+        if cid is not None:
+            try:
+                plan = self.session.send_plan(cid, text)
+            except StorageError:
+                plan = None  # ``store`` says why
+        if plan is not None:
+            self.timeline.mark("request")
+            handle = self.w.client.generate(plan.messages, plan.sampling, use_cache=self.w.use_cache)
+        user_id = self.store(cid, text, new_chat, plan.parent_id if plan else None)
+        if user_id is None:
+            if handle is not None:
+                self.w.client.cancel(handle)
+            return
+        self.timeline.mark("stored")
+        if plan is None:  # a new chat: its request once it exists
+            handle = self._request_reply(user_id)
+        if handle is None:
+            self.render()
+            return
+        self.start_reply(user_id, handle)
 
     def edit(self, message_id: int, text: str) -> None:
         if self.can_generate():
@@ -276,16 +256,26 @@ class ChatController(QObject):
 
     # -- one reply -----------------------------------------------------------------------
 
-    def start_reply(self, user_message_id: int) -> None:
-        """Generate a new assistant reply (a new child) under the user message ``user_message_id``."""
+    def _request_reply(self, user_message_id: int) -> PendingRequest | None:
+        """Send the request for a reply under ``user_message_id`` (None: the engine is gone)."""
+        w = self.w
+        cid = w.store.get_message(user_message_id).conversation_id
+        sampling, messages = w.store.get_conversation(cid).sampling, self.session.prompt(user_message_id)
+        self.timeline.mark("request")
+        return w.client.generate(messages, dict(sampling), use_cache=w.use_cache)
+
+    def start_reply(self, user_message_id: int, handle: PendingRequest | None = None) -> None:
+        """Generate a new assistant reply (a new child) under the user message ``user_message_id``;
+        ``handle``: its request, when already sent (``store_and_reply``)."""
         w = self.w
         if self.streaming:
             return
-        user = w.store.get_message(user_message_id)
-        sampling = w.store.get_conversation(user.conversation_id).sampling
-        handle = w.client.generate(self.session.prompt(user.id), dict(sampling), use_cache=w.use_cache)
         if handle is None:
-            return
+            self.timeline.start()
+            handle = self._request_reply(user_message_id)
+            if handle is None:
+                return
+        user = w.store.get_message(user_message_id)
         self.reply = self.session.start_reply(user.id, w.model.label)
         self._request, self._stopping = handle, False
         handle.token.connect(self._token)
@@ -299,8 +289,9 @@ class ChatController(QObject):
         w.sidebar.busy_id = user.conversation_id
         w.composer.set_streaming(True)
         w.status.stats_label.setText("Thinking…")
-        self.render()
-        self.flush_timer.start()
+        if not self.view.show_sent(user):  # only the new bubbles, else the whole transcript
+            self.render()
+        self.timeline.mark("drawn")
 
     def stop(self) -> None:
         """Cancel the reply; the engine answers with ``done`` (finish_reason "cancelled")."""
@@ -322,25 +313,17 @@ class ChatController(QObject):
     def _token(self, text: str) -> None:
         if not self.reply.text and not self._stopping:
             self.w.status.stats_label.setText("Writing…")  # the first token: no longer "Thinking…"
+            self.timeline.mark("token_read", self._request.first_token_read_at)
+            self.timeline.mark("token")
         try:
             self.reply.add_text(text)
         except StorageError as exc:
             self.w.storage_failed(exc)
-        self._dirty = True
-
-    def _flush(self) -> None:
-        r, pending = self.reply, self.w.transcript.pending
-        if r is None or not self._dirty:
-            return
-        self._dirty = False
-        if pending is not None and r.conversation_id == self.conversation_id:
-            if r.text:
-                pending.note.setText("· writing…")
-            pending.set_text(r.text)
+        self.view.text_arrived()
 
     def _end(self) -> ReplyRecorder | None:
         r, self.reply, self._request = self.reply, None, None
-        self.flush_timer.stop()
+        self.view.stop()
         self.watchdog.settle()
         self.w.status.progress.hide()
         self.w.composer.set_streaming(False)
@@ -356,11 +339,12 @@ class ChatController(QObject):
             mid = reply.complete(event.text, event.token_ids, event.stats)
         except StorageError as exc:
             self.w.storage_failed(exc)
-        if reply.conversation_id == self.conversation_id:
-            self.render()
+        if reply.conversation_id == self.conversation_id and not (mid and self.view.show_saved(mid)):
+            self.render()  # the saved reply replaces its streaming bubble, else all is drawn again
         self.w.status.show_stats(event.stats)
-        self.update_context_label(event.stats)
+        self.figures.update_context_label(event.stats)
         self.w.sidebar.refresh()
+        log.debug("send timeline: %s", self.timeline.describe(event.stats))
         self.reply_finished.emit(mid or 0)
 
     def _snapshot(self, reply: ReplyRecorder, event: SnapshotEvent) -> None:
@@ -368,7 +352,7 @@ class ChatController(QObject):
             reply.add_snapshot(event.snapshot_ms, event.bytes_written)
         except StorageError as exc:
             log.warning("could not save the snapshot figures: %s", exc)
-        self.refresh_coverage()
+        self.figures.refresh_coverage()
 
     def _failed(self, reply: ReplyRecorder, event: ErrorEvent) -> None:
         if reply is not self.reply:  # e.g. the snapshot failed after the reply was saved
