@@ -37,6 +37,7 @@ import re
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -489,6 +490,52 @@ class StopMatcher:
 # -- prompts ----------------------------------------------------------------------------
 
 
+TOKEN_CACHE_CHARS = 4_000_000
+"""Most characters of text whose token ids :class:`TokenCache` keeps (a few MB of ids)."""
+
+
+class TokenCache:
+    """``tokenize`` that keeps the ids of recent long texts.
+
+    A prompt is built again for every request, context count, tree figure and keystroke
+    prewarm, and all of it but the newest message is the same text as the time before:
+    :meth:`PromptBuilder.build` tokenizes it in segments (template text and plain message
+    content up to each assistant reply), so every segment but the last is a hit. Texts
+    under 256 characters are not kept (tokenizing them costs about what a lookup does);
+    the rest are kept least-recently-used first up to :data:`TOKEN_CACHE_CHARS`.
+    Thread-safe; the ids are those ``tokenize`` returned, so a hit changes nothing.
+    """
+
+    def __init__(self, tokenize: Tokenize, max_chars: int = TOKEN_CACHE_CHARS):
+        self._tokenize = tokenize
+        self._max_chars = max_chars
+        self._entries: OrderedDict[tuple[str, bool], tuple[int, ...]] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def __call__(self, text: str, parse_special: bool) -> list[int]:
+        if len(text) < 256 or len(text) > self._max_chars:
+            return self._tokenize(text, parse_special)
+        key = (text, parse_special)
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is not None:
+                self._entries.move_to_end(key)
+                self.hits += 1
+                return list(hit)
+        ids = self._tokenize(text, parse_special)
+        with self._lock:
+            self.misses += 1
+            if key not in self._entries:
+                self._entries[key] = tuple(ids)
+                self._chars += len(text)
+                while self._chars > self._max_chars:
+                    (old, _), _ids = self._entries.popitem(last=False)
+                    self._chars -= len(old)
+        return ids
+
+
 class PromptBuilder:
     """Builds prompt token ids for a list of :class:`ChatMessage`.
 
@@ -521,7 +568,7 @@ class PromptBuilder:
         add_bos: bool = False,
         missing_reason: str = "",
     ):
-        self._tokenize = tokenize
+        self._tokenize = TokenCache(tokenize)
         self.bos_token, self.eos_token = bos_token, eos_token
         self.bos_id, self.add_bos = bos_id, add_bos
         self.format = PromptFormat.MODEL_TEMPLATE
