@@ -33,6 +33,7 @@ sits at the index a from-scratch prefill gives it (see ``kv_codec.assemble``).
 from __future__ import annotations
 
 import codecs
+import contextlib
 import ctypes
 import json
 import logging
@@ -197,6 +198,7 @@ class Engine:
         # Leading live-context tokens whose KV was computed in batches of >= 2 tokens
         # (and so may be reused or stored); decoded tokens are not, until recomputed.
         self._exact_upto = 0
+        self._logits_at = -1  # live position whose logits the context holds (_eval), or -1
         self.mode = self.model.cache_mode
         self.kind = self.mode.state_kind
         self._pending: _Checkpoint | None = None  # the checkpoint the reply's recompute starts from
@@ -292,6 +294,18 @@ class Engine:
         if self.mode.checkpoints:
             return self._position_checkpointed(prompt, use_cache, stats, on_progress)
         t = time.perf_counter()
+        n = len(prompt)
+        if (use_cache and self._logits_at == n == self.llama.n_tokens and self._exact_upto >= n
+                and _common_prefix(self.llama.input_ids[:n], prompt) == n):
+            # The live context is this very prompt, ending in a batch of >= MIN_BATCH tokens
+            # (a prewarm of the message as sent): its logits are the prompt's, nothing is
+            # prefilled, and the first token is sampled at once.
+            stats.restore_source, stats.restored_tokens = "context", n
+            stats.restore_ms = (time.perf_counter() - t) * 1000
+            if self.store is not None and record:
+                with contextlib.suppress(StoreError, StorageFullError):
+                    self.store.record_restore(n, 0)
+            return
         # A snapshot has no logits, and no batch may be a single token: leave at least
         # MIN_BATCH prompt tokens to prefill.
         limit = max(len(prompt) - MIN_BATCH, 0)
@@ -419,7 +433,7 @@ class Engine:
                     return False
                 if on_progress:
                     on_progress("prefill", done, len(rest))
-                self.llama.eval(chunk)
+                self._eval(chunk)
                 done += len(chunk)
         if on_progress and rest:
             on_progress("prefill", len(rest), len(rest))
@@ -469,7 +483,7 @@ class Engine:
             if llama.n_tokens + 1 >= n_ctx:
                 stats.finish_reason = "context"
                 break
-            llama.eval([token])
+            self._eval([token])
         # An incomplete UTF-8 sequence at the end (a reply cut by max_tokens) is dropped,
         # not shown as U+FFFD; the token ids keep it.
         if stop is not None and not stop.hit and (tail := stop.flush()):
@@ -567,7 +581,7 @@ class Engine:
             keep, tokens = 0, list(self.llama.input_ids[:n])
         self.llama.n_tokens = keep
         for chunk in _batches(tokens, self.llama.n_batch):
-            self.llama.eval(chunk)
+            self._eval(chunk)
         self._exact_upto = self.llama.n_tokens if self.llama.n_tokens >= MIN_BATCH else 0
 
     def _state_blob(self) -> np.ndarray:
@@ -738,7 +752,7 @@ class Engine:
                 tokens = list(self.llama.input_ids[cp.n : n])
                 if self._rewind(cp):
                     for chunk in _batches(tokens, self.llama.n_batch):
-                        self.llama.eval(chunk)
+                        self._eval(chunk)
                     self._exact_upto = self.llama.n_tokens
             if stats is not None:
                 stats.recompute_ms = (time.perf_counter() - t) * 1000
@@ -784,7 +798,17 @@ class Engine:
         self.llama.input_ids[: len(tokens)] = tokens
         self.llama.n_tokens = len(tokens)
 
+    def _eval(self, tokens: list[int]) -> None:
+        """``llama.eval(tokens)``, remembering where the context's logits stand: after a
+        batch of >= MIN_BATCH tokens they are the last token's, as a from-scratch prefill
+        of the same tokens computes them (see the module docstring), and a request whose
+        prompt is exactly the live context samples from them at once (``_position``)."""
+        self.llama.eval(tokens)
+        self._logits_at = self.llama.n_tokens if len(tokens) >= MIN_BATCH else -1
+
     def _truncate(self, n: int) -> bool:
+        if n != self._logits_at:
+            self._logits_at = -1
         mem = llama_cpp.llama_get_memory(self.llama.ctx)
         return bool(llama_cpp.llama_memory_seq_rm(mem, 0, n, -1))
 
@@ -796,6 +820,7 @@ class Engine:
         llama_cpp.llama_memory_clear(mem, data)
         self.llama.n_tokens = 0
         self._exact_upto = 0
+        self._logits_at = -1
         self._pending = None
         self._swa_valid_from = 0
 

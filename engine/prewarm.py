@@ -195,7 +195,7 @@ class Prewarmer:
         for chunk in _batches(target[e.llama.n_tokens:], PREWARM_BATCH):
             if cancel is not None and cancel.is_set():
                 return False
-            e.llama.eval(chunk)
+            e._eval(chunk)
             e._exact_upto = e.llama.n_tokens  # every batch here is >= MIN_BATCH tokens
         return True
 

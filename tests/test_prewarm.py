@@ -86,7 +86,7 @@ def test_a_draft_target_is_a_token_prefix_of_what_is_finally_sent(rig):
     assert build(path, False) == opened[: len(build(path, False))]
 
 
-def test_after_a_complete_prewarm_only_two_tokens_are_evaluated(rig):
+def test_after_a_complete_prewarm_nothing_is_evaluated_and_the_reply_is_the_same(rig):
     engine, _store, (path, _), scratch = rig
     engine.reset_context()
     warm = Prewarmer(engine)
@@ -98,12 +98,27 @@ def test_after_a_complete_prewarm_only_two_tokens_are_evaluated(rig):
     messages = path + [ChatMessage("user", text)]
     assert r.ready_tokens == r.target_tokens == len(engine.prompt_tokens(messages))
     result = engine.generate(messages, GREEDY)
+    # the prewarm's last batch left the prompt's logits: the first token is sampled at once
     assert result.stats.restore_source == "context"
-    assert result.stats.prefilled_tokens == 2
+    assert result.stats.prefilled_tokens == 0
     assert result.token_ids == scratch(messages)
     ready = warm.account(result.stats)
-    assert ready["prepared_tokens"] == result.stats.prompt_tokens - 2
+    assert ready["prepared_tokens"] == result.stats.prompt_tokens
     assert 0 < ready["typed_tokens"] < ready["prepared_tokens"]
+
+
+def test_hovering_regenerate_then_regenerating_evaluates_nothing_and_gives_the_same_reply(rig):
+    engine, _store, (path, _), scratch = rig
+    engine.reset_context()
+    question = path[:-1]  # the reply is regenerated: its prompt ends at the user message
+    assert Prewarmer(engine).run(question, None).finished
+    result = engine.generate(question, GREEDY)
+    assert result.stats.prefilled_tokens == 0
+    assert result.token_ids == scratch(question)
+    # the reply's last token was decoded alone: its logits are not a prefill's, so the
+    # same prompt again is prefilled as before (two tokens, not zero)
+    again = engine.generate(question, GREEDY)
+    assert again.stats.prefilled_tokens == 2 and again.token_ids == result.token_ids
 
 
 def test_a_prewarm_never_writes_to_the_store(rig):
