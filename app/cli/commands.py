@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
 
 log = logging.getLogger("branchwise")
@@ -181,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
             return supervisor.run_supervised(argv, data_dir, getattr(args, "repack", "auto"))
         crash_log = supervisor.enable_crash_log(data_dir)
         supervisor.exit_with_parent()
+        from app.cli.interrupts import install_child_handlers
+
+        install_child_handlers(graceful_term=args.command in ("chat", "regenerate"))
 
     import sqlite3
 
@@ -247,9 +251,13 @@ def main(argv: list[str] | None = None) -> int:
               "move chats.sqlite3 out of the data folder to start afresh; nothing was changed.",
               file=sys.stderr)
         return EXIT_ERROR
-    except KeyboardInterrupt:
-        print("\nbranchwise: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # before a reply started (a stopped reply is handled in _reply)
+        from app.cli import interrupts
+
+        interrupts.say_at_end("branchwise: interrupted")
+        if getattr(args, "json", False):
+            print(json.dumps({"error": "interrupted", "saved": None}))
+        return 128 + interrupts.stopped_by
     except BrokenPipeError:
         return EXIT_ERROR
     finally:
@@ -368,10 +376,13 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     from app.cli.storage_commands import Saved
     from app.session import ConversationSession, ReplyState
     from engine.errors import ContextOverflowError, EngineError
+    from engine.events import FinishReason
     from storage.errors import StorageFullError
 
     session = ConversationSession(chats)
     stream = not args.json
+    from app.cli import interrupts
+
     recorder = session.start_reply(parent_id, model_label)
     progress = getattr(args, "progress", None)
     first = True
@@ -381,10 +392,13 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
         if progress is not None and first:
             progress.stop()  # erase the bars before the reply is printed
         first = False
+        had_row = recorder.message_id is not None
         try:
             recorder.add_text(text)
         except StorageFullError as exc:  # keep generating; complete() tries once more
             log.warning("a streamed part of the reply was not saved: %s", exc)
+        if not had_row and recorder.message_id is not None:
+            interrupts.report(reply=recorder.message_id)
         if stream:
             sys.stdout.write(for_stream(text))  # control characters escaped on a terminal
             sys.stdout.flush()
@@ -396,15 +410,20 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
 
     saved = Saved(user_message=True)
     messages = session.prompt(parent_id)
+    interrupts.report(conversation=conversation.id, user=parent_id)  # for a second Ctrl+C
     try:
-        result = engine.generate(messages, _sampling(args, conversation),
-                                 use_cache=use_cache, on_token=on_token, snapshot=False,
-                                 on_progress=progress.on_progress if progress is not None else None)
+        with interrupts.stop_sets(threading.Event()) as cancel:  # Ctrl+C, kill: stop between steps
+            result = engine.generate(messages, _sampling(args, conversation),
+                                     use_cache=use_cache, on_token=on_token, snapshot=False, cancel=cancel,
+                                     on_progress=progress.on_progress if progress is not None else None)
     except ContextOverflowError as exc:
         raise _overflow_error(exc.prompt_tokens, exc.n_ctx) from exc
-    except (KeyboardInterrupt, EngineError) as exc:  # keep what was streamed, marked stopped
+    except KeyboardInterrupt:  # Ctrl+C, or SIGINT/SIGTERM passed on by the supervisor
+        reply_id = recorder.abandon(ReplyState.STOPPED)
+        return _stopped(args, conversation.id, parent_id, reply_id, recorder.text)
+    except EngineError:  # keep what was streamed, marked stopped
         recorder.abandon(ReplyState.STOPPED)
-        if stream and recorder.text and isinstance(exc, EngineError):  # the error line on its own line
+        if stream and recorder.text:  # the error line on its own line
             sys.stdout.write("\n")
             sys.stdout.flush()
         raise
@@ -416,6 +435,8 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     except StorageFullError as exc:
         exc.saved = saved
         raise
+    if result.stats.finish_reason == FinishReason.CANCELLED:  # stored as stopped, with its stats
+        return _stopped(args, conversation.id, parent_id, msg_id, result.text, stats_saved=True)
     saved.reply = saved.stats = True
     if use_cache and not remote and engine.store is not None:  # after the reply is safe: storing the KV is an optimisation
         engine.snapshot(result.stats)  # never raises; a full disk only means no cache
@@ -461,6 +482,28 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
               f"in {s.restore_ms:.0f} ms · prefilled {s.prefilled_tokens} in {s.prefill_ms / 1000:.2f} s · "
               f"TTFT {s.ttft_ms:.0f} ms · {s.decode_tokens_per_s:.1f} tok/s]", file=sys.stderr)
     return 0
+
+
+def _stopped(args, conversation_id: int, user_id: int, reply_id: int | None, text: str,
+             stats_saved: bool = False) -> int:
+    """After a stop (Ctrl+C, ``kill``): say what was saved and how to go on; with
+    ``--json`` one object ``{"error": "interrupted", ..., "saved": {...}}``. Returns 130
+    (143 after a SIGTERM)."""
+    from app.cli import interrupts
+    from app.cli.storage_commands import Saved
+
+    if not args.json and text:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    kept = interrupts.what_was_kept(conversation_id, user_id, reply_id, len(text) if reply_id else None)
+    interrupts.say_at_end(f"branchwise: stopped. {kept}")
+    if args.json:
+        print(json.dumps({"error": "interrupted", "conversation_id": conversation_id, "user_message_id": user_id,
+                          "assistant_message_id": reply_id, "status": "stopped", "text": text,
+                          "saved": Saved(user_message=True, reply=reply_id is not None,
+                                         stats=stats_saved and reply_id is not None).to_dict()},
+                         ensure_ascii=False))
+    return 128 + interrupts.stopped_by
 
 
 def _overflow_error(prompt_tokens: int, n_ctx: int) -> ValueError:

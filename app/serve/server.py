@@ -36,6 +36,7 @@ import json
 import logging
 import math
 import queue
+import signal
 import socket
 import threading
 import time
@@ -171,7 +172,18 @@ class ApiServer:
                                 access_log=False, lifespan="off", timeout_graceful_shutdown=3)
         owner = self
 
+        from app.cli.interrupts import RepeatFilter
+
+        repeats = RepeatFilter()
+
         class _Server(uvicorn.Server):
+            def handle_exit(self, sig, frame):
+                # A terminal Ctrl+C arrives twice under `branchwise serve`'s supervisor (from the
+                # terminal and passed on by it): one stop, not uvicorn's "force exit".
+                if sig == signal.SIGINT and repeats.is_repeat():
+                    return
+                super().handle_exit(sig, frame)
+
             async def startup(self, sockets=None):
                 await super().startup(sockets)
                 if self.started:
