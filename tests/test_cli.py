@@ -184,3 +184,16 @@ def test_chat_refuses_to_put_a_second_question_under_one_with_no_reply(tmp_path)
         f"'branchwise regenerate {q.id}', or branch from an earlier reply with --parent ID.")
     with ChatStore(tmp_path / "chats.sqlite3") as chats:
         assert [m.content for m in chats.tree(conv.id)] == ["question A"]
+
+
+def test_export_of_one_conversation_writes_the_file_given_by_o(convo, tmp_path):
+    d, first = convo
+    cid = first["conversation_id"]
+    for fmt in ("markdown", "json"):
+        target = tmp_path / f"c1.{fmt}"
+        target.write_text("old")  # replaced, as `export --all -o` replaces it
+        r = bw(d, "conversations", "export", cid, "--format", fmt, "-o", target)
+        assert r.stdout == ""
+        assert r.stderr.strip() == f"Exported conversation {cid} ({fmt}) to {target}."
+        assert target.read_text() == bw(d, "conversations", "export", cid, "--format", fmt).stdout
+        assert target.stat().st_mode & 0o777 == 0o600

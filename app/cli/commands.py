@@ -640,12 +640,21 @@ def cmd_conversations(args) -> int:
         raise ValueError("conversations export needs a conversation id, or --all for every conversation.")
     data = conversation_json(chats, args.id)
     if args.format == "json":
-        print(json.dumps(data, ensure_ascii=False, indent=2))
+        text = json.dumps(data, ensure_ascii=False, indent=2)
     else:
         from app.cli.storage_commands import branch_note
 
-        echo(branch_note(data, args.all_branches) + "\n")  # the one note on what is left out
-        echo(conversation_markdown(data, active_only=not args.all_branches, left_out_note=False))
+        text = (branch_note(data, args.all_branches) + "\n\n"  # the one note on what is left out
+                + conversation_markdown(data, active_only=not args.all_branches, left_out_note=False))
+    if args.output:
+        from app.cli.import_commands import write_file
+
+        write_file(Path(args.output), lambda out: out.write(text + "\n"))
+        print(f"Exported conversation {args.id} ({args.format}) to {args.output}.", file=sys.stderr)
+    elif args.format == "json":
+        print(text)
+    else:
+        echo(text)  # control characters escaped on a terminal
     return 0
 
 
