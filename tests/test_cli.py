@@ -197,3 +197,12 @@ def test_export_of_one_conversation_writes_the_file_given_by_o(convo, tmp_path):
         assert r.stderr.strip() == f"Exported conversation {cid} ({fmt}) to {target}."
         assert target.read_text() == bw(d, "conversations", "export", cid, "--format", fmt).stdout
         assert target.stat().st_mode & 0o777 == 0o600
+
+
+def test_model_before_the_command_is_honoured_or_refused(tmp_path):
+    missing = tmp_path / "missing.gguf"
+    r = bw(tmp_path, "--model", missing, "chat", "hi", check=False)  # was ignored: the default model answered
+    assert r.returncode == 1 and "missing.gguf" in r.stderr and "Traceback" not in r.stderr
+    r = bw(tmp_path, "--model", missing, "cache", "stats", check=False)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "branchwise: --model does not apply to 'cache' (see 'branchwise --help')"

@@ -165,7 +165,9 @@ ENGINE_COMMANDS = ("chat", "regenerate", "bench", "serve")
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _model_before_command(parser, args)
     _setup_logging(args)
     from app.cli import supervisor
     from storage.errors import StorageError
@@ -266,6 +268,18 @@ def main(argv: list[str] | None = None) -> int:
 
             faulthandler.disable()
             crash_log.close()
+
+
+def _model_before_command(parser, args) -> None:
+    """``branchwise --model X chat ...``: the window's ``--model`` placed before a command
+    counts as the command's own ``--model``; a command without models refuses it (exit 2)."""
+    if not args.gui_model or args.command in (None, "gui"):
+        return
+    if not hasattr(args, "model"):
+        parser.error(f"--model does not apply to '{args.command}'")
+    if args.model and args.model != args.gui_model:
+        parser.error(f"--model is given twice ({args.gui_model} before '{args.command}', {args.model} after it)")
+    args.model = args.gui_model
 
 
 def _no_display() -> bool:
