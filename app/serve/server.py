@@ -103,6 +103,15 @@ class _Job:
             self.cancel.set()
 
 
+def _drop_bind_errors(record: logging.LogRecord) -> bool:
+    """uvicorn logs a failed bind as its own "ERROR: [Errno 98] ..." line; ApiServer raises
+    ServeError with one line of its own instead, so that record goes to the debug log only."""
+    if isinstance(record.msg, OSError):
+        log.debug("uvicorn could not listen: %s", record.msg)
+        return False
+    return True
+
+
 class ApiServer:
     """An OpenAI-compatible HTTP server for one engine.
 
@@ -170,6 +179,9 @@ class ApiServer:
     def _make_uvicorn(self) -> uvicorn.Server:
         config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning",
                                 access_log=False, lifespan="off", timeout_graceful_shutdown=3)
+        uvicorn_log = logging.getLogger("uvicorn.error")  # configured by Config() above
+        if _drop_bind_errors not in uvicorn_log.filters:
+            uvicorn_log.addFilter(_drop_bind_errors)
         owner = self
 
         from app.cli.interrupts import RepeatFilter
