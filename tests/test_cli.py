@@ -206,3 +206,21 @@ def test_model_before_the_command_is_honoured_or_refused(tmp_path):
     r = bw(tmp_path, "--model", missing, "cache", "stats", check=False)
     assert r.returncode == 2
     assert r.stderr.strip() == "branchwise: --model does not apply to 'cache' (see 'branchwise --help')"
+
+
+def test_the_stats_line_says_a_reply_was_cut_by_max_tokens(tmp_path):
+    r = bw(tmp_path, "chat", "--temperature", "0", "--max-tokens", "5", "Write a long story about owls.")
+    stats = r.stderr.strip().splitlines()[-1]
+    assert stats.startswith("[conversation 1 · message 2 · ")
+    assert stats.endswith(" · cut at the --max-tokens limit (5 tokens)]")
+
+
+def test_small_cli_mistakes_and_help(tmp_path):
+    r = bw(tmp_path, "chat", "--temperature", "-1", "hi", check=False)
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("branchwise: argument --temperature: must be 0 or more, not '-1' "
+                                "(see 'branchwise chat --help')")
+    conv_help = bw(tmp_path, "conversations", "--help").stdout
+    assert "every conversation: id, * when pinned, title" in conv_help
+    assert "the active branch of one conversation" in conv_help
+    assert "print the figures as one JSON object" in bw(tmp_path, "bench", "--help").stdout

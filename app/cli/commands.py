@@ -52,6 +52,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"branchwise: {message} (see '{self.prog} --help')\n")
 
 
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text!r}")
+    return value
+
+
 def _ctx_size(text: str) -> int:
     value = _positive(text)
     if value < 256:
@@ -84,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="llama.cpp's CPU weight repacking: auto (off when llama.cpp has AMX kernels, "
                              "which crash on some CPUs), on or off (env BRANCHWISE_REPACK overrides)")
     engine.add_argument("--max-tokens", type=_positive, help="most tokens in the reply")
-    engine.add_argument("--temperature", type=float, help="0 is deterministic")
+    engine.add_argument("--temperature", type=_non_negative, help="0 or more; 0 is deterministic")
     engine.add_argument("--seed", type=int, help="sampling seed")
     engine.add_argument("--top-p", type=float, help="nucleus sampling threshold")
     engine.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
@@ -121,8 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     conv = sub.add_parser("conversations", help="list, show or export conversations")
     conv_sub = conv.add_subparsers(dest="action", required=True, parser_class=_Parser)
-    conv_sub.add_parser("list", parents=[common])
-    show = conv_sub.add_parser("show", parents=[common])
+    conv_sub.add_parser("list", parents=[common], help="every conversation: id, * when pinned, title")
+    show = conv_sub.add_parser("show", parents=[common], help="the active branch of one conversation")
     show.add_argument("id", type=int)
     export = conv_sub.add_parser("export", parents=[common],
                                  help="json: the whole tree, every branch; markdown: the active branch")
@@ -143,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("--cache-budget", type=_size, default=None, help=argparse.SUPPRESS)
 
     bench = sub.add_parser("bench", help="measure cold prefill vs resume, restore speed and sharing")
-    bench.add_argument("--json", action="store_true")
+    bench.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     bench.add_argument("--model", help="a GGUF model (default: the embedded one)")
     bench.add_argument("--quick", action="store_true", help="smaller workload (for a smoke test)")
     bench.add_argument("--llama-server", metavar="PATH",
@@ -484,17 +494,12 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
 
         sys.stdout.write("\n")
         print(remote_stats_line(conversation.id, msg_id, result.stats), file=sys.stderr)
-    elif remote:
-        from app.serve.commands import remote_stats_line
-
-        sys.stdout.write("\n")
-        print(remote_stats_line(conversation.id, msg_id, result.stats), file=sys.stderr)
     else:
         s = result.stats
         sys.stdout.write("\n")
         print(f"[conversation {conversation.id} · message {msg_id} · restored {s.restored_tokens} tokens "
               f"in {s.restore_ms:.0f} ms · prefilled {s.prefilled_tokens} in {s.prefill_ms / 1000:.2f} s · "
-              f"TTFT {s.ttft_ms:.0f} ms · {s.decode_tokens_per_s:.1f} tok/s]", file=sys.stderr)
+              f"TTFT {s.ttft_ms:.0f} ms · {s.decode_tokens_per_s:.1f} tok/s{_cut_note(s)}]", file=sys.stderr)
     return 0
 
 
@@ -518,6 +523,15 @@ def _stopped(args, conversation_id: int, user_id: int, reply_id: int | None, tex
                                          stats=stats_saved and reply_id is not None).to_dict()},
                          ensure_ascii=False))
     return 128 + interrupts.stopped_by
+
+
+def _cut_note(stats) -> str:
+    """`` · cut at ...`` for a reply that ended before the model finished it, else ""."""
+    if stats.finish_reason == "length":
+        return f" · cut at the --max-tokens limit ({stats.generated_tokens} tokens)"
+    if stats.finish_reason == "context":
+        return " · cut: the context window is full (--ctx-size)"
+    return ""
 
 
 def _overflow_error(prompt_tokens: int, n_ctx: int) -> ValueError:
