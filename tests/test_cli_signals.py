@@ -60,10 +60,14 @@ def _read_at_least(proc, n: int) -> str:
     """The first ``n`` or more bytes of the streamed reply (unbuffered, so communicate() gets the rest)."""
     shown = b""
     deadline = time.monotonic() + 300
-    while len(shown) < n:
+    while True:
         assert time.monotonic() < deadline and proc.poll() is None
         shown += os.read(proc.stdout.fileno(), 4096)
-    return shown.decode()
+        if len(shown) >= n:
+            try:
+                return shown.decode()
+            except UnicodeDecodeError:  # a character split across two reads
+                continue
 
 
 def _stored_reply(data_dir: Path):
@@ -146,3 +150,15 @@ def test_a_second_ctrl_c_says_the_partial_reply_is_saved(tmp_path):
         f"branchwise: ended the engine at the second Ctrl+C. The reply so far is saved as message 2 in "
         f"conversation 1 (marked stopped, {len(reply.content):,} characters). Go on with "
         "'branchwise chat --conversation 1 \"...\"', or get a new reply with 'branchwise regenerate 2'.")
+
+
+def test_two_deliveries_of_one_stop_are_one_and_a_later_one_counts():
+    from app.cli.interrupts import REPEAT_WINDOW_S, RepeatFilter
+
+    now = [100.0]
+    repeats = RepeatFilter(clock=lambda: now[0])
+    assert not repeats.is_repeat()
+    now[0] += 0.01  # the forwarded copy of a terminal Ctrl+C
+    assert repeats.is_repeat()
+    now[0] += REPEAT_WINDOW_S
+    assert not repeats.is_repeat()  # a new stop

@@ -46,6 +46,7 @@ class RepeatFilter:
         return False
 
 
+_report_fd: int | None = None
 stopped_by: int = signal.SIGINT
 """The signal behind the last stop the child took (for its exit code: 128 + it)."""
 _cancel: threading.Event | None = None
@@ -65,10 +66,17 @@ def stop_sets(cancel: threading.Event):
 
 
 def install_child_handlers(graceful_term: bool) -> None:
-    """In the child: a SIGINT stops once per stop (repeats within
-    ``REPEAT_WINDOW_S`` are dropped): it sets the event of
-    ``stop_sets`` while one is active, else raises KeyboardInterrupt. With ``graceful_term`` a SIGTERM does the same, so
-    ``kill PID`` keeps the reply streamed so far as a Ctrl+C does (chat, regenerate)."""
+    """In the child: take the report pipe from the environment, and make a SIGINT one stop
+    (repeats within ``REPEAT_WINDOW_S`` are dropped): it sets the event of ``stop_sets``
+    while one is active, else raises KeyboardInterrupt. With ``graceful_term`` a SIGTERM
+    does the same, so ``kill PID`` keeps the reply streamed so far as a Ctrl+C does
+    (chat, regenerate)."""
+    global _report_fd
+    fd = os.environ.pop(REPORT_ENV, "")  # not passed on: a command that runs branchwise again
+    if fd.isdigit():
+        _report_fd = int(fd)
+        with contextlib.suppress(OSError):
+            os.set_inheritable(_report_fd, False)
     repeats = RepeatFilter()
 
     def stop(signum, _frame):
@@ -89,17 +97,16 @@ def install_child_handlers(graceful_term: bool) -> None:
 
 def report(**facts) -> None:
     """Tell the supervisor ``facts`` (JSON values); nothing when there is no supervisor."""
-    fd = os.environ.get(REPORT_ENV)
-    if not fd:
+    if _report_fd is None:
         return
-    with contextlib.suppress(OSError, ValueError):
-        os.write(int(fd), (json.dumps(facts) + "\n").encode())
+    with contextlib.suppress(OSError):
+        os.write(_report_fd, (json.dumps(facts) + "\n").encode())
 
 
 def say_at_end(line: str) -> None:
     """Print ``line`` on stderr after the supervisor's own lines (through the supervisor
     when there is one, else now)."""
-    if os.environ.get(REPORT_ENV):
+    if _report_fd is not None:
         report(say=line)
     else:
         print(line, file=sys.stderr)
