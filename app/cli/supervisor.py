@@ -4,7 +4,9 @@ llama.cpp can die by a signal (a segmentation fault in a CPU kernel, an abort on
 failed assertion); Python cannot catch that in the process it happens in. So
 ``branchwise chat`` (and ``regenerate``, ``bench``, ``serve``, ``--self-test``) re-runs
 itself as a child with the same arguments and the same terminal, and this parent only
-waits. When the child dies by a signal the parent prints one line that says what
+waits, passing SIGINT and SIGTERM on to the child (so ``kill -INT`` of ``branchwise``
+stops it as a terminal Ctrl+C does; app/cli/interrupts.py takes a doubled Ctrl+C as one)
+and printing the child's closing lines after its own. When the child dies by a signal the parent prints one line that says what
 happened, where the stack at the crash is (``faulthandler`` in the child writes every
 thread's Python stack to ``<data dir>/logs/cli.log``), which message was kept and what to do, remembers the crash
 for this machine when weight repacking was on (engine/cpu.py), and exits 70.
