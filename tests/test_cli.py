@@ -184,3 +184,43 @@ def test_chat_refuses_to_put_a_second_question_under_one_with_no_reply(tmp_path)
         f"'branchwise regenerate {q.id}', or branch from an earlier reply with --parent ID.")
     with ChatStore(tmp_path / "chats.sqlite3") as chats:
         assert [m.content for m in chats.tree(conv.id)] == ["question A"]
+
+
+def test_export_of_one_conversation_writes_the_file_given_by_o(convo, tmp_path):
+    d, first = convo
+    cid = first["conversation_id"]
+    for fmt in ("markdown", "json"):
+        target = tmp_path / f"c1.{fmt}"
+        target.write_text("old")  # replaced, as `export --all -o` replaces it
+        r = bw(d, "conversations", "export", cid, "--format", fmt, "-o", target)
+        assert r.stdout == ""
+        assert r.stderr.strip() == f"Exported conversation {cid} ({fmt}) to {target}."
+        assert target.read_text() == bw(d, "conversations", "export", cid, "--format", fmt).stdout
+        assert target.stat().st_mode & 0o777 == 0o600
+
+
+def test_model_before_the_command_is_honoured_or_refused(tmp_path):
+    missing = tmp_path / "missing.gguf"
+    r = bw(tmp_path, "--model", missing, "chat", "hi", check=False)  # was ignored: the default model answered
+    assert r.returncode == 1 and "missing.gguf" in r.stderr and "Traceback" not in r.stderr
+    r = bw(tmp_path, "--model", missing, "cache", "stats", check=False)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "branchwise: --model does not apply to 'cache' (see 'branchwise --help')"
+
+
+def test_the_stats_line_says_a_reply_was_cut_by_max_tokens(tmp_path):
+    r = bw(tmp_path, "chat", "--temperature", "0", "--max-tokens", "5", "Write a long story about owls.")
+    stats = r.stderr.strip().splitlines()[-1]
+    assert stats.startswith("[conversation 1 · message 2 · ")
+    assert stats.endswith(" · cut at the --max-tokens limit (5 tokens)]")
+
+
+def test_small_cli_mistakes_and_help(tmp_path):
+    r = bw(tmp_path, "chat", "--temperature", "-1", "hi", check=False)
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("branchwise: argument --temperature: must be 0 or more, not '-1' "
+                                "(see 'branchwise chat --help')")
+    conv_help = bw(tmp_path, "conversations", "--help").stdout
+    assert "every conversation: id, * when pinned, title" in conv_help
+    assert "the active branch of one conversation" in conv_help
+    assert "print the figures as one JSON object" in bw(tmp_path, "bench", "--help").stdout

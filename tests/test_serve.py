@@ -257,3 +257,18 @@ def test_in_process_start_and_stop_for_the_window(model_path, no_leaks):
     assert states == [ServerState.STARTING, ServerState.RUNNING, ServerState.STOPPING, ServerState.STOPPED]
     with pytest.raises(ServeError, match="--api-key"):
         ApiServer(engine, "local", host="0.0.0.0")
+
+
+def test_a_busy_port_is_one_line(tmp_path):
+    import socket
+
+    env = {**os.environ, "BRANCHWISE_DATA_DIR": str(tmp_path)}
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
+                           capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1, r.stderr  # not uvicorn's "ERROR: [Errno 98] ..." first
+    assert r.stderr.startswith(f"branchwise: Could not listen on 127.0.0.1:{port}: the port")

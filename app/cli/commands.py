@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
 
 log = logging.getLogger("branchwise")
@@ -51,6 +52,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"branchwise: {message} (see '{self.prog} --help')\n")
 
 
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text!r}")
+    return value
+
+
 def _ctx_size(text: str) -> int:
     value = _positive(text)
     if value < 256:
@@ -83,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="llama.cpp's CPU weight repacking: auto (off when llama.cpp has AMX kernels, "
                              "which crash on some CPUs), on or off (env BRANCHWISE_REPACK overrides)")
     engine.add_argument("--max-tokens", type=_positive, help="most tokens in the reply")
-    engine.add_argument("--temperature", type=float, help="0 is deterministic")
+    engine.add_argument("--temperature", type=_non_negative, help="0 or more; 0 is deterministic")
     engine.add_argument("--seed", type=int, help="sampling seed")
     engine.add_argument("--top-p", type=float, help="nucleus sampling threshold")
     engine.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
@@ -120,8 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     conv = sub.add_parser("conversations", help="list, show or export conversations")
     conv_sub = conv.add_subparsers(dest="action", required=True, parser_class=_Parser)
-    conv_sub.add_parser("list", parents=[common])
-    show = conv_sub.add_parser("show", parents=[common])
+    conv_sub.add_parser("list", parents=[common], help="every conversation: id, * when pinned, title")
+    show = conv_sub.add_parser("show", parents=[common], help="the active branch of one conversation")
     show.add_argument("id", type=int)
     export = conv_sub.add_parser("export", parents=[common],
                                  help="json: the whole tree, every branch; markdown: the active branch")
@@ -142,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("--cache-budget", type=_size, default=None, help=argparse.SUPPRESS)
 
     bench = sub.add_parser("bench", help="measure cold prefill vs resume, restore speed and sharing")
-    bench.add_argument("--json", action="store_true")
+    bench.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     bench.add_argument("--model", help="a GGUF model (default: the embedded one)")
     bench.add_argument("--quick", action="store_true", help="smaller workload (for a smoke test)")
     bench.add_argument("--llama-server", metavar="PATH",
@@ -164,7 +175,9 @@ ENGINE_COMMANDS = ("chat", "regenerate", "bench", "serve")
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _model_before_command(parser, args)
     _setup_logging(args)
     from app.cli import supervisor
     from storage.errors import StorageError
@@ -181,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
             return supervisor.run_supervised(argv, data_dir, getattr(args, "repack", "auto"))
         crash_log = supervisor.enable_crash_log(data_dir)
         supervisor.exit_with_parent()
+        from app.cli.interrupts import install_child_handlers
+
+        install_child_handlers(graceful_term=args.command in ("chat", "regenerate"))
 
     import sqlite3
 
@@ -247,9 +263,13 @@ def main(argv: list[str] | None = None) -> int:
               "move chats.sqlite3 out of the data folder to start afresh; nothing was changed.",
               file=sys.stderr)
         return EXIT_ERROR
-    except KeyboardInterrupt:
-        print("\nbranchwise: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # before a reply started (a stopped reply is handled in _reply)
+        from app.cli import interrupts
+
+        interrupts.say_at_end("branchwise: interrupted")
+        if getattr(args, "json", False):
+            print(json.dumps({"error": "interrupted", "saved": None}))
+        return 128 + interrupts.stopped_by
     except BrokenPipeError:
         return EXIT_ERROR
     finally:
@@ -258,6 +278,18 @@ def main(argv: list[str] | None = None) -> int:
 
             faulthandler.disable()
             crash_log.close()
+
+
+def _model_before_command(parser, args) -> None:
+    """``branchwise --model X chat ...``: the window's ``--model`` placed before a command
+    counts as the command's own ``--model``; a command without models refuses it (exit 2)."""
+    if not args.gui_model or args.command in (None, "gui"):
+        return
+    if not hasattr(args, "model"):
+        parser.error(f"--model does not apply to '{args.command}'")
+    if args.model and args.model != args.gui_model:
+        parser.error(f"--model is given twice ({args.gui_model} before '{args.command}', {args.model} after it)")
+    args.model = args.gui_model
 
 
 def _no_display() -> bool:
@@ -368,10 +400,13 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     from app.cli.storage_commands import Saved
     from app.session import ConversationSession, ReplyState
     from engine.errors import ContextOverflowError, EngineError
+    from engine.events import FinishReason
     from storage.errors import StorageFullError
 
     session = ConversationSession(chats)
     stream = not args.json
+    from app.cli import interrupts
+
     recorder = session.start_reply(parent_id, model_label)
     progress = getattr(args, "progress", None)
     first = True
@@ -381,10 +416,13 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
         if progress is not None and first:
             progress.stop()  # erase the bars before the reply is printed
         first = False
+        had_row = recorder.message_id is not None
         try:
             recorder.add_text(text)
         except StorageFullError as exc:  # keep generating; complete() tries once more
             log.warning("a streamed part of the reply was not saved: %s", exc)
+        if not had_row and recorder.message_id is not None:
+            interrupts.report(reply=recorder.message_id)
         if stream:
             sys.stdout.write(for_stream(text))  # control characters escaped on a terminal
             sys.stdout.flush()
@@ -396,15 +434,20 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
 
     saved = Saved(user_message=True)
     messages = session.prompt(parent_id)
+    interrupts.report(conversation=conversation.id, user=parent_id)  # for a second Ctrl+C
     try:
-        result = engine.generate(messages, _sampling(args, conversation),
-                                 use_cache=use_cache, on_token=on_token, snapshot=False,
-                                 on_progress=progress.on_progress if progress is not None else None)
+        with interrupts.stop_sets(threading.Event()) as cancel:  # Ctrl+C, kill: stop between steps
+            result = engine.generate(messages, _sampling(args, conversation),
+                                     use_cache=use_cache, on_token=on_token, snapshot=False, cancel=cancel,
+                                     on_progress=progress.on_progress if progress is not None else None)
     except ContextOverflowError as exc:
         raise _overflow_error(exc.prompt_tokens, exc.n_ctx) from exc
-    except (KeyboardInterrupt, EngineError) as exc:  # keep what was streamed, marked stopped
+    except KeyboardInterrupt:  # Ctrl+C, or SIGINT/SIGTERM passed on by the supervisor
+        reply_id = recorder.abandon(ReplyState.STOPPED)
+        return _stopped(args, conversation.id, parent_id, reply_id, recorder.text)
+    except EngineError:  # keep what was streamed, marked stopped
         recorder.abandon(ReplyState.STOPPED)
-        if stream and recorder.text and isinstance(exc, EngineError):  # the error line on its own line
+        if stream and recorder.text:  # the error line on its own line
             sys.stdout.write("\n")
             sys.stdout.flush()
         raise
@@ -416,6 +459,8 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     except StorageFullError as exc:
         exc.saved = saved
         raise
+    if result.stats.finish_reason == FinishReason.CANCELLED:  # stored as stopped, with its stats
+        return _stopped(args, conversation.id, parent_id, msg_id, result.text, stats_saved=True)
     saved.reply = saved.stats = True
     if use_cache and not remote and engine.store is not None:  # after the reply is safe: storing the KV is an optimisation
         engine.snapshot(result.stats)  # never raises; a full disk only means no cache
@@ -449,18 +494,44 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
 
         sys.stdout.write("\n")
         print(remote_stats_line(conversation.id, msg_id, result.stats), file=sys.stderr)
-    elif remote:
-        from app.serve.commands import remote_stats_line
-
-        sys.stdout.write("\n")
-        print(remote_stats_line(conversation.id, msg_id, result.stats), file=sys.stderr)
     else:
         s = result.stats
         sys.stdout.write("\n")
         print(f"[conversation {conversation.id} · message {msg_id} · restored {s.restored_tokens} tokens "
               f"in {s.restore_ms:.0f} ms · prefilled {s.prefilled_tokens} in {s.prefill_ms / 1000:.2f} s · "
-              f"TTFT {s.ttft_ms:.0f} ms · {s.decode_tokens_per_s:.1f} tok/s]", file=sys.stderr)
+              f"TTFT {s.ttft_ms:.0f} ms · {s.decode_tokens_per_s:.1f} tok/s{_cut_note(s)}]", file=sys.stderr)
     return 0
+
+
+def _stopped(args, conversation_id: int, user_id: int, reply_id: int | None, text: str,
+             stats_saved: bool = False) -> int:
+    """After a stop (Ctrl+C, ``kill``): say what was saved and how to go on; with
+    ``--json`` one object ``{"error": "interrupted", ..., "saved": {...}}``. Returns 130
+    (143 after a SIGTERM)."""
+    from app.cli import interrupts
+    from app.cli.storage_commands import Saved
+
+    if not args.json and text:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    kept = interrupts.what_was_kept(conversation_id, user_id, reply_id, len(text) if reply_id else None)
+    interrupts.say_at_end(f"branchwise: stopped. {kept}")
+    if args.json:
+        print(json.dumps({"error": "interrupted", "conversation_id": conversation_id, "user_message_id": user_id,
+                          "assistant_message_id": reply_id, "status": "stopped", "text": text,
+                          "saved": Saved(user_message=True, reply=reply_id is not None,
+                                         stats=stats_saved and reply_id is not None).to_dict()},
+                         ensure_ascii=False))
+    return 128 + interrupts.stopped_by
+
+
+def _cut_note(stats) -> str:
+    """`` · cut at ...`` for a reply that ended before the model finished it, else ""."""
+    if stats.finish_reason == "length":
+        return f" · cut at the --max-tokens limit ({stats.generated_tokens} tokens)"
+    if stats.finish_reason == "context":
+        return " · cut: the context window is full (--ctx-size)"
+    return ""
 
 
 def _overflow_error(prompt_tokens: int, n_ctx: int) -> ValueError:
@@ -597,12 +668,21 @@ def cmd_conversations(args) -> int:
         raise ValueError("conversations export needs a conversation id, or --all for every conversation.")
     data = conversation_json(chats, args.id)
     if args.format == "json":
-        print(json.dumps(data, ensure_ascii=False, indent=2))
+        text = json.dumps(data, ensure_ascii=False, indent=2)
     else:
         from app.cli.storage_commands import branch_note
 
-        echo(branch_note(data, args.all_branches) + "\n")  # the one note on what is left out
-        echo(conversation_markdown(data, active_only=not args.all_branches, left_out_note=False))
+        text = (branch_note(data, args.all_branches) + "\n\n"  # the one note on what is left out
+                + conversation_markdown(data, active_only=not args.all_branches, left_out_note=False))
+    if args.output:
+        from app.cli.import_commands import write_file
+
+        write_file(Path(args.output), lambda out: out.write(text + "\n"))
+        print(f"Exported conversation {args.id} ({args.format}) to {args.output}.", file=sys.stderr)
+    elif args.format == "json":
+        print(text)
+    else:
+        echo(text)  # control characters escaped on a terminal
     return 0
 
 

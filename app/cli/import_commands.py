@@ -15,7 +15,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 from storage.importers.records import (
     FORMAT_NAMES,
@@ -52,7 +52,7 @@ def add_export_all_arguments(export: argparse.ArgumentParser) -> None:
     export.add_argument("--all", action="store_true",
                         help="every conversation, as one Branchwise JSON file (a backup; `branchwise import` "
                              "restores it)")
-    export.add_argument("--output", "-o", metavar="FILE", help="with --all: write to FILE instead of standard output")
+    export.add_argument("--output", "-o", metavar="FILE", help="write to FILE (mode 0600; an existing FILE is replaced) instead of standard output")
 
 
 def run_import(args: argparse.Namespace, data_dir: Path) -> int:
@@ -77,25 +77,36 @@ def run_import(args: argparse.Namespace, data_dir: Path) -> int:
 def run_export_all(args: argparse.Namespace, chats: Any) -> int:
     """Write every conversation (``export --all``, always JSON) to ``args.output`` or standard output."""
     if args.output:
-        target = Path(args.output)
-        try:  # written beside the target and renamed: an interrupted export leaves no half file
-            fd, tmp = tempfile.mkstemp(prefix=".branchwise-export-", dir=target.parent or ".")
-        except OSError as exc:
-            raise ValueError(f"Cannot write {target}: {exc.strerror or exc}.") from exc
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                count = write_export_all(chats, out)
-            os.replace(tmp, target)
-        except OSError as exc:
-            Path(tmp).unlink(missing_ok=True)
-            raise ValueError(f"Cannot write {target}: {exc.strerror or exc}. Nothing was written.") from exc
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        print(f"Exported {count} conversation{'s' * (count != 1)} to {target}.", file=sys.stderr)
+        count = write_file(Path(args.output), lambda out: write_export_all(chats, out))
+        print(f"Exported {count} conversation{'s' * (count != 1)} to {args.output}.", file=sys.stderr)
     else:
         write_export_all(chats, sys.stdout)
     return 0
+
+
+def write_file(target: Path, write: Callable[[IO[str]], Any]) -> Any:
+    """Run ``write`` on a new file that then replaces ``target`` (mode 0600, as ``mkstemp``
+    makes it; an existing ``target`` is replaced). Written beside the target and renamed,
+    so an interrupted export leaves no half file. Returns what ``write`` returned.
+
+    Raises:
+        ValueError: the file cannot be written (the words name it; nothing was written).
+    """
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".branchwise-export-", dir=target.parent or ".")
+    except OSError as exc:
+        raise ValueError(f"Cannot write {target}: {exc.strerror or exc}.") from exc
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            result = write(out)
+        os.replace(tmp, target)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise ValueError(f"Cannot write {target}: {exc.strerror or exc}. Nothing was written.") from exc
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return result
 
 
 def write_export_all(chats: Any, out: IO[str]) -> int:

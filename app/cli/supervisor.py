@@ -4,7 +4,9 @@ llama.cpp can die by a signal (a segmentation fault in a CPU kernel, an abort on
 failed assertion); Python cannot catch that in the process it happens in. So
 ``branchwise chat`` (and ``regenerate``, ``bench``, ``serve``, ``--self-test``) re-runs
 itself as a child with the same arguments and the same terminal, and this parent only
-waits. When the child dies by a signal the parent prints one line that says what
+waits, passing SIGINT and SIGTERM on to the child (so ``kill -INT`` of ``branchwise``
+stops it as a terminal Ctrl+C does; app/cli/interrupts.py takes a doubled Ctrl+C as one)
+and printing the child's closing lines after its own. When the child dies by a signal the parent prints one line that says what
 happened, where the stack at the crash is (``faulthandler`` in the child writes every
 thread's Python stack to ``<data dir>/logs/cli.log``), which message was kept and what to do, remembers the crash
 for this machine when weight repacking was on (engine/cpu.py), and exits 70.
@@ -64,36 +66,48 @@ def run_supervised(argv: list[str], data_dir: Path, repack_setting: str) -> int:
         The child's exit code, 70 after a crash, or 130 when a second Ctrl+C ended the
         child (with one line on stderr).
     """
+    from app.cli.interrupts import REPORT_ENV, read_reports
+
     env = dict(os.environ, **{CHILD_ENV: str(os.getpid())})
     started = time.time()
-    proc = subprocess.Popen(child_command(argv), env=env)
+    report_r, report_w = os.pipe() if os.name == "posix" else (None, None)
+    if report_w is not None:
+        env[REPORT_ENV] = str(report_w)
+    proc = subprocess.Popen(child_command(argv), env=env, pass_fds=(report_w,) if report_w is not None else ())
+    if report_w is not None:
+        os.close(report_w)
     interrupts, killed = 0, False
 
-    def interrupt(_signum, _frame):
-        # The first Ctrl+C reaches the child too (same process group): it stops between two
-        # prefill batches or tokens and saves what it has. A second one ends it at once.
+    def forward(signum, _frame=None):  # `kill PID` of branchwise ends the child the same way
+        with contextlib.suppress(OSError):
+            proc.send_signal(signum)
+
+    def interrupt(signum, _frame):
+        # The first SIGINT is passed on to the child, which stops between two prefill batches
+        # or tokens and saves what it has. After a terminal Ctrl+C the child gets it twice
+        # (from the terminal and from here) and takes the two as one (app/cli/interrupts.py).
+        # A second SIGINT here ends the child at once.
         nonlocal interrupts, killed
         interrupts += 1
         if interrupts == 1:
             print("branchwise: stopping… (press Ctrl+C again to end the engine at once)", file=sys.stderr)
+            forward(signum)
         elif proc.poll() is None:
             killed = True
             proc.kill()
 
     previous = signal.signal(signal.SIGINT, interrupt)
-
-    def forward(signum, _frame):  # `kill PID` of branchwise ends the child the same way
-        with contextlib.suppress(OSError):
-            proc.send_signal(signum)
-
     previous_term = signal.signal(signal.SIGTERM, forward)
     try:
         returncode = proc.wait()
     finally:
         signal.signal(signal.SIGINT, previous)
         signal.signal(signal.SIGTERM, previous_term)
+    facts = read_reports(report_r) if report_r is not None else {"say": []}
+    for line in facts["say"]:  # the child's closing lines, after ours
+        print(line, file=sys.stderr)
     if killed:
-        print(ended_message(data_dir, started), file=sys.stderr)
+        print(ended_message(data_dir, started, facts), file=sys.stderr)
         from app.cli.commands import EXIT_INTERRUPTED
 
         return EXIT_INTERRUPTED
@@ -104,12 +118,37 @@ def run_supervised(argv: list[str], data_dir: Path, repack_setting: str) -> int:
     return EXIT_CRASHED
 
 
-def ended_message(data_dir: Path, started: float) -> str:
-    """The line printed after a second Ctrl+C ended the engine."""
-    kept = _unanswered_message(data_dir, started)
-    saved = (f" Your message was saved (message {kept}); answer it with 'branchwise regenerate {kept}'."
-             if kept is not None else "")
-    return f"branchwise: ended the engine at the second Ctrl+C; the reply in progress was not saved.{saved}"
+def ended_message(data_dir: Path, started: float, facts: dict | None = None) -> str:
+    """The line printed after a second Ctrl+C ended the engine: what the chats hold now
+    (``facts``: what the child reported, app/cli/interrupts.py)."""
+    from app.cli.interrupts import what_was_kept
+
+    facts = facts or {}
+    reply_id, chars = facts.get("reply"), None
+    if reply_id is not None:
+        chars = _saved_reply_chars(data_dir, reply_id)
+        if chars is None:  # not in the chats after all
+            reply_id = None
+    user_id = facts.get("user")
+    if user_id is None:
+        user_id = _unanswered_message(data_dir, started)
+    kept = what_was_kept(facts.get("conversation"), user_id, reply_id, chars)
+    return f"branchwise: ended the engine at the second Ctrl+C. {kept}"
+
+
+def _saved_reply_chars(data_dir: Path, message_id: int) -> int | None:
+    """How many characters of reply ``message_id`` are saved (it is marked stopped now), or None."""
+    from storage.paths import CHATS_DB
+
+    path = Path(data_dir) / CHATS_DB
+    if not path.exists():
+        return None
+    from storage.chats import ChatStore
+
+    with contextlib.suppress(Exception), ChatStore(path) as chats:
+        chats.mark_interrupted_streams()  # the killed child left it "streaming"
+        return len(chats.get_message(message_id).content)
+    return None
 
 
 def crash_message(what: str, data_dir: Path, repack_setting: str, started: float) -> str:

@@ -36,6 +36,7 @@ import json
 import logging
 import math
 import queue
+import signal
 import socket
 import threading
 import time
@@ -100,6 +101,15 @@ class _Job:
             self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
         except RuntimeError:  # the event loop is closed: the server is shutting down
             self.cancel.set()
+
+
+def _drop_bind_errors(record: logging.LogRecord) -> bool:
+    """uvicorn logs a failed bind as its own "ERROR: [Errno 98] ..." line; ApiServer raises
+    ServeError with one line of its own instead, so that record goes to the debug log only."""
+    if isinstance(record.msg, OSError):
+        log.debug("uvicorn could not listen: %s", record.msg)
+        return False
+    return True
 
 
 class ApiServer:
@@ -169,9 +179,23 @@ class ApiServer:
     def _make_uvicorn(self) -> uvicorn.Server:
         config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning",
                                 access_log=False, lifespan="off", timeout_graceful_shutdown=3)
+        uvicorn_log = logging.getLogger("uvicorn.error")  # configured by Config() above
+        if _drop_bind_errors not in uvicorn_log.filters:
+            uvicorn_log.addFilter(_drop_bind_errors)
         owner = self
 
+        from app.cli.interrupts import RepeatFilter
+
+        repeats = RepeatFilter()
+
         class _Server(uvicorn.Server):
+            def handle_exit(self, sig, frame):
+                # A terminal Ctrl+C arrives twice under `branchwise serve`'s supervisor (from the
+                # terminal and passed on by it): one stop, not uvicorn's "force exit".
+                if sig == signal.SIGINT and repeats.is_repeat():
+                    return
+                super().handle_exit(sig, frame)
+
             async def startup(self, sockets=None):
                 await super().startup(sockets)
                 if self.started:
