@@ -289,7 +289,7 @@ def test_bad_files_change_nothing_and_say_why(db: Path, tmp_path: Path, text: by
 def test_a_missing_file_is_reported(db: Path, tmp_path: Path) -> None:
     summary = import_files([tmp_path / "nope.json"], db)
     assert summary.files[0].status == FileStatus.FAILED
-    assert "there is no such file" in summary.files[0].error
+    assert summary.files[0].error == f"{tmp_path / 'nope.json'}: there is no such file"  # the path once
 
 
 def test_truncated_jsonl_line_names_the_line(db: Path, tmp_path: Path) -> None:

@@ -122,7 +122,8 @@ def import_files(
             except ImportFileError as exc:
                 log.info("import of %s failed: %s", path, exc, exc_info=exc.__cause__ is not None)
                 _reset(report, FileStatus.FAILED)
-                report.error = f"{path}: {exc}"
+                words = str(exc)  # most failures already start with the file's name
+                report.error = words if words.startswith(f"{path}: ") else f"{path}: {words}"
     except sqlite3.OperationalError as exc:
         if "locked" not in str(exc) and "busy" not in str(exc):
             raise
