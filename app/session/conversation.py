@@ -9,11 +9,13 @@ here recurses over the tree or talks to the engine; the front end sends the prom
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from app.session.recorder import ReplyRecorder, ReplyState
 from engine.chat_template import ChatMessage, conversation_messages
 from storage.chat_records import DEFAULT_SAMPLING
+from storage.errors import NotFoundError
 
 BRANCH_FILL = 0.5
 """"Continue on a new branch" keeps the newest turns that fill about this share of the context."""
@@ -117,14 +119,11 @@ class ConversationSession:
             return [m for m in self.chats.active_path(conversation_id) if m.id != reply.message_id]
         return self.chats.active_path(conversation_id)
 
-    def sibling_positions(self, path) -> dict[int, tuple[int, int]]:
+    def sibling_positions(self, path) -> SiblingPositions:
         """For each message of ``path``: (its 1-based position among its siblings, their count),
-        the ``‹ 2/3 ›`` of the branch navigator."""
-        positions = {}
-        for m in path:
-            sibs = self.chats.siblings(m.id)
-            positions[m.id] = (next(i for i, s in enumerate(sibs) if s.id == m.id) + 1, len(sibs))
-        return positions
+        the ``‹ 2/3 ›`` of the branch navigator; a mapping that reads each one when first asked
+        for (a transcript asks only for the messages it draws)."""
+        return SiblingPositions(self.chats, [m.id for m in path])
 
     def unanswered(self, conversation_id: int, path: list | None = None) -> int | None:
         """The id of the active leaf when it is a user message with no reply (a turn that
@@ -284,3 +283,29 @@ class ConversationSession:
             parent = self.chats.add_message(m.conversation_id, parent, m.role, m.content, token_ids=m.token_ids,
                                             stats=m.stats, status=status, model=m.model).id
         return parent
+
+
+class SiblingPositions(Mapping):
+    """Message id -> (1-based position among its siblings, their count) for the messages
+    ``ids`` of one path; each is read from ``chats`` (a ChatStore) when first asked for, then kept."""
+
+    def __init__(self, chats, ids: list[int]):
+        self._chats, self._ids, self._known = chats, ids, {}
+        self._wanted = set(ids)
+
+    def __getitem__(self, message_id: int) -> tuple[int, int]:
+        if message_id not in self._wanted:
+            raise KeyError(message_id)
+        if message_id not in self._known:
+            try:
+                sibs = [s.id for s in self._chats.siblings(message_id)]
+            except NotFoundError:  # deleted since the path was read: drawn without a navigator
+                sibs = [message_id]
+            self._known[message_id] = (sibs.index(message_id) + 1, len(sibs))
+        return self._known[message_id]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)

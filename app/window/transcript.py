@@ -9,6 +9,7 @@ the bubble of the reply being streamed.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
@@ -27,6 +28,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.session import is_empty_reply
+from app.window.lexer_warmup import warm_up
 from app.window.long_text import LongTextExpander, collapsed
 from app.window.markdown_view import LinkKind, classify_link, code_blocks, to_html
 from app.window.theme import LIGHT, Colors
@@ -362,7 +364,7 @@ class TranscriptView(QScrollArea):
         self._layout.insertWidget(1, self.earlier_button)
         self._shown_limit = SHOWN_MESSAGES
         self._args: tuple = ()
-        self._older: list = []  # (message, position, unanswered) of bubbles not built yet, oldest first
+        self._older: list = []  # (message, unanswered) of bubbles not built yet, oldest first
         self._settled = False  # the view was put at the bottom after set_messages
         self._anchor: int | None = None  # keep this distance from the bottom after building older bubbles
         self.verticalScrollBar().rangeChanged.connect(self._range_changed)
@@ -370,8 +372,9 @@ class TranscriptView(QScrollArea):
         self._stick_to_bottom = True
         self._revealed: MessageWidget | None = None  # scrolled into view while the layout settles
         self.setAccessibleName("Messages")
+        warm_up()  # code highlighting's lexers, compiled off the UI thread before a bubble needs one
 
-    def set_messages(self, path: list[Message], positions: dict[int, tuple[int, int]],
+    def set_messages(self, path: list[Message], positions: Mapping[int, tuple[int, int]],
                      colors: Colors, busy: bool = False, empty_text: str = "",
                      unanswered_id: int | None = None) -> None:
         """Show ``path`` (root first). ``positions`` maps message id -> (index, count) among siblings;
@@ -386,10 +389,11 @@ class TranscriptView(QScrollArea):
         self.clear()
         # every user message with no reply gets Retry: the leaf the controller names, and
         # one followed by another user message (a reply that failed or was cancelled)
-        unanswered = {m.id for m, nxt in zip(path, path[1:]) if m.role == "user" and nxt.role == "user"}
+        hidden = max(0, len(path) - self._shown_limit)
+        tail = path[max(0, hidden - 1):]  # the shown messages (and the one before: its pair)
+        unanswered = {m.id for m, nxt in zip(tail, tail[1:]) if m.role == "user" and nxt.role == "user"}
         if unanswered_id is not None:
             unanswered.add(unanswered_id)
-        hidden = max(0, len(path) - self._shown_limit)
         self.earlier_button.setText(f"Show earlier messages ({hidden:,} not shown)")
         self.earlier_button.setVisible(hidden > 0)
         path = path[hidden:]
@@ -397,7 +401,7 @@ class TranscriptView(QScrollArea):
         self._empty.setStyleSheet(f"color:{colors.muted}; font-size:15px;")
         self._empty.setVisible(not path and bool(empty_text))
         # the newest bubbles now, the older ones a batch per event-loop turn (``_build_older``)
-        todo = [(m, positions.get(m.id, (1, 1)), m.id in unanswered) for m in path if m.role != "system"]
+        todo = [(m, m.id in unanswered) for m in path if m.role != "system"]
         self._older = todo[:-FIRST_BUBBLES] if len(todo) > FIRST_BUBBLES else []
         self._settled, self._anchor = False, None
         for item in todo[len(self._older):]:
@@ -434,8 +438,9 @@ class TranscriptView(QScrollArea):
         if self._revealed is not None and self._revealed in self.widgets:
             self.ensureWidgetVisible(self._revealed, 0, 40)
 
-    def _bubble(self, m: Message, position: tuple[int, int], unanswered: bool) -> MessageWidget:
-        _path, _positions, colors, busy, *_rest = self._args
+    def _bubble(self, m: Message, unanswered: bool) -> MessageWidget:
+        _path, positions, colors, busy, *_rest = self._args
+        position = positions.get(m.id, (1, 1))  # read now: a lazy mapping (SiblingPositions)
         w = MessageWidget(m, m.role, position[0], position[1], colors, busy, unanswered=unanswered)
         w.sibling_requested.connect(self.sibling_requested)
         w.edit_saved.connect(self.edit_saved)
@@ -534,7 +539,11 @@ class TranscriptView(QScrollArea):
     def _fill(self) -> None:
         """While the view's top is near the built bubbles' top, build older ones (next turn)."""
         if self._settled and self._older and self.verticalScrollBar().value() < NEAR_TOP_PX:
-            QTimer.singleShot(0, self, self._build_older)
+            QTimer.singleShot(0, self, self._build_next)
+
+    def _build_next(self) -> None:
+        if self.isVisible():  # not after the window closed (its database is closed too)
+            self._build_older()
 
     def _range_changed(self, _lo: int, hi: int) -> None:
         bar = self.verticalScrollBar()

@@ -17,9 +17,10 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from app.session import ConversationSession, ReplyRecorder, ReplyState
 from app.window.engine_client import PendingRequest
 from app.window.stop_watchdog import StopWatchdog
+from app.window.tree_coverage import TreeCoverage
 from app.window.model_controller import ModelState
 from app.window.unanswered import ask_unanswered
-from engine.events import CountEvent, CoverageEvent, DoneEvent, ErrorEvent, ErrorKind, SnapshotEvent
+from engine.events import CountEvent, DoneEvent, ErrorEvent, ErrorKind, SnapshotEvent
 from storage.errors import NotFoundError, StorageError
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,8 @@ class ChatController(QObject):
         self._request: PendingRequest | None = None
         self._stopping = False
         self._dirty = False
-        self._coverage: PendingRequest | None = None
-        self._coverage_ids: list[int] = []
+        self.coverage = TreeCoverage(window)  # the tree panel's "KV stored" bars
+        self.coverage.ready.connect(self.coverage_ready)
         self._count: PendingRequest | None = None
         self.shown_leaf: tuple[int, int | None] | None = None  # (chat, last message) as last drawn
         self.counted_path: tuple[int, int | None, int] | None = None  # (chat, leaf, prompt tokens), last count
@@ -67,7 +68,7 @@ class ChatController(QObject):
     @property
     def coverage_pending(self) -> bool:
         """True while the tree panel's coverage request is in flight (for tools and tests)."""
-        return self._coverage is not None
+        return self.coverage.pending
 
     # -- showing -------------------------------------------------------------------------
 
@@ -99,7 +100,8 @@ class ChatController(QObject):
             pending = w.transcript.start_pending()
             if self.reply.text:
                 pending.set_text(self.reply.text)
-        w.tree.set_tree(w.store.tree(cid), {m.id for m in path}, w.colors, w.store.get_conversation(cid).title)
+        # the tree is read and laid out off the UI thread (in proportion to the conversation)
+        w.tree.load(cid, path[-1].id if path else None, w.colors, lambda exc, c=cid: w.chat_unshowable(c, exc))
         w.refresh_title()
         if busy:
             return  # the reply owns the status line until it ends
@@ -158,26 +160,12 @@ class ChatController(QObject):
 
     def refresh_coverage(self) -> None:
         """Ask the engine how much of each node's prompt the prefix store holds (tree panel)."""
-        if (not self.w.tree.isVisible() or self.conversation_id is None
-                or self.w.model.state != ModelState.READY or self._coverage is not None):
-            return
-        ids, paths = self.session.coverage_paths(self.conversation_id)
-        if not paths:
-            return
-        handle = self.w.client.coverage(paths)
-        if handle is not None:
-            self._coverage, self._coverage_ids = handle, ids
-            handle.done.connect(self._covered)
-            handle.failed.connect(lambda _e: setattr(self, "_coverage", None))
-
-    def _covered(self, event: CoverageEvent) -> None:
-        self._coverage = None
-        self.w.tree.set_coverage({mid: (int(r[0]), int(r[1])) for mid, r in zip(self._coverage_ids, event.results)})
-        self.coverage_ready.emit()
+        self.coverage.refresh()
 
     def engine_gone(self) -> None:
         """The engine process ended: in-flight requests will not be answered."""
-        self._coverage = self._count = None
+        self._count = None
+        self.coverage.engine_gone()
         self.w.overflow_flow.engine_gone()
         if self.reply is not None:
             self.abandon(ReplyState.STOPPED)
