@@ -9,6 +9,7 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
+import json  # noqa: E402
 import sys  # noqa: E402
 
 import pytest  # noqa: E402
@@ -121,6 +122,8 @@ def test_a_chat_that_fails_to_render_is_skipped_with_a_banner(qtbot, window, dat
         return real(messages)
 
     monkeypatch.setattr(tree_panel, "layout_tree", broken)
+    settings = data_dir / "settings.json"
+    settings.write_text(json.dumps({**json.loads(settings.read_text()), "show_tree": True}))
     with ChatStore(data_dir / CHATS_DB) as store:
         good = store.create_conversation(title="good")
         store.add_message(good.id, None, "user", "fine")

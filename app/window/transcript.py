@@ -39,12 +39,13 @@ SHOWN_MESSAGES = 200
 """Bubbles built when a chat opens: the newest ones. Older messages wait behind a
 "Show earlier messages" button, so opening a 10,000-message branch costs the same as a
 200-message one (a bubble takes milliseconds to build)."""
-FIRST_BUBBLES = 4
-"""Bubbles built when a chat opens (the newest). The older ones are built
-``BUBBLES_PER_TURN`` at a time as the view scrolls near the top (``NEAR_TOP_PX``): a bubble
-takes milliseconds to build and lay out, and building 200 at once stalled the window for
-seconds; built lazily, opening a chat costs the same however long it is."""
-BUBBLES_PER_TURN = 4
+FIRST_BUBBLES = 2
+"""Bubbles built when a chat opens (the newest: the last question and its answer). The older
+ones are built ``BUBBLES_PER_TURN`` per event-loop turn while the view's top is near them
+(``NEAR_TOP_PX``): a bubble with code takes 5-20 ms to build and as much to lay out, and
+building 200 at once stalled the window for seconds (4 per turn: 90-170 ms, issue #10);
+built lazily, opening a chat costs the same however long it is."""
+BUBBLES_PER_TURN = 1
 NEAR_TOP_PX = 300
 UNANSWERED_NOTE = "no reply (stopped or failed)"
 """The note beside a user message that has no reply: Esc before the first token, an engine
@@ -372,6 +373,10 @@ class TranscriptView(QScrollArea):
         self._stick_to_bottom = True
         self._revealed: MessageWidget | None = None  # scrolled into view while the layout settles
         self.setAccessibleName("Messages")
+        # a real zero-timer, not QTimer.singleShot(0) (a posted event): posted events run before
+        # timers, so a chain of them kept every timer (and the heartbeat of tools/ui_latency) waiting
+        self._build_timer = QTimer(self, singleShot=True, interval=0)
+        self._build_timer.timeout.connect(self._build_next)
         warm_up()  # code highlighting's lexers, compiled off the UI thread before a bubble needs one
 
     def set_messages(self, path: list[Message], positions: Mapping[int, tuple[int, int]],
@@ -539,7 +544,7 @@ class TranscriptView(QScrollArea):
     def _fill(self) -> None:
         """While the view's top is near the built bubbles' top, build older ones (next turn)."""
         if self._settled and self._older and self.verticalScrollBar().value() < NEAR_TOP_PX:
-            QTimer.singleShot(0, self, self._build_next)
+            self._build_timer.start()
 
     def _build_next(self) -> None:
         if self.isVisible():  # not after the window closed (its database is closed too)

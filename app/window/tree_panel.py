@@ -334,6 +334,7 @@ class TreePanel(QWidget):
         self.canvas.node_clicked.connect(self._clicked)
         self.reader = reader  # lays out stored trees off the UI thread (``load``)
         self._wanted: int | None = None  # the conversation whose tree is drawn or being read
+        self._deferred: tuple | None = None  # the arguments of a ``load`` not submitted yet (hidden)
         self.canvas.current_moved.connect(
             lambda point: self.scroll.ensureVisible(int(point.x()), int(point.y()), NODE_W, DY))
         scroll = QScrollArea()
@@ -363,21 +364,36 @@ class TreePanel(QWidget):
         has settled."""
         if self.reader is not None:
             self.reader.cancel("tree")
-        self._wanted = None
+        self._wanted, self._deferred = None, None
         self._show(TreeLayout.build(messages, title, active=active, layout=layout_tree), colors)
 
     def load(self, conversation_id: int, leaf_id: int | None, colors: Colors,
              failed: Callable[[Exception], None] | None = None) -> None:
         """Read and lay out the tree of ``conversation_id`` on the reader's worker thread (the
         path up from ``leaf_id`` is the active one) and draw it when it arrives; ``failed(error)``
-        if it cannot be. Until then the tree drawn before stays, its clicks ignored.
+        if it cannot be. Until then the tree drawn before stays, its clicks ignored. While the
+        panel is hidden, nothing is read until it is shown.
 
         Raises RuntimeError when the panel has no ``reader``."""
         if self.reader is None:
             raise RuntimeError("TreePanel.load needs a reader (a ChatReader)")
         self._wanted = conversation_id
-        job = lambda store: _read_layout(store, conversation_id, leaf_id, layout_tree)  # noqa: E731
+        self._deferred = (conversation_id, leaf_id, colors, failed)
+        if self.isVisible():
+            self._submit()
+        else:
+            self.reader.cancel("tree")
+
+    def _submit(self) -> None:
+        if self._deferred is None or self.reader is None:
+            return
+        (cid, leaf_id, colors, failed), self._deferred = self._deferred, None
+        job = lambda store: _read_layout(store, cid, leaf_id, layout_tree)  # noqa: E731
         self.reader.submit("tree", job, lambda layout: self._show(layout, colors), failed)
+
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt override: a tree asked for while hidden
+        super().showEvent(event)
+        self._submit()
 
     @property
     def loading(self) -> bool:
