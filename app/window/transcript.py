@@ -31,6 +31,7 @@ from app.session import is_empty_reply
 from app.window.lexer_warmup import warm_up
 from app.window.long_text import LongTextExpander, collapsed
 from app.window.markdown_view import LinkKind, classify_link, code_blocks, to_html
+from app.window.streaming_body import StreamingBody
 from app.window.theme import LIGHT, Colors
 from storage.chats import Message
 
@@ -177,6 +178,12 @@ class MessageWidget(QFrame):
         self.body.setContextMenuPolicy(Qt.ContextMenuPolicy.NoContextMenu)  # the bubble's menu
         self.body.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
         outer.addWidget(self.body)
+        self.stream: StreamingBody | None = None  # the reply being streamed: its blocks, drawn as they end
+        if message is None:
+            self.stream = StreamingBody(colors)
+            self.stream.link_activated.connect(self._link)
+            self.stream.hide()
+            outer.addWidget(self.stream)
         self.expander = LongTextExpander()  # "Show all N lines" of a long message
         outer.addWidget(self.expander)
 
@@ -232,15 +239,18 @@ class MessageWidget(QFrame):
 
     def set_text(self, text: str) -> None:
         self._text = text
-        if not text and self.message is None:
-            self.body.setText(f'<span style="color:{self.colors.muted};">…</span>')
+        if self.stream is not None:  # streaming: only the block being written is redrawn
+            self.body.setVisible(not text)
+            self.body.setText(f'<span style="color:{self.colors.muted};">…</span>' if not text else "")
+            self.stream.setVisible(bool(text))
+            self.stream.set_text(text)
         elif not text and self.empty_reply:
             what = "Stopped" if self.message.status == "stopped" else "Failed"
             self.body.setText(f'<i style="color:{self.colors.muted};">{what} before the first token.</i>')
             self.expander.set_text(text, None)
         else:  # a long saved message is drawn collapsed (its first lines), never whole
-            cut = collapsed(text) if self.message is not None else None
-            self.body.setText(to_html(cut.preview if cut else text, self.colors, streaming=self.message is None))
+            cut = collapsed(text)
+            self.body.setText(to_html(cut.preview if cut else text, self.colors))
             self.expander.set_text(text, cut)
 
     def set_stats(self, stats: dict | None, status: str = "complete") -> None:
