@@ -161,3 +161,30 @@ def test_a_streamed_reply_redraws_only_its_last_block(qtbot):
     assert QGuiApplication.clipboard().text() == "echo two\n"  # as code_blocks gives it
     bubble.set_text("Something else")  # not a continuation: drawn afresh
     assert stream.frozen == [] and "Something else" in stream.live.text()
+
+
+def test_the_tree_coverage_request_is_built_off_the_ui_thread(qtbot, open_window, data_dir, monkeypatch):
+    from app.window.engine_client import EngineClient
+    from gui_helpers import new_chat, send_and_wait
+
+    packed_on = []
+    real = EngineClient.pack_coverage
+
+    def pack(self, paths):
+        packed_on.append(threading.current_thread())
+        return real(self, paths)
+
+    monkeypatch.setattr(EngineClient, "pack_coverage", pack)
+    settings = data_dir / "settings.json"
+    settings.write_text(json.dumps({**json.loads(settings.read_text()), "show_tree": True}))
+    w = open_window(data_dir)
+    new_chat(w)
+    with qtbot.waitSignal(w.coverage_ready, timeout=120_000):
+        reply = send_and_wait(qtbot, w, "Say hello.")
+    assert packed_on and all(t is not threading.main_thread() for t in packed_on)
+    user = w.store.get_message(reply).parent_id
+    coverage = w.tree.canvas.coverage
+    assert set(coverage) >= {user, reply}
+    stored, total = coverage[user]
+    assert total > 0 and stored == total  # the question's prompt was prefilled and stored
+    assert coverage[reply][1] > total

@@ -187,20 +187,25 @@ class EngineClient(QObject):
     # -- requests ------------------------------------------------------------------------
 
     def _send(self, request) -> bool:
-        """Send a request; returns False (and reports ``died``) if the engine is gone."""
+        """Send a request (or the bytes of one, from ``pack_coverage``); returns False (and
+        reports ``died``) if the engine is gone."""
         if self._proc is None:
             self._report_death()
             return False
         try:
-            self._proc.send(request)
+            if isinstance(request, bytes):
+                self._proc.send_packed(request)
+            else:
+                self._proc.send(request)
             return True
         except (OSError, EOFError, ValueError) as exc:
             log.warning("send %s failed: %s", type(request).__name__, exc)
             self._report_death()
             return False
 
-    def _track(self, make, is_reply: bool = False, expects_snapshot: bool = False) -> PendingRequest | None:
-        rid = next(self._ids)
+    def _track(self, make, is_reply: bool = False, expects_snapshot: bool = False,
+               rid: int | None = None) -> PendingRequest | None:
+        rid = next(self._ids) if rid is None else rid
         handle = PendingRequest(rid, is_reply, expects_snapshot, self)
         self._pending[rid] = handle
         if not self._send(make(rid)):
@@ -238,6 +243,18 @@ class EngineClient(QObject):
     def coverage(self, paths: list[list[ChatMessage]]) -> PendingRequest | None:
         """How many tokens of each path's prompt the prefix store holds: ``done(CoverageEvent)``."""
         return self._track(lambda rid: ev.CoverageRequest(rid, [list(p) for p in paths]))
+
+    def pack_coverage(self, paths: list[list[ChatMessage]]) -> tuple[int, bytes]:
+        """A ``coverage`` request made ready on any thread: (its id, its pickled bytes). The
+        paths of a 200-message tree pickle to half a megabyte in a tenth of a second, so a
+        worker thread packs them; the UI thread sends them with ``send_coverage``."""
+        rid = next(self._ids)  # itertools.count: one step is atomic
+        return rid, EngineProcess.pack(ev.CoverageRequest(rid, [list(p) for p in paths]))
+
+    def send_coverage(self, packed: tuple[int, bytes]) -> PendingRequest | None:
+        """Send a request from ``pack_coverage``: ``done(CoverageEvent)``; None if the engine is gone."""
+        rid, blob = packed
+        return self._track(lambda _rid: blob, rid=rid)
 
     def cache(self, action: ev.CacheAction, budget_bytes: int | None = None) -> PendingRequest | None:
         """A prefix-store operation: ``done(CacheEvent)``."""
