@@ -187,7 +187,7 @@ class EngineClient(QObject):
     # -- requests ------------------------------------------------------------------------
 
     def _send(self, request) -> bool:
-        """Send a request (or the bytes of one, from ``pack_coverage``); returns False (and
+        """Send a request (or the bytes of one, from ``_pack``); returns False (and
         reports ``died``) if the engine is gone."""
         if self._proc is None:
             self._report_death()
@@ -244,15 +244,24 @@ class EngineClient(QObject):
         """How many tokens of each path's prompt the prefix store holds: ``done(CoverageEvent)``."""
         return self._track(lambda rid: ev.CoverageRequest(rid, [list(p) for p in paths]))
 
-    def pack_coverage(self, paths: list[list[ChatMessage]]) -> tuple[int, bytes]:
-        """A ``coverage`` request made ready on any thread: (its id, its pickled bytes). The
-        paths of a 200-message tree pickle to half a megabyte in a tenth of a second, so a
-        worker thread packs them; the UI thread sends them with ``send_coverage``."""
-        rid = next(self._ids)  # itertools.count: one step is atomic
-        return rid, EngineProcess.pack(ev.CoverageRequest(rid, [list(p) for p in paths]))
+    # a large request (a long conversation's prompt, the tree's coverage paths) takes long to
+    # pickle: a worker thread packs it (any thread may), the UI thread only sends the bytes
 
-    def send_coverage(self, packed: tuple[int, bytes]) -> PendingRequest | None:
-        """Send a request from ``pack_coverage``: ``done(CoverageEvent)``; None if the engine is gone."""
+    def pack_count(self, messages: list[ChatMessage]) -> tuple[int, bytes]:
+        """A ``count`` request made ready on any thread: (its id, its pickled bytes)."""
+        return self._pack(lambda rid: ev.CountRequest(rid, list(messages), False))
+
+    def pack_coverage(self, paths: list[list[ChatMessage]]) -> tuple[int, bytes]:
+        """A ``coverage`` request made ready on any thread: (its id, its pickled bytes)."""
+        return self._pack(lambda rid: ev.CoverageRequest(rid, [list(p) for p in paths]))
+
+    def _pack(self, make) -> tuple[int, bytes]:
+        rid = next(self._ids)  # itertools.count: one step is atomic
+        return rid, EngineProcess.pack(make(rid))
+
+    def send_packed(self, packed: tuple[int, bytes]) -> PendingRequest | None:
+        """Send a request from ``pack_count`` or ``pack_coverage``: answered as ``count`` or
+        ``coverage`` is; None if the engine is gone."""
         rid, blob = packed
         return self._track(lambda _rid: blob, rid=rid)
 

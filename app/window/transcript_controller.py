@@ -138,17 +138,26 @@ class ChatController(QObject):
             if cid is None:
                 self.w.status.set_context(0, self.n_ctx())
             return
-        try:
-            messages = self.session.active_prompt(cid)
-        except StorageError:
+        client = self.w.client
+
+        def job(store):  # on the worker: read the path, build and pickle the request
+            messages = ConversationSession(store).active_prompt(cid)
+            leaf = store.get_conversation(cid).active_leaf_id
+            return leaf, (client.pack_count(messages) if messages else None)
+
+        self.w.reader.submit("count", job, lambda result: self._send_count(cid, client, *result),
+                             lambda exc: log.info("no context count: %s", exc))
+
+    def _send_count(self, cid: int, client, leaf: int | None, packed: tuple[int, bytes] | None) -> None:
+        if (cid != self.conversation_id or self.streaming or client is not self.w.client
+                or self.w.model.state != ModelState.READY):
             return
-        if not messages:
+        if packed is None:
             self.w.status.set_context(0, self.n_ctx())
             return
-        handle = self.w.client.count(messages)
+        handle = client.send_packed(packed)
         if handle is not None:
             self._count = handle
-            leaf = self.w.store.get_conversation(cid).active_leaf_id
             handle.done.connect(lambda e, h=handle, c=cid, leaf=leaf: self._counted(h, c, e, leaf))
             handle.failed.connect(lambda e: log.info("count failed: %s", e.message))
 

@@ -65,7 +65,7 @@ class TreeCoverage(QObject):
             return
         if packed is None or self.w.model.state != ModelState.READY or client is not self.w.client:
             return
-        handle = client.send_coverage(packed)
+        handle = client.send_packed(packed)
         if handle is not None:
             self._request, self._ids = handle, ids
             handle.done.connect(self._covered)
