@@ -9,7 +9,7 @@ here recurses over the tree or talks to the engine; the front end sends the prom
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from app.session.recorder import ReplyRecorder, ReplyState
@@ -109,21 +109,26 @@ class ConversationSession:
         conv = self.chats.get_conversation(conversation_id)
         return conversation_messages(conv.system_prompt, self.chats.active_path(conversation_id))
 
-    def shown_path(self, conversation_id: int, reply: ReplyRecorder | None = None) -> list:
+    def shown_path(self, conversation_id: int, reply: ReplyRecorder | None = None) -> PathView:
         """The messages to show for ``conversation_id``: its active path; while ``reply``
         streams into this conversation, the path to the message being answered (the reply
-        itself is drawn from its recorder, not from the database)."""
+        itself is drawn from its recorder, not from the database). A ``PathView``: only the
+        ids are read now, each message when it is first asked for (a transcript draws the
+        newest few hundred of a branch of any length)."""
         if reply is not None and not reply.finished and reply.conversation_id == conversation_id:
             if reply.message_id is None:
-                return self.chats.path_to(reply.parent_id)
-            return [m for m in self.chats.active_path(conversation_id) if m.id != reply.message_id]
-        return self.chats.active_path(conversation_id)
+                return PathView(self.chats, self.chats.path_ids(reply.parent_id))
+            leaf = self.chats.get_conversation(conversation_id).active_leaf_id
+            ids = self.chats.path_ids(leaf) if leaf is not None else []
+            return PathView(self.chats, [i for i in ids if i != reply.message_id])
+        leaf = self.chats.get_conversation(conversation_id).active_leaf_id
+        return PathView(self.chats, self.chats.path_ids(leaf) if leaf is not None else [])
 
     def sibling_positions(self, path) -> SiblingPositions:
         """For each message of ``path``: (its 1-based position among its siblings, their count),
         the ``‹ 2/3 ›`` of the branch navigator; a mapping that reads each one when first asked
         for (a transcript asks only for the messages it draws)."""
-        return SiblingPositions(self.chats, [m.id for m in path])
+        return SiblingPositions(self.chats, list(path.ids) if isinstance(path, PathView) else [m.id for m in path])
 
     def unanswered(self, conversation_id: int, path: list | None = None) -> int | None:
         """The id of the active leaf when it is a user message with no reply (a turn that
@@ -313,3 +318,37 @@ class SiblingPositions(Mapping):
 
     def __len__(self) -> int:
         return len(self._ids)
+
+
+class PathView(Sequence):
+    """A path of messages (root first) of which only the ids (``ids``) are read up front; a
+    message is read from ``chats`` (a ChatStore) when first asked for, slices in one query.
+    Raises NotFoundError for a message deleted since the ids were read."""
+
+    def __init__(self, chats, ids: list[int]):
+        self._chats, self.ids, self._known = chats, ids, {}
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            wanted = self.ids[index]
+            self._read([i for i in wanted if i not in self._known])
+            return [self._known[i] for i in wanted]
+        mid = self.ids[index]
+        if mid not in self._known:
+            self._read([mid])
+        return self._known[mid]
+
+    def __iter__(self) -> Iterator:
+        for i in range(0, len(self.ids), 200):  # read in slices
+            yield from self[i:i + 200]
+
+    def __reversed__(self) -> Iterator:
+        for i in range(len(self.ids) - 1, -1, -1):
+            yield self[i]
+
+    def _read(self, ids: list[int]) -> None:
+        if ids:
+            self._known.update((m.id, m) for m in self._chats.messages(ids))

@@ -430,7 +430,8 @@ class TranscriptView(QScrollArea):
         the messages not shown yet) and highlight it. Returns it (None: not on the shown path)."""
         if not self._args:
             return None
-        ids = [m.id for m in self._args[0]]
+        path = self._args[0]
+        ids = list(path.ids) if hasattr(path, "ids") else [m.id for m in path]  # a PathView: not read whole
         if message_id not in ids:
             return None
         needed = len(ids) - ids.index(message_id)
