@@ -17,9 +17,11 @@ class SafeOpenMixin:
     _opening: list[int] | None = None  # at start: the chats still to try, newest first
     _start_chat: int | None = None  # the chat shown at start
 
-    def show_conversation(self, conversation_id: int | None) -> bool:
+    def show_conversation(self, conversation_id: int | None, _at_start: bool = False) -> bool:
         """Show the active path of ``conversation_id`` (None: the empty new-chat page).
         Returns False when it cannot be shown (see ``chat_unshowable``)."""
+        if not _at_start:
+            self._opening = self._start_chat = None  # the start is over: no next chat to try
         try:
             self.chat.show_conversation(conversation_id)
             if self.banner.chat_id is not None and self.banner.chat_id != conversation_id:
@@ -60,8 +62,8 @@ class SafeOpenMixin:
         """At start: show the next chat that can be shown, else the empty page."""
         while self._opening:
             cid = self._opening.pop(0)
-            if self.show_conversation(cid):
+            if self.show_conversation(cid, _at_start=True):
                 self._start_chat = cid
                 return
         self._opening = self._start_chat = None
-        self.show_conversation(None)
+        self.show_conversation(None, _at_start=True)
