@@ -188,3 +188,16 @@ def test_the_tree_coverage_request_is_built_off_the_ui_thread(qtbot, open_window
     stored, total = coverage[user]
     assert total > 0 and stored == total  # the question's prompt was prefilled and stored
     assert coverage[reply][1] > total
+
+
+def test_no_full_garbage_collection_starts_by_itself_while_a_window_is_open(qtbot, open_window, data_dir):
+    import gc
+
+    before = gc.get_threshold()
+    w = _window(open_window, data_dir)
+    # the objects of the start are frozen (never walked again); a full collection runs from
+    # a timer, not at an allocation in the middle of a redraw; the young ones as before
+    assert gc.get_freeze_count() > 0
+    assert gc.get_threshold()[:2] == before[:2] and gc.get_threshold()[2] > 10**8
+    w.close()
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0

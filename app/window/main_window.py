@@ -28,6 +28,7 @@ from app.window.banner import Banner
 from app.window.chat_reader import ChatReader
 from app.window.composer import Composer
 from app.window.forget_flow import ForgetFlow
+from app.window.gc_policy import GcPolicy
 from app.window.import_dialog import ImportController, ImportDropMixin
 from app.window.link_dialog import LinkConfirmMixin
 from app.window.message_actions import MessageActionsMixin
@@ -102,6 +103,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         self.prewarm = PrewarmController(self)
         self.settings_flow = SettingsFlow(self)
         self.overflow_flow = OverflowFlow(self)
+        self.gc_policy = GcPolicy(self)  # no full garbage collection in the middle of a redraw
         self._connect()
         self.menu_actions = build_menus(self)
         self.menu_actions["toggle_tree"].setChecked(self.settings.show_tree)
@@ -386,10 +388,11 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         self.save_settings()
         self.reader.close()
         self.store.close()
+        self.gc_policy.release()
 
     def changeEvent(self, event) -> None:  # noqa: N802 - Qt override
         super().changeEvent(event)
-        if event.type() == QEvent.Type.ActivationChange and self.isActiveWindow():
+        if event.type() == QEvent.Type.ActivationChange and self.isActiveWindow() and not self.closed:
             self.show_external_changes()
 
     def show_external_changes(self) -> bool:
