@@ -101,7 +101,8 @@ class ChatController(QObject):
             if self.reply.text:
                 pending.set_text(self.reply.text)
             self.view.pending_drawn()
-        w.tree.set_tree(w.store.tree(cid), {m.id for m in path}, w.colors, w.store.get_conversation(cid).title)
+        # the tree is read and laid out off the UI thread (in proportion to the conversation)
+        w.tree.load(cid, path[-1].id if path else None, w.colors, lambda exc, c=cid: w.chat_unshowable(c, exc))
         w.refresh_title()
         if not busy:  # else the reply owns the status line until it ends
             self.shown_idle(path)
