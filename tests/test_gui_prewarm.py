@@ -1,5 +1,6 @@
 """Zero-wait turns in the real window (app/window/prewarm_controller.py): the draft is
-prefilled while it sits in the composer, Enter evaluates only the last two prompt tokens,
+prefilled while it sits in the composer, Enter evaluates nothing (the first token is sampled
+from the prewarm's logits),
 the status line says what was ready, the reply is the one computed without any cache; and
 nothing is asked of the engine when the setting is off or the window is hidden."""
 
@@ -23,7 +24,7 @@ def _type(qtbot, w, text: str) -> dict:
     return blocker.args[0]
 
 
-def test_a_draft_prefilled_while_typing_leaves_two_tokens_for_enter(qtbot, open_window, data_dir):
+def test_a_draft_prefilled_while_typing_leaves_nothing_for_enter(qtbot, open_window, data_dir):
     w = open_window(data_dir)
     new_chat(w, system_prompt="You are a concise assistant.")
     send_and_wait(qtbot, w, "Name three fruits.")
@@ -32,10 +33,11 @@ def test_a_draft_prefilled_while_typing_leaves_two_tokens_for_enter(qtbot, open_
         qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
     warm = w.store.get_message(blocker.args[0])
     assert warm.stats["restore_source"] == "context"
-    assert warm.stats["prefilled_tokens"] == 2
-    assert warm.stats["prepared_tokens"] == warm.stats["prompt_tokens"] - 2 == ready["target_tokens"] - 2
+    assert warm.stats["prefilled_tokens"] == 0
+    assert warm.stats["prepared_tokens"] == warm.stats["prompt_tokens"] == ready["target_tokens"]
     assert 0 < warm.stats["typed_tokens"] < warm.stats["prepared_tokens"]
     assert f"prefilled while you typed: {warm.stats['typed_tokens']:,} tokens" in w.stats_label.text()
+    assert "nothing left to prefill" in w.stats_label.text()
 
     w.use_cache = False  # the same prompt from scratch gives the same reply (temperature 0)
     with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS) as blocker:

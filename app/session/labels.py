@@ -20,7 +20,7 @@ def reply_status_line(stats: dict, saved: bool = False) -> str:
     """"restored N tokens in X ms · prefilled M in Y s · Z tok/s" for a GenerationStats dict
     (tokens, milliseconds); when background prewarms (engine/prewarm.py) had the prompt ready,
     "prefilled while you typed: T tokens · ready before you sent: R tokens" instead of the
-    restore. ``saved`` True labels the line as the saved figures of the reply
+    restore, and "nothing left to prefill" when they had all of it. ``saved`` True labels the line as the saved figures of the reply
     shown ("Last reply on this branch: …"), so that opening a chat does not look like a new run."""
     parts = []
     if stats.get("typed_tokens"):
@@ -31,7 +31,10 @@ def reply_status_line(stats: dict, saved: bool = False) -> str:
         parts.append(f"restored {stats['restored_tokens']:,} tokens in {stats.get('restore_ms', 0):.0f} ms")
     else:
         parts.append("nothing restored")
-    parts.append(f"prefilled {stats.get('prefilled_tokens', 0):,} in {stats.get('prefill_ms', 0) / 1000:.2f} s")
+    if not stats.get("prefilled_tokens") and stats.get("prepared_tokens"):
+        parts.append("nothing left to prefill")  # the first token came from the prewarm's logits
+    else:
+        parts.append(f"prefilled {stats.get('prefilled_tokens', 0):,} in {stats.get('prefill_ms', 0) / 1000:.2f} s")
     parts.append(f"{stats.get('decode_tokens_per_s', 0):.0f} tok/s")
     line = " · ".join(parts)
     return f"Last reply on this branch: {line}" if saved else line
