@@ -340,6 +340,12 @@ class SiblingPositions(Mapping):
     def __len__(self) -> int:
         return len(self._ids)
 
+    def plus(self, message_id: int, position: tuple[int, int]) -> SiblingPositions:
+        """These positions and ``message_id``'s (a message drawn below the path); none read again."""
+        more = SiblingPositions(self._chats, [*self._ids, message_id])
+        more._known = {**self._known, message_id: position}
+        return more
+
 
 class PathView(Sequence):
     """A path of messages (root first) of which only the ids (``ids``) are read up front; a
@@ -369,6 +375,13 @@ class PathView(Sequence):
     def __reversed__(self) -> Iterator:
         for i in range(len(self.ids) - 1, -1, -1):
             yield self[i]
+
+    def plus(self, message) -> PathView:
+        """This path with ``message`` (a Message, a child of its last one) below it; the
+        messages read already are not read again."""
+        more = PathView(self._chats, [*self.ids, message.id])
+        more._known = {**self._known, message.id: message}
+        return more
 
     def _read(self, ids: list[int]) -> None:
         if ids:

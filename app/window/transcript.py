@@ -9,7 +9,7 @@ the bubble of the reply being streamed.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
@@ -543,9 +543,19 @@ class TranscriptView(QScrollArea):
         return self.pending
 
     @property
-    def path(self) -> list[Message]:
-        """The messages shown (root first; built or not), without the reply being streamed."""
-        return list(self._args[0]) if self._args else []
+    def path(self) -> Sequence[Message]:
+        """The messages shown (root first; built or not), without the reply being streamed:
+        as given to ``set_messages`` (a PathView reads a message only when it is asked for)."""
+        return self._args[0] if self._args else []
+
+    def _extended(self, message: Message, position: tuple[int, int]) -> None:
+        """Put ``message`` (at ``position`` among its siblings) below the shown path, reading
+        nothing of the path again (a PathView and SiblingPositions are extended, not listed)."""
+        path, positions, *rest = self._args
+        path = path.plus(message) if hasattr(path, "plus") else [*path, message]
+        positions = (positions.plus(message.id, position) if hasattr(positions, "plus")
+                     else {**positions, message.id: position})
+        self._args = (path, positions, *rest)
 
     def append(self, message: Message, position: tuple[int, int] = (1, 1)) -> MessageWidget | None:
         """Add the bubble of ``message`` (at ``position`` among its siblings), a new child of
@@ -553,10 +563,9 @@ class TranscriptView(QScrollArea):
         sent). Returns it; None when nothing was shown with ``set_messages`` yet."""
         if not self._args or self.pending is not None:
             return None
-        path, positions, *rest = self._args
-        self._args = (path + [message], {**positions, message.id: position}, *rest)
+        self._extended(message, position)
         self._empty.hide()
-        w = self._bubble(message, position, False)
+        w = self._bubble(message, False)
         self._add(w)
         self._stick_to_bottom = True
         return w
@@ -567,10 +576,9 @@ class TranscriptView(QScrollArea):
         None when no reply is pending."""
         if self.pending is None or not self._args:
             return None
-        path, positions, *rest = self._args
-        self._args = (path + [message], {**positions, message.id: position}, *rest)
+        self._extended(message, position)
         old, self.pending = self.pending, None
-        w = self._bubble(message, position, False)
+        w = self._bubble(message, False)
         self._layout.insertWidget(self._layout.indexOf(old), w)
         self.widgets[self.widgets.index(old)] = w
         self._layout.removeWidget(old)
