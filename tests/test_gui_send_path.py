@@ -180,3 +180,28 @@ def test_the_newest_bubble_is_in_view_under_a_long_message(qtbot, open_window, d
     assert not pending.stream.live.visibleRegion().isEmpty()  # the block being written (StreamingBody)
     inner, last = w.transcript.widget(), w.transcript.widgets[-1]
     assert inner.height() - last.geometry().bottom() <= 40  # the bottom margin, no blank space
+
+
+def test_a_long_streamed_reply_leaves_no_blank_space_below_it(qtbot, open_window, data_dir):
+    """The streamed reply's finished blocks are labels of their own (StreamingBody): sized
+    like a saved message's body, not at their size hint as a minimum (1,361 px of blank space
+    below a twelve-paragraph reply)."""
+    w = open_window(data_dir, wait=False, start_engine=False)
+    w.resize(1280, 800)
+    conv = w.store.create_conversation()
+    w.store.add_message(conv.id, None, "user", "Tell me about the lighthouse.")
+    w.show_conversation(conv.id)
+    pending = w.transcript.start_pending()
+    text = ""
+    for _ in range(12):
+        text += "The keeper wrote down every ship and storm. " * 25 + "\n\n"
+        pending.set_text(text + "And then")
+        qtbot.wait(20)
+    assert len(pending.stream.frozen) >= 2
+    bar = w.transcript.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0)
+    qtbot.wait(100)
+    inner = w.transcript.widget()
+    assert bar.value() == bar.maximum()
+    assert inner.height() - pending.geometry().bottom() <= 40  # the bottom margin, no blank space
+    assert not pending.stream.live.visibleRegion().isEmpty()  # the text being written is in view

@@ -17,6 +17,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from app.window.markdown_view import code_blocks, to_html
+from app.window.message_body import MessageBody
 from app.window.theme import Colors
 
 _FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
@@ -60,14 +61,15 @@ class StreamingBody(QWidget):
         self.live = self._label()
 
     def _label(self) -> QLabel:
-        label = QLabel()
-        label.setWordWrap(True)
+        label = MessageBody()  # its height per width kept: the frozen blocks are never laid out again
         label.setTextFormat(Qt.TextFormat.RichText)
         label.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
         label.setOpenExternalLinks(False)
         label.linkActivated.connect(self.link_activated)
         label.setContextMenuPolicy(Qt.ContextMenuPolicy.NoContextMenu)
-        label.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
+        # Preferred, as a saved message's body: a word-wrapped label's size hint taken as its
+        # minimum made the transcript taller than its bubbles (blank space below the reply)
+        label.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
         self._lay.addWidget(label)
         return label
 
