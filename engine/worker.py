@@ -20,6 +20,7 @@ import queue
 import threading
 import time
 import traceback
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,17 @@ class EngineProcess:
         """Send a request. Raises OSError/EOFError (BrokenPipeError) if the child is gone."""
         assert self._conn is not None
         self._conn.send(request)
+
+    @staticmethod
+    def pack(request: Request) -> bytes:
+        """``request`` pickled as ``send`` would (any thread may do it: a large request, e.g.
+        a coverage request of a long conversation, takes long to pickle); see ``send_packed``."""
+        return bytes(ForkingPickler.dumps(request))
+
+    def send_packed(self, packed: bytes) -> None:
+        """Send a request made by ``pack``. Raises as ``send`` does."""
+        assert self._conn is not None
+        self._conn.send_bytes(packed)
 
     def recv(self, timeout: float | None = None) -> Event | None:
         """The next event, or None after ``timeout`` seconds. Raises EOFError when the child died."""

@@ -53,9 +53,17 @@ def snippet_spans(text: str, terms: list[str], limit: int = SNIPPET_CHARS) -> tu
     """An excerpt of ``text`` around the first of ``terms`` (any case), and the (start, end)
     character spans of every term in it; "…" shows where text was cut. Whitespace runs
     become one space. The excerpt is plain text: show it as text, never as markup."""
-    flat = " ".join(text.split())
     pattern = re.compile("|".join(re.escape(t) for t in sorted(terms, key=len, reverse=True)),
                          re.IGNORECASE) if terms else None
+    cut_head = cut_tail = False
+    if pattern and len(text) > 8 * limit:  # a long text (a pasted file): flatten only around the match
+        low = text.lower()  # str.find is far faster than a case-blind regex over a megabyte
+        found = [i for i in (low.find(t.lower()) for t in terms) if i >= 0]
+        a = max(0, min(found) - 2 * limit) if found else 0
+        b = a + 4 * limit + max(map(len, terms))
+        if found and pattern.search(text, a, b):  # else (lower() changed lengths): the whole text
+            cut_head, cut_tail, text = a > 0, b < len(text), text[a:b]
+    flat = " ".join(text.split())
     first = pattern.search(flat) if pattern else None
     start = 0 if first is None else max(0, first.start() - limit // 4)
     if start:
@@ -65,8 +73,8 @@ def snippet_spans(text: str, terms: list[str], limit: int = SNIPPET_CHARS) -> tu
     if end < len(flat):
         space = flat.rfind(" ", start, end)
         end = space if first is not None and space > first.end() else end
-    lead = "…" if start else ""
-    piece = lead + flat[start:end] + ("…" if end < len(flat) else "")
+    lead = "…" if start or cut_head else ""
+    piece = lead + flat[start:end] + ("…" if end < len(flat) or cut_tail else "")
     spans = [(m.start() + len(lead), m.end() + len(lead)) for m in pattern.finditer(flat[start:end])] if pattern else []
     return piece, spans
 

@@ -30,3 +30,8 @@ def send_and_wait(qtbot, window, text: str) -> int:
     with qtbot.waitSignal(window.reply_finished, timeout=REPLY_TIMEOUT_MS) as blocker:
         qtbot.keyClick(window.composer.input, Qt.Key.Key_Return)
     return blocker.args[0]
+
+
+def wait_for_tree(qtbot, window) -> None:
+    """Wait until the tree panel has drawn the tree it reads and lays out off the UI thread."""
+    qtbot.waitUntil(lambda: not window.tree.loading, timeout=30_000)

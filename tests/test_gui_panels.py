@@ -12,6 +12,8 @@ from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtGui import QPalette  # noqa: E402
 from PySide6.QtWidgets import QApplication, QDialogButtonBox  # noqa: E402
 
+from gui_helpers import wait_for_tree  # noqa: E402
+
 from app.window import theme  # noqa: E402
 from storage.chats import ChatStore  # noqa: E402
 from storage.paths import CHATS_DB  # noqa: E402
@@ -82,6 +84,7 @@ def test_tree_fits_without_scroll_bars_and_has_tooltips(qtbot, open_window, data
     cid, user_id, replies = _wide_tree(data_dir, 2)
     w = open_window(data_dir, wait=False, start_engine=False)
     w.show_conversation(cid)
+    wait_for_tree(qtbot, w)
     scroll = w.tree.scroll
     qtbot.waitUntil(lambda: w.tree.canvas.width() >= scroll.viewport().width() > 0, timeout=3000)
     assert not scroll.horizontalScrollBar().isVisible()
@@ -101,6 +104,7 @@ def test_wide_tree_scrolls_to_the_active_leaf(qtbot, open_window, data_dir):
     w = open_window(data_dir, wait=False, start_engine=False)
     for target in (replies[-1], replies[0], replies[10]):
         w.select_node(target)
+        wait_for_tree(qtbot, w)
         qtbot.wait(30)
         scroll = w.tree.scroll
         bar = scroll.horizontalScrollBar()

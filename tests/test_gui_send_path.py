@@ -65,6 +65,7 @@ def test_a_turn_adds_its_bubbles_and_the_saved_reply_replaces_only_its_own(qtbot
     incremental = _shown(w)
     assert incremental[1][5] == ["copy", "fork", "regenerate"]
     w.chat.render()  # drawing the whole transcript again shows the same
+    w.transcript.finish_building()  # (it builds the newest bubbles first, the others between timers)
     assert _shown(w) == incremental
 
 
@@ -74,6 +75,8 @@ def test_a_long_message_is_laid_out_once_while_other_bubbles_change(qtbot, open_
     long = w.store.add_message(conv.id, None, "user", "The keeper wrote down every ship and storm. " * 250)
     reply = w.store.add_message(conv.id, long.id, "assistant", "Short.")
     w.show_conversation(conv.id)
+    bar = w.transcript.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0)  # laid out, at its width with the scroll bar
     qtbot.wait(100)
     body = w.transcript.widget_for(long.id).body
     computed = body.hfw_computed
@@ -170,9 +173,35 @@ def test_the_newest_bubble_is_in_view_under_a_long_message(qtbot, open_window, d
     w.show_conversation(conv.id)
     pending = w.transcript.start_pending()
     pending.set_text("The keeper")
-    qtbot.wait(100)
     bar = w.transcript.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0)
+    qtbot.wait(100)
     assert bar.value() == bar.maximum() > 0
-    assert not pending.body.visibleRegion().isEmpty()
+    assert not pending.stream.live.visibleRegion().isEmpty()  # the block being written (StreamingBody)
     inner, last = w.transcript.widget(), w.transcript.widgets[-1]
     assert inner.height() - last.geometry().bottom() <= 40  # the bottom margin, no blank space
+
+
+def test_a_long_streamed_reply_leaves_no_blank_space_below_it(qtbot, open_window, data_dir):
+    """The streamed reply's finished blocks are labels of their own (StreamingBody): sized
+    like a saved message's body, not at their size hint as a minimum (1,361 px of blank space
+    below a twelve-paragraph reply)."""
+    w = open_window(data_dir, wait=False, start_engine=False)
+    w.resize(1280, 800)
+    conv = w.store.create_conversation()
+    w.store.add_message(conv.id, None, "user", "Tell me about the lighthouse.")
+    w.show_conversation(conv.id)
+    pending = w.transcript.start_pending()
+    text = ""
+    for _ in range(12):
+        text += "The keeper wrote down every ship and storm. " * 25 + "\n\n"
+        pending.set_text(text + "And then")
+        qtbot.wait(20)
+    assert len(pending.stream.frozen) >= 2
+    bar = w.transcript.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0)
+    qtbot.wait(100)
+    inner = w.transcript.widget()
+    assert bar.value() == bar.maximum()
+    assert inner.height() - pending.geometry().bottom() <= 40  # the bottom margin, no blank space
+    assert not pending.stream.live.visibleRegion().isEmpty()  # the text being written is in view

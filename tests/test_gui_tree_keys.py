@@ -14,6 +14,8 @@ from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtGui import QAccessible  # noqa: E402
 from PySide6.QtWidgets import QComboBox, QLineEdit, QPlainTextEdit, QWidget  # noqa: E402
 
+from gui_helpers import wait_for_tree  # noqa: E402
+
 from app.window.a11y import CONTROLS, is_internal  # noqa: E402
 from app.window.tree_panel import ROOT_ID, R  # noqa: E402
 from storage.chats import ChatStore  # noqa: E402
@@ -34,15 +36,16 @@ def _edited_first(data_dir) -> dict:
                 "madrid": madrid.id, "madrid2": madrid2.id}
 
 
-def _window(open_window, data_dir):
+def _window(qtbot, open_window, data_dir):
     w = open_window(data_dir, wait=False, start_engine=False)
     w.resize(1400, 800)
+    wait_for_tree(qtbot, w)
     return w
 
 
 def test_one_root_connects_an_edited_first_message(qtbot, open_window, data_dir):
     ids = _edited_first(data_dir)
-    w = _window(open_window, data_dir)
+    w = _window(qtbot, open_window, data_dir)
     canvas = w.tree.canvas
     assert canvas.root is not None and canvas.label_of(ROOT_ID) == "Capitals <b>quiz</b>"
     roots = [n for n in canvas.nodes if n.message.parent_id in (None, ROOT_ID)]
@@ -62,7 +65,7 @@ def test_one_root_connects_an_edited_first_message(qtbot, open_window, data_dir)
 
 def test_nodes_show_the_first_words_as_plain_text(qtbot, open_window, data_dir):
     ids = _edited_first(data_dir)
-    w = _window(open_window, data_dir)
+    w = _window(qtbot, open_window, data_dir)
     canvas = w.tree.canvas
     assert canvas.label_of(ids["spain"]) == "What is the capital of Spain?"
     assert canvas.label_of(ids["madrid"]) == "<b>Madrid</b>, of course."  # drawn as typed
@@ -71,7 +74,7 @@ def test_nodes_show_the_first_words_as_plain_text(qtbot, open_window, data_dir):
 
 def test_the_tree_works_from_the_keyboard(qtbot, open_window, data_dir):
     ids = _edited_first(data_dir)
-    w = _window(open_window, data_dir)
+    w = _window(qtbot, open_window, data_dir)
     canvas = w.tree.canvas
     assert canvas.accessibleName() == "Conversation tree"
     canvas.setFocus()
@@ -81,6 +84,7 @@ def test_the_tree_works_from_the_keyboard(qtbot, open_window, data_dir):
     qtbot.keyClick(canvas, Qt.Key.Key_Left)
     assert canvas.current == ids["madrid"]
     qtbot.keyClick(canvas, Qt.Key.Key_Return)  # open that branch
+    wait_for_tree(qtbot, w)
     assert w.store.active_path(ids["cid"])[-1].id == ids["madrid"]
     assert w.transcript.widgets[-1].message.id == ids["madrid"]
     qtbot.keyClick(canvas, Qt.Key.Key_Up)
@@ -96,6 +100,7 @@ def test_the_tree_works_from_the_keyboard(qtbot, open_window, data_dir):
     qtbot.keyClick(canvas, Qt.Key.Key_Down)
     assert canvas.current == ids["paris"]
     qtbot.keyClick(canvas, Qt.Key.Key_Enter)
+    wait_for_tree(qtbot, w)
     assert [m.id for m in w.store.active_path(ids["cid"])] == [ids["france"], ids["paris"]]
     assert canvas.hasFocus() and canvas.current == ids["paris"]  # the redraw keeps the place
 
@@ -118,7 +123,7 @@ def _unnamed(root: QWidget) -> list[str]:
 
 def test_every_control_has_an_accessible_name(qtbot, open_window, data_dir):
     ids = _edited_first(data_dir)
-    w = _window(open_window, data_dir)
+    w = _window(qtbot, open_window, data_dir)
     qtbot.waitExposed(w)
     qtbot.keyClicks(w.sidebar.search, "capital")  # the search box's clear button shows
     w.banner.show_message("A message with a close button.", "info", [("Undo", lambda: None)])

@@ -9,11 +9,14 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
+import json  # noqa: E402
 import sys  # noqa: E402
 
 import pytest  # noqa: E402
 
 from PySide6.QtCore import Qt  # noqa: E402
+
+from gui_helpers import wait_for_tree  # noqa: E402
 
 from app.window.transcript import FIRST_BUBBLES, SHOWN_MESSAGES  # noqa: E402
 from app.window.tree_panel import layout_tree  # noqa: E402
@@ -74,6 +77,7 @@ def test_window_opens_on_a_10000_message_branch_and_a_2000_sibling_fan_out(qtbot
     w = window()
     w.tree.setVisible(True)
     assert w.conversation_id == deep_id
+    wait_for_tree(qtbot, w)
     canvas = w.tree.canvas
     assert len(canvas.nodes) == 10_000
     assert canvas.leaf_id == leaf
@@ -98,6 +102,7 @@ def test_window_opens_on_a_10000_message_branch_and_a_2000_sibling_fan_out(qtbot
     assert len(w.transcript.widgets) == 2 * SHOWN_MESSAGES
     assert w.transcript.widgets[-1].message.id == leaf
     w.show_conversation(fan_id)
+    wait_for_tree(qtbot, w)
     assert len(canvas.nodes) == 2_001
     xs = sorted(n.x for n in canvas.nodes if n.message.id != root)
     assert len(set(xs)) == 2_000  # every sibling has a column of its own
@@ -117,20 +122,24 @@ def test_a_chat_that_fails_to_render_is_skipped_with_a_banner(qtbot, window, dat
         return real(messages)
 
     monkeypatch.setattr(tree_panel, "layout_tree", broken)
+    settings = data_dir / "settings.json"
+    settings.write_text(json.dumps({**json.loads(settings.read_text()), "show_tree": True}))
     with ChatStore(data_dir / CHATS_DB) as store:
         good = store.create_conversation(title="good")
         store.add_message(good.id, None, "user", "fine")
         bad = store.create_conversation(title="<b>bad</b>")  # the newest: opened first
         store.add_message(bad.id, None, "user", "poison")
     w = window()
-    assert w.conversation_id == good.id
+    # its tree is laid out off the UI thread: the failure arrives a moment later, and the
+    # window moves on to the next chat
+    qtbot.waitUntil(lambda: w.conversation_id == good.id and not w.tree.loading)
     assert w.banner.isVisible()
     assert w.banner.text.startswith("The chat “<b>bad</b>” could not be shown (RecursionError)")
     assert "Traceback" not in w.banner.text
     assert w.sidebar.ids() == [bad.id, good.id]  # still listed, so it can be deleted
     # clicking it again: the same banner, the empty page, the window still works
     w.sidebar.selected.emit(bad.id)
-    assert w.conversation_id is None
+    qtbot.waitUntil(lambda: w.conversation_id is None)
     assert w.banner.text.startswith("The chat “<b>bad</b>”")
     w.sidebar.selected.emit(good.id)
     assert w.conversation_id == good.id

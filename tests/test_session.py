@@ -370,3 +370,23 @@ def test_the_session_layer_does_not_import_qt():
 
     code = "import sys, app.session; sys.exit(1 if any(m.startswith('PySide6') for m in sys.modules) else 0)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+
+
+def test_the_shown_path_reads_only_the_messages_asked_for(chats, session):
+    """A 3,000-message branch: the shown path's ids at once, its messages as they are read,
+    equal to ``active_path``; the sibling positions too."""
+    conv = chats.create_conversation()
+    parent = None
+    for i in range(3_000):
+        parent = chats.add_message(conv.id, parent, "user" if i % 2 == 0 else "assistant", f"m{i}").id
+    other = chats.add_message(conv.id, chats.active_path(conv.id)[-2].id, "assistant", "second version")
+    chats.set_active_leaf(conv.id, parent)
+    path = session.shown_path(conv.id)
+    full = chats.active_path(conv.id)
+    assert len(path) == 3_000 and path.ids == [m.id for m in full]
+    assert path._known == {}  # nothing read yet
+    assert path[-1] == full[-1] and path[-3:] == full[-3:] and list(path) == full
+    assert next(m for m in reversed(path) if m.role == "user") == full[-2]
+    positions = session.sibling_positions(path)
+    assert positions[full[-1].id] == (1, 2) and positions[full[0].id] == (1, 1)
+    assert other.id not in path.ids

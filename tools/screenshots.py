@@ -84,12 +84,12 @@ def main(argv: list[str] | None = None) -> int:
             # back to the first branch, so the navigator shows 1/2 and the tree has two arms
             w.switch_sibling(w.store.active_path(conv.id)[0].id, -1)
             w.refresh_coverage()
-            wait_until(lambda: not w.chat.figures.coverage_pending, 30_000)
+            wait_until(lambda: not w.chat.figures.coverage_pending and not w.tree.loading, 30_000)
             _settle()
             w.grab().save(str(out / "light.png"))
             w.tree.grab().save(str(out / "tree.png"))
             w.set_theme("dark")
-            wait_until(lambda: not w.chat.figures.coverage_pending, 30_000)
+            wait_until(lambda: not w.chat.figures.coverage_pending and not w.tree.loading, 30_000)
             _settle()
             w.grab().save(str(out / "dark.png"))
         finally:

@@ -8,8 +8,9 @@ how many gaps exceeded 50 ms (the target is none), plus ``--json``.
 
 ``--big`` measures the same for a 1 MB message (20,000 lines): pressing Enter with it in
 the composer until the "too long" dialog shows (the engine counts it in its own process),
-opening a chat that holds it, and searching for a word in it; and for opening a chat of
-200 messages (the first second after the click).
+opening a chat that holds it, and searching for a word in it; for opening a chat of
+200 messages (the first second after the click); and for opening a branch of 10,000
+messages with the tree panel shown (``open_deep``).
 
 ``--scenario typing`` measures zero-wait turns instead (``tools/zero_wait.py``): a message
 typed at a human pace into a 2,000-token conversation, TTFT with the feature on and off.
@@ -111,6 +112,7 @@ class Heartbeat:
 
 
 BIG_LINES = 20_000
+DEEP_MESSAGES = 10_000
 
 
 def big_message() -> str:
@@ -146,6 +148,10 @@ def measure_big() -> dict:
                 parent = w.store.add_message(long.id, parent, "user", f"Question {i}: how do rivers **flow**?").id
                 parent = w.store.add_message(long.id, parent, "assistant", f"Answer {i}: downhill.\n\n- one\n- two"
                                              f"\n\n```python\nprint({i})\n```").id
+            deep = w.store.create_conversation(title="10,000 messages")
+            parent = None
+            for i in range(DEEP_MESSAGES):
+                parent = w.store.add_message(deep.id, parent, "user" if i % 2 == 0 else "assistant", f"turn {i}").id
             big = w.store.create_conversation(title="Big paste")
             w.store.add_message(big.id, None, "user", text)
             w.sidebar.refresh()
@@ -179,6 +185,18 @@ def measure_big() -> dict:
             end = time.perf_counter() + 1.0
             wait_until(lambda: time.perf_counter() > end)
             out["open_long"] = {**beat.stop(), "seconds": round(time.perf_counter() - t0, 2)}
+
+            # opening a branch of 10,000 messages with the tree panel shown (the tree is read and
+            # laid out off the UI thread; the first second after the click, or until it is drawn)
+            w.tree.setVisible(True)
+            wait_until(lambda: not w.tree.loading, 600_000)
+            beat.start()
+            t0 = time.perf_counter()
+            w.sidebar.selected.emit(deep.id)
+            end = time.perf_counter() + 1.0
+            wait_until(lambda: time.perf_counter() > end and not w.tree.loading, 600_000)
+            out["open_deep"] = {**beat.stop(), "seconds": round(time.perf_counter() - t0, 2)}
+            w.tree.setVisible(False)
 
             # searching for a word that is only in it
             beat.start()
@@ -214,9 +232,9 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(r))
             return 0
         print(f"a {r['message_bytes']:,}-byte message of {r['message_lines']:,} lines; UI thread stalls:")
-        for phase in ("send", "open", "open_long", "search"):
+        for phase in ("send", "open", "open_long", "open_deep", "search"):
             f = r[phase]
-            print(f"  {phase:<7} max {f['max_stall_ms']} ms, {f['stalls_over_50ms']} over 50 ms "
+            print(f"  {phase:<9} max {f['max_stall_ms']} ms, {f['stalls_over_50ms']} over 50 ms "
                   f"({f['seconds']} s until done)")
         return 0
     r = measure(args.max_tokens)

@@ -191,20 +191,25 @@ class EngineClient(QObject):
     # -- requests ------------------------------------------------------------------------
 
     def _send(self, request) -> bool:
-        """Send a request; returns False (and reports ``died``) if the engine is gone."""
+        """Send a request (or the bytes of one, from ``_pack``); returns False (and
+        reports ``died``) if the engine is gone."""
         if self._proc is None:
             self._report_death()
             return False
         try:
-            self._proc.send(request)
+            if isinstance(request, bytes):
+                self._proc.send_packed(request)
+            else:
+                self._proc.send(request)
             return True
         except (OSError, EOFError, ValueError) as exc:
             log.warning("send %s failed: %s", type(request).__name__, exc)
             self._report_death()
             return False
 
-    def _track(self, make, is_reply: bool = False, expects_snapshot: bool = False) -> PendingRequest | None:
-        rid = next(self._ids)
+    def _track(self, make, is_reply: bool = False, expects_snapshot: bool = False,
+               rid: int | None = None) -> PendingRequest | None:
+        rid = next(self._ids) if rid is None else rid
         handle = PendingRequest(rid, is_reply, expects_snapshot, self)
         self._pending[rid] = handle
         if not self._send(make(rid)):
@@ -242,6 +247,27 @@ class EngineClient(QObject):
     def coverage(self, paths: list[list[ChatMessage]]) -> PendingRequest | None:
         """How many tokens of each path's prompt the prefix store holds: ``done(CoverageEvent)``."""
         return self._track(lambda rid: ev.CoverageRequest(rid, [list(p) for p in paths]))
+
+    # a large request (a long conversation's prompt, the tree's coverage paths) takes long to
+    # pickle: a worker thread packs it (any thread may), the UI thread only sends the bytes
+
+    def pack_count(self, messages: list[ChatMessage]) -> tuple[int, bytes]:
+        """A ``count`` request made ready on any thread: (its id, its pickled bytes)."""
+        return self._pack(lambda rid: ev.CountRequest(rid, list(messages), False))
+
+    def pack_coverage(self, paths: list[list[ChatMessage]]) -> tuple[int, bytes]:
+        """A ``coverage`` request made ready on any thread: (its id, its pickled bytes)."""
+        return self._pack(lambda rid: ev.CoverageRequest(rid, [list(p) for p in paths]))
+
+    def _pack(self, make) -> tuple[int, bytes]:
+        rid = next(self._ids)  # itertools.count: one step is atomic
+        return rid, EngineProcess.pack(make(rid))
+
+    def send_packed(self, packed: tuple[int, bytes]) -> PendingRequest | None:
+        """Send a request from ``pack_count`` or ``pack_coverage``: answered as ``count`` or
+        ``coverage`` is; None if the engine is gone."""
+        rid, blob = packed
+        return self._track(lambda _rid: blob, rid=rid)
 
     def cache(self, action: ev.CacheAction, budget_bytes: int | None = None) -> PendingRequest | None:
         """A prefix-store operation: ``done(CacheEvent)``."""

@@ -25,8 +25,10 @@ from app.window.a11y import name_controls
 from app.window.actions import build_menus
 from app.window.app_settings import AppSettings
 from app.window.banner import Banner
+from app.window.chat_reader import ChatReader
 from app.window.composer import Composer
 from app.window.forget_flow import ForgetFlow
+from app.window.gc_policy import GcPolicy
 from app.window.import_dialog import ImportController, ImportDropMixin
 from app.window.link_dialog import LinkConfirmMixin
 from app.window.message_actions import MessageActionsMixin
@@ -35,6 +37,7 @@ from app.window.prewarm_controller import PrewarmController
 from app.window.server_controller import ServerActionsMixin, ServerController
 from app.window.overflow_flow import OverflowFlow
 from app.window.settings_flow import SettingsFlow
+from app.window.safe_open import SafeOpenMixin
 from app.window.sidebar import FORGET_NOTE, Sidebar
 from app.window.status_bar import StatusBar
 from app.window.transcript import TranscriptView
@@ -47,7 +50,8 @@ from storage.paths import CHATS_DB
 log = logging.getLogger(__name__)
 
 
-class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageActionsMixin, QMainWindow):
+class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageActionsMixin, SafeOpenMixin,
+                 QMainWindow):
     """The Branchwise window on ``data_dir``.
 
     Args:
@@ -99,6 +103,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         self.prewarm = PrewarmController(self)
         self.settings_flow = SettingsFlow(self)
         self.overflow_flow = OverflowFlow(self)
+        self.gc_policy = GcPolicy(self)  # no full garbage collection in the middle of a redraw
         self._connect()
         self.menu_actions = build_menus(self)
         self.menu_actions["toggle_tree"].setChecked(self.settings.show_tree)
@@ -119,7 +124,8 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
     # -- building ------------------------------------------------------------------------
 
     def _build_ui(self) -> None:
-        self.sidebar = Sidebar(self.store)
+        self.reader = ChatReader(self.data_dir / CHATS_DB, self)  # reads big things off the UI thread
+        self.sidebar = Sidebar(self.store, self.reader)
         self.banner = Banner()
         self.transcript = TranscriptView()
         self.composer = Composer()
@@ -130,7 +136,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         lay.addWidget(self.banner)
         lay.addWidget(self.transcript, 1)
         lay.addWidget(self.composer)
-        self.tree = TreePanel()
+        self.tree = TreePanel(self.reader)
         self.tree.setVisible(self.settings.show_tree)
         split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(self.sidebar)
@@ -249,39 +255,6 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         """Show an empty chat; it is created when the first message is sent."""
         self.show_conversation(None)
         self.composer.input.setFocus()
-
-    def show_conversation(self, conversation_id: int | None) -> bool:
-        """Show the active path of ``conversation_id`` (None: the empty new-chat page).
-
-        A chat whose data cannot be shown (an error of any kind while reading or drawing
-        it) is never allowed to stop the window: the empty page is shown instead, with a
-        banner that names the chat. Returns False in that case."""
-        try:
-            self.chat.show_conversation(conversation_id)
-            if self.banner.chat_id is not None and self.banner.chat_id != conversation_id:
-                self.banner.hide()  # it was about the chat shown before
-            return True
-        except Exception as exc:  # noqa: BLE001 - whatever the data holds, the window stays up
-            if conversation_id is None:
-                raise
-            log.exception("could not show chat %s", conversation_id)
-            try:
-                title = self.store.get_conversation(conversation_id).title
-            except Exception:  # noqa: BLE001
-                title = f"chat {conversation_id}"
-            self.chat.show_conversation(None)
-            self.banner.show_message(
-                f"The chat “{title}” could not be shown ({type(exc).__name__}); it is left "
-                "unchanged. Export it from the command line (branchwise conversations export) "
-                "or delete it.", "error")
-            return False
-
-    def _open_newest(self) -> None:
-        """At start: show the newest chat that can be shown (see ``show_conversation``)."""
-        for cid in self.sidebar.ids():
-            if self.show_conversation(cid):
-                return
-        self.show_conversation(None)
 
     def render(self) -> None:
         self.chat.render()
@@ -413,11 +386,13 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         self.api_server.shutdown()
         self.chat.shutdown()
         self.save_settings()
+        self.reader.close()
         self.store.close()
+        self.gc_policy.release()
 
     def changeEvent(self, event) -> None:  # noqa: N802 - Qt override
         super().changeEvent(event)
-        if event.type() == QEvent.Type.ActivationChange and self.isActiveWindow():
+        if event.type() == QEvent.Type.ActivationChange and self.isActiveWindow() and not self.closed:
             self.show_external_changes()
 
     def show_external_changes(self) -> bool:

@@ -104,16 +104,17 @@ def _formatter(style: str) -> HtmlFormatter:
     return HtmlFormatter(noclasses=True, nowrap=True, style=style)
 
 
-def to_html(text: str, colors: Colors, streaming: bool = False) -> str:
+def to_html(text: str, colors: Colors, streaming: bool = False, first_code: int = 0) -> str:
     """Render ``text`` (Markdown) as Qt rich text, code highlighted in ``colors``' Pygments style.
 
     Raw HTML in ``text`` is shown as text, never interpreted; images become links (the
     output holds no ``<img>``). While ``streaming``, code without a language tag is not
-    guessed at (it is re-rendered many times a second).
+    guessed at (it is re-rendered many times a second). Code blocks link to ``copy:<n>``,
+    numbered from ``first_code`` (``text`` is part of a message after that many blocks).
     """
     tokens = _md.parse(text)
     formatter = _formatter(colors.pygments_style)
-    counter = {"n": 0}
+    counter = {"n": first_code}
 
     def fence(tokens, idx, options, env):
         tok = tokens[idx]

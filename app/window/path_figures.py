@@ -10,10 +10,11 @@ import logging
 
 from PySide6.QtCore import QObject
 
+from app.session import ConversationSession
 from app.window.engine_client import PendingRequest
 from app.window.model_controller import ModelState
-from engine.events import CountEvent, CoverageEvent
-from storage.errors import StorageError
+from app.window.tree_coverage import TreeCoverage
+from engine.events import CountEvent
 
 log = logging.getLogger(__name__)
 
@@ -28,15 +29,15 @@ class PathFigures(QObject):
         super().__init__(chat)
         self.chat = chat
         self.w = chat.w
-        self._coverage: PendingRequest | None = None
-        self._coverage_ids: list[int] = []
+        self.coverage = TreeCoverage(self.w)  # the tree panel's "KV stored" bars
+        self.coverage.ready.connect(chat.coverage_ready)
         self._count: PendingRequest | None = None
         self.counted_path: tuple[int, int | None, int] | None = None
 
     @property
     def coverage_pending(self) -> bool:
         """True while the tree panel's coverage request is in flight (for tools and tests)."""
-        return self._coverage is not None
+        return self.coverage.pending
 
     def n_ctx(self) -> int:
         """The context size in tokens: the loaded model's, else the setting."""
@@ -47,7 +48,9 @@ class PathFigures(QObject):
 
     def request_context_count(self) -> None:
         """Ask the engine how many tokens the shown path takes (the context figure); older
-        answers are dropped. Does nothing while a reply streams or no model is ready."""
+        answers are dropped. Does nothing while a reply streams or no model is ready. The
+        path is read and the request pickled on the window's reader thread (in proportion
+        to the conversation); only the bytes are sent from the UI thread."""
         w, chat = self.w, self.chat
         if w.closed:  # a deferred call after the window shut down
             return
@@ -56,17 +59,27 @@ class PathFigures(QObject):
             if cid is None:
                 w.status.set_context(0, self.n_ctx())
             return
-        try:
-            messages = chat.session.active_prompt(cid)
-        except StorageError:
+        client = w.client
+
+        def job(store):  # on the worker: read the path, build and pickle the request
+            messages = ConversationSession(store).active_prompt(cid)
+            leaf = store.get_conversation(cid).active_leaf_id
+            return leaf, (client.pack_count(messages) if messages else None)
+
+        w.reader.submit("count", job, lambda result: self._send_count(cid, client, *result),
+                        lambda exc: log.info("no context count: %s", exc))
+
+    def _send_count(self, cid: int, client, leaf: int | None, packed: tuple[int, bytes] | None) -> None:
+        w, chat = self.w, self.chat
+        if (cid != chat.conversation_id or chat.streaming or client is not w.client
+                or w.model.state != ModelState.READY):
             return
-        if not messages:
+        if packed is None:
             w.status.set_context(0, self.n_ctx())
             return
-        handle = w.client.count(messages)
+        handle = client.send_packed(packed)
         if handle is not None:
             self._count = handle
-            leaf = w.store.get_conversation(cid).active_leaf_id
             handle.done.connect(lambda e, h=handle, c=cid, leaf=leaf: self._counted(h, c, e, leaf))
             handle.failed.connect(lambda e: log.info("count failed: %s", e.message))
 
@@ -78,24 +91,9 @@ class PathFigures(QObject):
 
     def refresh_coverage(self) -> None:
         """Ask the engine how much of each node's prompt the prefix store holds (tree panel)."""
-        w, cid = self.w, self.chat.conversation_id
-        if (not w.tree.isVisible() or cid is None or w.model.state != ModelState.READY
-                or self._coverage is not None):
-            return
-        ids, paths = self.chat.session.coverage_paths(cid)
-        if not paths:
-            return
-        handle = w.client.coverage(paths)
-        if handle is not None:
-            self._coverage, self._coverage_ids = handle, ids
-            handle.done.connect(self._covered)
-            handle.failed.connect(lambda _e: setattr(self, "_coverage", None))
-
-    def _covered(self, event: CoverageEvent) -> None:
-        self._coverage = None
-        self.w.tree.set_coverage({mid: (int(r[0]), int(r[1])) for mid, r in zip(self._coverage_ids, event.results)})
-        self.chat.coverage_ready.emit()
+        self.coverage.refresh()
 
     def engine_gone(self) -> None:
         """The engine process ended: the requests in flight will not be answered."""
-        self._coverage = self._count = None
+        self._count = None
+        self.coverage.engine_gone()

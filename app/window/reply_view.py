@@ -48,7 +48,6 @@ class ReplyView(QObject):
             return False
         try:
             position = chat.session.sibling_positions([user])[user.id]
-            tree, title = w.store.tree(user.conversation_id), w.store.get_conversation(user.conversation_id).title
         except StorageError:
             return False
         w.transcript.set_busy(True)
@@ -56,20 +55,20 @@ class ReplyView(QObject):
             return False
         self._pending()
         chat.shown_leaf = (user.conversation_id, user.id)
-        w.tree.set_tree(tree, {m.id for m in shown} | {user.id}, w.colors, title)
+        chat.load_tree(user.conversation_id, user.id)  # read and laid out off the UI thread
         w.refresh_title()
         return True
 
     def _pending(self):
         pending = self.w.transcript.start_pending()
-        self.chat.timeline.watch_paint(pending.body)
+        self.chat.timeline.watch_paint(pending.stream)  # the streamed text is drawn there, not in .body
         return pending
 
     def pending_drawn(self) -> None:
         """``ChatController.render`` drew the transcript whole with the reply's bubble."""
         pending = self.w.transcript.pending
         if pending is not None:
-            self.chat.timeline.watch_paint(pending.body)
+            self.chat.timeline.watch_paint(pending.stream)
 
     # -- streaming -----------------------------------------------------------------------
 
@@ -115,12 +114,11 @@ class ReplyView(QObject):
                     or chat.conversation_id != message.conversation_id):
                 return False
             position = chat.session.sibling_positions([message])[message.id]
-            tree, title = w.store.tree(message.conversation_id), w.store.get_conversation(message.conversation_id).title
         except StorageError:
             return False
         w.transcript.set_busy(False)
         w.transcript.replace_pending(message, position)
-        w.tree.set_tree(tree, {m.id for m in shown} | {message.id}, w.colors, title)
+        chat.load_tree(message.conversation_id, message.id)
         w.refresh_title()
-        chat.shown_idle([*shown, message])
+        chat.shown_idle(w.transcript.path)  # the path with the reply (not read again)
         return True

@@ -31,7 +31,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.window.chat_reader import ChatReader
 from app.window.plain import elide, tooltip
+
+
 from storage.chats import ChatStore, SearchHit
 from storage.errors import NotFoundError, StorageError
 
@@ -203,9 +206,10 @@ class Sidebar(QWidget):
     changed = Signal()
     forget_requested = Signal(int)
 
-    def __init__(self, store: ChatStore, parent: QWidget | None = None):
+    def __init__(self, store: ChatStore, reader: ChatReader | None = None, parent: QWidget | None = None):
         super().__init__(parent)
         self.store = store
+        self.reader = reader  # searches off the UI thread (without one: on it)
         self.current_id: int | None = None
         self.busy_id: int | None = None
         self.pending_delete: int | None = None  # hidden, deleted when the undo time is up
@@ -242,15 +246,29 @@ class Sidebar(QWidget):
         self.setMinimumWidth(200)
 
     def refresh(self) -> None:
-        """Reload the list (search results when the search box has text)."""
+        """Reload the list: the conversations, or the search results when the search box has
+        text (searched on the reader's worker thread: a search reads every matching message,
+        a megabyte for a pasted file; the list shows them when they arrive)."""
         self._search_timer.stop()
         query = self.search.text().strip()
+        if not query:
+            if self.reader is not None:
+                self.reader.cancel("search")
+            self._fill([SearchHit(c, None, "", []) for c in self.store.list_conversations()], query)
+        elif self.reader is None:
+            self._fill(self.store.search_hits(query), query)
+        else:
+            self.reader.submit("search", lambda store: store.search_hits(query),
+                               lambda hits: self._fill(hits, query))
+
+    @property
+    def searching(self) -> bool:
+        """True while a search runs off the UI thread."""
+        return self.reader is not None and self.reader.pending("search")
+
+    def _fill(self, rows: list[SearchHit], query: str) -> None:
         self.list.blockSignals(True)
         self.list.clear()
-        if query:
-            rows = self.store.search_hits(query)
-        else:
-            rows = [SearchHit(c, None, "", []) for c in self.store.list_conversations()]
         rows = [h for h in rows if h.conversation.id != self.pending_delete]
         now = time.time()
         for hit in rows:

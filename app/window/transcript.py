@@ -9,6 +9,7 @@ the bubble of the reply being streamed.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
@@ -27,9 +28,11 @@ from PySide6.QtWidgets import (
 )
 
 from app.session import is_empty_reply
+from app.window.lexer_warmup import warm_up
 from app.window.long_text import LongTextExpander, collapsed
 from app.window.message_body import MessageBody
 from app.window.markdown_view import LinkKind, classify_link, code_blocks, to_html
+from app.window.streaming_body import StreamingBody
 from app.window.theme import LIGHT, Colors
 from storage.chats import Message
 
@@ -38,12 +41,13 @@ SHOWN_MESSAGES = 200
 """Bubbles built when a chat opens: the newest ones. Older messages wait behind a
 "Show earlier messages" button, so opening a 10,000-message branch costs the same as a
 200-message one (a bubble takes milliseconds to build)."""
-FIRST_BUBBLES = 4
-"""Bubbles built when a chat opens (the newest). The older ones are built
-``BUBBLES_PER_TURN`` at a time as the view scrolls near the top (``NEAR_TOP_PX``): a bubble
-takes milliseconds to build and lay out, and building 200 at once stalled the window for
-seconds; built lazily, opening a chat costs the same however long it is."""
-BUBBLES_PER_TURN = 4
+FIRST_BUBBLES = 2
+"""Bubbles built when a chat opens (the newest: the last question and its answer). The older
+ones are built ``BUBBLES_PER_TURN`` per event-loop turn while the view's top is near them
+(``NEAR_TOP_PX``): a bubble with code takes 5-20 ms to build and as much to lay out, and
+building 200 at once stalled the window for seconds (4 per turn: 90-170 ms, issue #10);
+built lazily, opening a chat costs the same however long it is."""
+BUBBLES_PER_TURN = 1
 NEAR_TOP_PX = 300
 UNANSWERED_NOTE = "no reply (stopped or failed)"
 """The note beside a user message that has no reply: Esc before the first token, an engine
@@ -173,6 +177,12 @@ class MessageWidget(QFrame):
         # than its bubbles, and the view at the bottom showed blank space, not the new reply
         self.body.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
         outer.addWidget(self.body)
+        self.stream: StreamingBody | None = None  # the reply being streamed: its blocks, drawn as they end
+        if message is None:
+            self.stream = StreamingBody(colors)
+            self.stream.link_activated.connect(self._link)
+            self.stream.hide()
+            outer.addWidget(self.stream)
         self.expander = LongTextExpander()  # "Show all N lines" of a long message
         outer.addWidget(self.expander)
 
@@ -237,15 +247,18 @@ class MessageWidget(QFrame):
 
     def set_text(self, text: str) -> None:
         self._text = text
-        if not text and self.message is None:
-            self.body.setText(f'<span style="color:{self.colors.muted};">…</span>')
+        if self.stream is not None:  # streaming: only the block being written is redrawn
+            self.body.setVisible(not text)
+            self.body.setText(f'<span style="color:{self.colors.muted};">…</span>' if not text else "")
+            self.stream.setVisible(bool(text))
+            self.stream.set_text(text)
         elif not text and self.empty_reply:
             what = "Stopped" if self.message.status == "stopped" else "Failed"
             self.body.setText(f'<i style="color:{self.colors.muted};">{what} before the first token.</i>')
             self.expander.set_text(text, None)
         else:  # a long saved message is drawn collapsed (its first lines), never whole
-            cut = collapsed(text) if self.message is not None else None
-            self.body.setText(to_html(cut.preview if cut else text, self.colors, streaming=self.message is None))
+            cut = collapsed(text)
+            self.body.setText(to_html(cut.preview if cut else text, self.colors))
             self.expander.set_text(text, cut)
 
     def set_stats(self, stats: dict | None, status: str = "complete") -> None:
@@ -370,7 +383,7 @@ class TranscriptView(QScrollArea):
         self._layout.insertWidget(1, self.earlier_button)
         self._shown_limit = SHOWN_MESSAGES
         self._args: tuple = ()
-        self._older: list = []  # (message, position, unanswered) of bubbles not built yet, oldest first
+        self._older: list = []  # (message, unanswered) of bubbles not built yet, oldest first
         self._settled = False  # the view was put at the bottom after set_messages
         self._anchor: int | None = None  # keep this distance from the bottom after building older bubbles
         self.verticalScrollBar().rangeChanged.connect(self._range_changed)
@@ -378,8 +391,13 @@ class TranscriptView(QScrollArea):
         self._stick_to_bottom = True
         self._revealed: MessageWidget | None = None  # scrolled into view while the layout settles
         self.setAccessibleName("Messages")
+        # a real zero-timer, not QTimer.singleShot(0) (a posted event): posted events run before
+        # timers, so a chain of them kept every timer (and the heartbeat of tools/ui_latency) waiting
+        self._build_timer = QTimer(self, singleShot=True, interval=0)
+        self._build_timer.timeout.connect(self._build_next)
+        warm_up()  # code highlighting's lexers, compiled off the UI thread before a bubble needs one
 
-    def set_messages(self, path: list[Message], positions: dict[int, tuple[int, int]],
+    def set_messages(self, path: list[Message], positions: Mapping[int, tuple[int, int]],
                      colors: Colors, busy: bool = False, empty_text: str = "",
                      unanswered_id: int | None = None) -> None:
         """Show ``path`` (root first). ``positions`` maps message id -> (index, count) among siblings;
@@ -394,10 +412,11 @@ class TranscriptView(QScrollArea):
         self.clear()
         # every user message with no reply gets Retry: the leaf the controller names, and
         # one followed by another user message (a reply that failed or was cancelled)
-        unanswered = {m.id for m, nxt in zip(path, path[1:]) if m.role == "user" and nxt.role == "user"}
+        hidden = max(0, len(path) - self._shown_limit)
+        tail = path[max(0, hidden - 1):]  # the shown messages (and the one before: its pair)
+        unanswered = {m.id for m, nxt in zip(tail, tail[1:]) if m.role == "user" and nxt.role == "user"}
         if unanswered_id is not None:
             unanswered.add(unanswered_id)
-        hidden = max(0, len(path) - self._shown_limit)
         self.earlier_button.setText(f"Show earlier messages ({hidden:,} not shown)")
         self.earlier_button.setVisible(hidden > 0)
         path = path[hidden:]
@@ -405,7 +424,7 @@ class TranscriptView(QScrollArea):
         self._empty.setStyleSheet(f"color:{colors.muted}; font-size:15px;")
         self._empty.setVisible(not path and bool(empty_text))
         # the newest bubbles now, the older ones a batch per event-loop turn (``_build_older``)
-        todo = [(m, positions.get(m.id, (1, 1)), m.id in unanswered) for m in path if m.role != "system"]
+        todo = [(m, m.id in unanswered) for m in path if m.role != "system"]
         self._older = todo[:-FIRST_BUBBLES] if len(todo) > FIRST_BUBBLES else []
         self._settled, self._anchor = False, None
         for item in todo[len(self._older):]:
@@ -419,7 +438,8 @@ class TranscriptView(QScrollArea):
         the messages not shown yet) and highlight it. Returns it (None: not on the shown path)."""
         if not self._args:
             return None
-        ids = [m.id for m in self._args[0]]
+        path = self._args[0]
+        ids = list(path.ids) if hasattr(path, "ids") else [m.id for m in path]  # a PathView: not read whole
         if message_id not in ids:
             return None
         needed = len(ids) - ids.index(message_id)
@@ -442,8 +462,9 @@ class TranscriptView(QScrollArea):
         if self._revealed is not None and self._revealed in self.widgets:
             self.ensureWidgetVisible(self._revealed, 0, 40)
 
-    def _bubble(self, m: Message, position: tuple[int, int], unanswered: bool) -> MessageWidget:
-        _path, _positions, colors, busy, *_rest = self._args
+    def _bubble(self, m: Message, unanswered: bool) -> MessageWidget:
+        _path, positions, colors, busy, *_rest = self._args
+        position = positions.get(m.id, (1, 1))  # read now: a lazy mapping (SiblingPositions)
         w = MessageWidget(m, m.role, position[0], position[1], colors, busy, unanswered=unanswered)
         w.sibling_requested.connect(self.sibling_requested)
         w.edit_saved.connect(self.edit_saved)
@@ -522,9 +543,19 @@ class TranscriptView(QScrollArea):
         return self.pending
 
     @property
-    def path(self) -> list[Message]:
-        """The messages shown (root first; built or not), without the reply being streamed."""
-        return list(self._args[0]) if self._args else []
+    def path(self) -> Sequence[Message]:
+        """The messages shown (root first; built or not), without the reply being streamed:
+        as given to ``set_messages`` (a PathView reads a message only when it is asked for)."""
+        return self._args[0] if self._args else []
+
+    def _extended(self, message: Message, position: tuple[int, int]) -> None:
+        """Put ``message`` (at ``position`` among its siblings) below the shown path, reading
+        nothing of the path again (a PathView and SiblingPositions are extended, not listed)."""
+        path, positions, *rest = self._args
+        path = path.plus(message) if hasattr(path, "plus") else [*path, message]
+        positions = (positions.plus(message.id, position) if hasattr(positions, "plus")
+                     else {**positions, message.id: position})
+        self._args = (path, positions, *rest)
 
     def append(self, message: Message, position: tuple[int, int] = (1, 1)) -> MessageWidget | None:
         """Add the bubble of ``message`` (at ``position`` among its siblings), a new child of
@@ -532,10 +563,9 @@ class TranscriptView(QScrollArea):
         sent). Returns it; None when nothing was shown with ``set_messages`` yet."""
         if not self._args or self.pending is not None:
             return None
-        path, positions, *rest = self._args
-        self._args = (path + [message], {**positions, message.id: position}, *rest)
+        self._extended(message, position)
         self._empty.hide()
-        w = self._bubble(message, position, False)
+        w = self._bubble(message, False)
         self._add(w)
         self._stick_to_bottom = True
         return w
@@ -546,10 +576,9 @@ class TranscriptView(QScrollArea):
         None when no reply is pending."""
         if self.pending is None or not self._args:
             return None
-        path, positions, *rest = self._args
-        self._args = (path + [message], {**positions, message.id: position}, *rest)
+        self._extended(message, position)
         old, self.pending = self.pending, None
-        w = self._bubble(message, position, False)
+        w = self._bubble(message, False)
         self._layout.insertWidget(self._layout.indexOf(old), w)
         self.widgets[self.widgets.index(old)] = w
         self._layout.removeWidget(old)
@@ -588,7 +617,11 @@ class TranscriptView(QScrollArea):
     def _fill(self) -> None:
         """While the view's top is near the built bubbles' top, build older ones (next turn)."""
         if self._settled and self._older and self.verticalScrollBar().value() < NEAR_TOP_PX:
-            QTimer.singleShot(0, self, self._build_older)
+            self._build_timer.start()
+
+    def _build_next(self) -> None:
+        if self.isVisible():  # not after the window closed (its database is closed too)
+            self._build_older()
 
     def _range_changed(self, _lo: int, hi: int) -> None:
         bar = self.verticalScrollBar()

@@ -101,12 +101,17 @@ class ChatController(QObject):
             if self.reply.text:
                 pending.set_text(self.reply.text)
             self.view.pending_drawn()
-        w.tree.set_tree(w.store.tree(cid), {m.id for m in path}, w.colors, w.store.get_conversation(cid).title)
+        self.load_tree(cid, path[-1].id if path else None)
         w.refresh_title()
         if not busy:  # else the reply owns the status line until it ends
             self.shown_idle(path)
 
-    def shown_idle(self, path: list) -> None:
+    def load_tree(self, cid: int, leaf_id: int | None) -> None:
+        """Draw the tree of chat ``cid`` with the path up from ``leaf_id`` active: read and laid
+        out off the UI thread (in proportion to the conversation), drawn when it arrives."""
+        self.w.tree.load(cid, leaf_id, self.w.colors, lambda exc: self.w.chat_unshowable(cid, exc))
+
+    def shown_idle(self, path) -> None:
         """``path`` (the active one) is drawn and no reply streams: the status line, the
         context figure, and ``path_shown`` (the next prompt may start there)."""
         w = self.w

@@ -21,23 +21,21 @@ is scrolled into view.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from collections.abc import Callable
 
 from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QAccessible, QAccessibleEvent, QColor, QFont, QFontMetrics, QPainter, QPen
 from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QToolTip, QVBoxLayout, QWidget
 
+from app.window.chat_reader import ChatReader
 from app.window.plain import tooltip
 from app.window.theme import LIGHT, Colors
+from app.window.tree_layout import DX, DY, MARGIN, NODE_H, NODE_W, ROOT_ID, R, TreeLayout, TreeNode, layout_tree
+from app.window.tree_layout import read_layout as _read_layout
 from storage.chats import Message
 
-NODE_W, NODE_H = 84, 24
-"""A node's size (pixels): room for the role letter and a few words."""
-DX, DY, MARGIN = NODE_W + 10, 40, 16
-R = NODE_H // 2  # half a node's height: edges join a node's top and bottom edges
-ROOT_ID = 0
-"""The id of the conversation node (message ids start at 1)."""
+__all__ = ["DX", "DY", "MARGIN", "NODE_H", "NODE_W", "R", "ROOT_ID", "TreeCanvas", "TreePanel", "layout_tree"]
+
 LABEL_CHARS = 40  # the start of a message kept for its node's label (elided to fit when drawn)
 TOOLTIP_CHARS = 80
 END_OF_TURN_SLACK = 2
@@ -48,43 +46,6 @@ end-of-turn tokens that close a reply are only computed when the next turn is pr
 def is_cached(stored: int, total: int) -> bool:
     """True when the prefix store holds (all but the end-of-turn tokens of) a node's prompt."""
     return total > 0 and stored >= total - END_OF_TURN_SLACK
-
-
-@dataclass
-class _Node:
-    message: Message
-    x: float
-    y: float
-
-
-def layout_tree(messages: list[Message]) -> dict[int, tuple[float, float]]:
-    """Grid positions (column, depth) for ``messages`` (parents before children): leaves take
-    consecutive columns in depth-first order, a parent sits above the middle of its children.
-
-    Iterative (an explicit stack), so a branch of any length lays out: no recursion limit.
-    A message whose parent is not in ``messages`` is laid out as a root."""
-    ids = {m.id for m in messages}
-    children: dict[int | None, list[Message]] = {}
-    for m in messages:
-        children.setdefault(m.parent_id if m.parent_id in ids else None, []).append(m)
-    pos: dict[int, tuple[float, float]] = {}
-    next_col = 0
-    for root in children.get(None, []):
-        # (message, depth, children done?): a node is placed after all of its children
-        stack: list[tuple[Message, int, bool]] = [(root, 0, False)]
-        while stack:
-            m, depth, done = stack.pop()
-            kids = children.get(m.id, [])
-            if not kids:
-                pos[m.id] = (float(next_col), float(depth))
-                next_col += 1
-            elif done:
-                pos[m.id] = ((pos[kids[0].id][0] + pos[kids[-1].id][0]) / 2, float(depth))
-            elif m.id not in pos:  # a cycle in corrupt data is cut, not followed forever
-                pos[m.id] = (0.0, float(depth))  # placeholder, replaced when its children are done
-                stack.append((m, depth, True))
-                stack.extend((k, depth + 1, False) for k in reversed(kids) if k.id not in pos)
-    return pos
 
 
 ROLE_LETTERS = {"user": "U", "assistant": "A", "system": "S"}
@@ -116,7 +77,7 @@ def node_tooltip(message: Message, coverage: tuple[int, int] | None = None) -> s
 
 class TreeCanvas(QWidget):
     """Draws the nodes; ``node_clicked(message_id)`` on a click or Enter. Node positions
-    (``_Node.x/y``, the node's centre) are in tree coordinates; ``offset_x`` centres the
+    (``TreeNode.x/y``, the node's centre) are in tree coordinates; ``offset_x`` centres the
     tree in a wider canvas. ``nodes`` holds the messages' nodes, ``root`` the conversation's
     (None for an empty tree); ``current`` is the node the keyboard is on.
 
@@ -130,67 +91,54 @@ class TreeCanvas(QWidget):
         self.setMouseTracking(True)
         self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
         self.setAccessibleName("Conversation tree")
-        self.nodes: list[_Node] = []
-        self.root: _Node | None = None
-        self.title = ""
-        self.active: set[int] = set()
+        self.tree_layout = TreeLayout()
         self.coverage: dict[int, tuple[int, int]] = {}
         self.colors: Colors = LIGHT
-        self._size = QSize(2 * MARGIN + NODE_W, 2 * MARGIN + NODE_H)
-        self.leaf_id: int | None = None  # the deepest node of the active path
         self.current: int | None = None  # the node the keyboard is on
-        self._by_id: dict[int, _Node] = {}
-        self._children: dict[int, list[_Node]] = {}
         self._labels: dict[int, str] = {}
 
+    # the layout's parts, as the canvas shows them
+    nodes = property(lambda self: self.tree_layout.nodes, doc="The messages' nodes.")
+    root = property(lambda self: self.tree_layout.root, doc="The conversation's node (None: empty).")
+    title = property(lambda self: self.tree_layout.title)
+    active = property(lambda self: self.tree_layout.active, doc="Ids of the active path.")
+    leaf_id = property(lambda self: self.tree_layout.leaf_id, doc="The last message of the active path.")
+    _by_id = property(lambda self: self.tree_layout.by_id)
+    _children = property(lambda self: self.tree_layout.children)
+
     def set_tree(self, messages: list[Message], active: set[int], colors: Colors, title: str = "") -> None:
+        """Lay out and draw ``messages`` now, on this thread (small trees; see ``set_layout``)."""
+        self.set_layout(TreeLayout.build(messages, title, active=active, layout=layout_tree), colors)
+
+    def set_layout(self, layout: TreeLayout, colors: Colors) -> None:
+        """Draw ``layout`` (built off the UI thread by ``tree_layout.read_layout``)."""
         self.colors = colors
-        self.active = active
-        self.title = " ".join(title.split()) or "Conversation"
-        ids = {m.id for m in messages}
-        top = Message(ROOT_ID, 0, None, "conversation", self.title, None, None, "complete", None, 0.0)
-        hung = [m if m.parent_id in ids else dataclasses.replace(m, parent_id=ROOT_ID) for m in messages]
-        pos = layout_tree([top, *hung]) if messages else {}
-        placed = [_Node(m, MARGIN + pos[m.id][0] * DX + NODE_W / 2, MARGIN + pos[m.id][1] * DY + R)
-                  for m in [top, *hung] if m.id in pos]
-        self.root = placed[0] if placed else None
-        self.nodes = placed[1:]
-        self._by_id = {n.message.id: n for n in placed}
-        self._children = {}
-        for n in self.nodes:
-            self._children.setdefault(n.message.parent_id, []).append(n)
+        self.tree_layout = layout
         self._labels = {}
-        w = max((n.x for n in placed), default=0) + NODE_W / 2 + MARGIN
-        h = max((n.y for n in placed), default=0) + R + MARGIN
-        self._size = QSize(int(w), int(h))
-        on_path = [n for n in self.nodes if n.message.id in active]
-        self.leaf_id = max(on_path, key=lambda n: n.y).message.id if on_path else None
-        if self.current not in self._by_id:
-            self.current = self.leaf_id
+        if self.current not in layout.by_id:
+            self.current = layout.leaf_id
         self._describe()
-        self.setMinimumSize(self._size)
+        self.setMinimumSize(QSize(layout.width, layout.height))
         self.updateGeometry()
         self.update()
 
     @property
     def offset_x(self) -> float:
         """Pixels added to every x so the tree sits in the middle of a wider canvas."""
-        return max(0.0, (self.width() - self._size.width()) / 2)
+        return max(0.0, (self.width() - self.tree_layout.width) / 2)
 
     def set_coverage(self, coverage: dict[int, tuple[int, int]]) -> None:
         self.coverage = coverage
         self.update()
 
     def sizeHint(self) -> QSize:  # noqa: N802 - Qt override
-        return self._size
+        return QSize(self.tree_layout.width, self.tree_layout.height)
 
-    def node_at(self, x: float, y: float) -> _Node | None:
+    def node_at(self, x: float, y: float) -> TreeNode | None:
         """The message node under the canvas point (x, y) in pixels, or None."""
         x -= self.offset_x
-        for n in self.nodes:
-            if abs(n.x - x) <= NODE_W / 2 + 2 and abs(n.y - y) <= R + 2:
-                return n
-        return None
+        near = self.tree_layout.in_rect(x - NODE_W / 2 - 2, y - R - 2, x + NODE_W / 2 + 2, y + R + 2)
+        return next((n for n in near if n is not self.root), None)
 
     def center_of(self, message_id: int) -> QPointF | None:
         """The centre of ``message_id``'s node in canvas pixels (None if not drawn;
@@ -319,7 +267,7 @@ class TreeCanvas(QWidget):
         ox = self.offset_x
         p.translate(ox, 0)
         area = QRectF(event.rect()).translated(-ox, 0).adjusted(-NODE_W, -DY, NODE_W, DY)
-        shown = [n for n in ([self.root] if self.root else []) + self.nodes if area.contains(n.x, n.y)]
+        shown = self.tree_layout.in_rect(area.left(), area.top(), area.right(), area.bottom())
         for n in shown:  # the edge up to each shown node's parent
             parent = self._by_id.get(n.message.parent_id) if n is not self.root else None
             if parent is None:
@@ -336,7 +284,7 @@ class TreeCanvas(QWidget):
             self._paint_node(p, n, font, bold, fm, bfm)
         p.end()
 
-    def _paint_node(self, p: QPainter, n: _Node, font: QFont, bold: QFont, fm: QFontMetrics,
+    def _paint_node(self, p: QPainter, n: TreeNode, font: QFont, bold: QFont, fm: QFontMetrics,
                     bfm: QFontMetrics) -> None:
         c = self.colors
         mid = n.message.id
@@ -380,10 +328,13 @@ class TreePanel(QWidget):
 
     node_clicked = Signal(int)
 
-    def __init__(self, parent: QWidget | None = None):
+    def __init__(self, reader: ChatReader | None = None, parent: QWidget | None = None):
         super().__init__(parent)
         self.canvas = TreeCanvas()
-        self.canvas.node_clicked.connect(self.node_clicked)
+        self.canvas.node_clicked.connect(self._clicked)
+        self.reader = reader  # lays out stored trees off the UI thread (``load``)
+        self._wanted: int | None = None  # the conversation whose tree is drawn or being read
+        self._deferred: tuple | None = None  # the arguments of a ``load`` not submitted yet (hidden)
         self.canvas.current_moved.connect(
             lambda point: self.scroll.ensureVisible(int(point.x()), int(point.y()), NODE_W, DY))
         scroll = QScrollArea()
@@ -408,8 +359,52 @@ class TreePanel(QWidget):
 
     def set_tree(self, messages: list[Message], active: set[int], colors: Colors, title: str = "") -> None:
         """Draw ``messages`` (parents before children) under a node for the conversation
-        titled ``title``, with ``active`` (message ids) as the active path, then scroll its
-        leaf into view once the layout has settled."""
+        titled ``title``, with ``active`` (message ids) as the active path, now (on this thread:
+        for small trees, e.g. the empty one), then scroll its leaf into view once the layout
+        has settled."""
+        if self.reader is not None:
+            self.reader.cancel("tree")
+        self._wanted, self._deferred = None, None
+        self._show(TreeLayout.build(messages, title, active=active, layout=layout_tree), colors)
+
+    def load(self, conversation_id: int, leaf_id: int | None, colors: Colors,
+             failed: Callable[[Exception], None] | None = None) -> None:
+        """Read and lay out the tree of ``conversation_id`` on the reader's worker thread (the
+        path up from ``leaf_id`` is the active one) and draw it when it arrives; ``failed(error)``
+        if it cannot be. Until then the tree drawn before stays, its clicks ignored. While the
+        panel is hidden, nothing is read until it is shown.
+
+        Raises RuntimeError when the panel has no ``reader``."""
+        if self.reader is None:
+            raise RuntimeError("TreePanel.load needs a reader (a ChatReader)")
+        self._wanted = conversation_id
+        self._deferred = (conversation_id, leaf_id, colors, failed)
+        if self.isVisible():
+            self._submit()
+        else:
+            self.reader.cancel("tree")
+
+    def _submit(self) -> None:
+        if self._deferred is None or self.reader is None:
+            return
+        (cid, leaf_id, colors, failed), self._deferred = self._deferred, None
+        job = lambda store: _read_layout(store, cid, leaf_id, layout_tree)  # noqa: E731
+        self.reader.submit("tree", job, lambda layout: self._show(layout, colors), failed)
+
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt override: a tree asked for while hidden
+        super().showEvent(event)
+        self._submit()
+
+    @property
+    def loading(self) -> bool:
+        """True while a tree is being read and laid out off the UI thread."""
+        return self.reader is not None and self.reader.pending("tree")
+
+    def _clicked(self, message_id: int) -> None:
+        if self.canvas.tree_layout.conversation_id == self._wanted:  # not a node of the chat shown before
+            self.node_clicked.emit(message_id)
+
+    def _show(self, layout: TreeLayout, colors: Colors) -> None:
         self.legend.setText(
             f'<span style="color:{colors.cached};">━━━</span> KV stored&nbsp;&nbsp; '
             f'<span style="color:{colors.cached};">━</span> partly<br>'
@@ -417,7 +412,7 @@ class TreePanel(QWidget):
             f'<span style="color:{colors.accent};">━</span> active branch<br>'
             f'<span style="color:{colors.muted};">Hover a node to read it; click it (or arrows, '
             f'Enter) to show its branch.</span>')
-        self.canvas.set_tree(messages, active, colors, title)
+        self.canvas.set_layout(layout, colors)
         self._reveal_timer.start()
 
     def reveal_active(self) -> None:

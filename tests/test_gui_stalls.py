@@ -1,0 +1,203 @@
+"""Issue #10.3: work in proportion to a conversation stays off the UI thread. In the real
+window (no model needed): the tree panel is read and laid out on a worker thread and drawn
+when it arrives; a search runs there too; a long chat opens with its newest exchange and
+builds the older bubbles a few at a time, letting other timers run in between; a streamed
+reply redraws only the block being written. Speed itself is measured by
+``python -m tools.ui_latency`` (and ``--big``), not here."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import json  # noqa: E402
+import threading  # noqa: E402
+
+from gui_helpers import wait_for_tree  # noqa: E402
+from PySide6.QtCore import QTimer  # noqa: E402
+from PySide6.QtGui import QGuiApplication  # noqa: E402
+
+import app.window.tree_panel as tree_panel  # noqa: E402
+from app.window.sidebar import SNIPPET_ROLE, SPANS_ROLE  # noqa: E402
+from app.window.theme import LIGHT  # noqa: E402
+from app.window.transcript import NEAR_TOP_PX, MessageWidget  # noqa: E402
+from storage.chats import ChatStore  # noqa: E402
+from storage.paths import CHATS_DB  # noqa: E402
+
+
+def _window(open_window, data_dir, show_tree: bool = False):
+    settings = data_dir / "settings.json"
+    settings.write_text(json.dumps({**json.loads(settings.read_text()), "show_tree": show_tree}))
+    return open_window(data_dir, wait=False, start_engine=False)
+
+
+def _branch(store: ChatStore, n: int, title: str, text: str = "x") -> tuple[int, list[int]]:
+    """A conversation of ``n`` alternating user/assistant messages on one branch: (id, message ids)."""
+    conv = store.create_conversation(title=title)
+    ids: list[int] = []
+    for i in range(n):
+        ids.append(store.add_message(conv.id, ids[-1] if ids else None, "user" if i % 2 == 0 else "assistant",
+                                     f"{text} {i}").id)
+    return conv.id, ids
+
+
+def test_the_tree_panel_is_laid_out_off_the_ui_thread(qtbot, open_window, data_dir, monkeypatch):
+    with ChatStore(data_dir / CHATS_DB) as store:
+        long_id, long_ids = _branch(store, 2_000, "Long")
+        short_id, short_ids = _branch(store, 3, "Short")  # the newest: the window opens on it
+    threads = []
+    real = tree_panel._read_layout
+
+    def recorded(*args):
+        threads.append(threading.current_thread())
+        return real(*args)
+
+    monkeypatch.setattr(tree_panel, "_read_layout", recorded)
+    w = _window(open_window, data_dir, show_tree=True)
+    wait_for_tree(qtbot, w)
+    canvas = w.tree.canvas
+    assert [n.message.id for n in canvas.nodes] == short_ids
+    w.show_conversation(long_id)
+    # the slot returned before the layout exists: the short chat's tree is still drawn,
+    # and a click on it does not select a message of the chat shown before
+    assert w.tree.loading
+    assert len(canvas.nodes) == 3
+    canvas.node_clicked.emit(short_ids[0])
+    assert w.store.get_conversation(short_id).active_leaf_id == short_ids[-1]
+    qtbot.waitUntil(lambda: len(canvas.nodes) == 2_000, timeout=30_000)
+    assert not w.tree.loading
+    assert threads and all(t is not threading.main_thread() for t in threads)
+    assert canvas.leaf_id == long_ids[-1] and canvas.active == set(long_ids)
+    # painting and hit-testing look at the nodes in view
+    centre = canvas.center_of(long_ids[-1])
+    assert canvas.node_at(centre.x(), centre.y()).message.id == long_ids[-1]
+    assert canvas.node_at(centre.x(), centre.y() + tree_panel.DY / 2) is None
+
+
+def test_a_search_runs_off_the_ui_thread(qtbot, open_window, data_dir):
+    big_text = "\n".join(f"{i:05d} a log line" for i in range(20_000)) + " zebrafinch"
+    with ChatStore(data_dir / CHATS_DB) as store:
+        big = store.create_conversation(title="Big paste")
+        store.add_message(big.id, None, "user", big_text)
+        other = store.create_conversation(title="Other")
+        store.add_message(other.id, None, "user", "hello")
+    w = _window(open_window, data_dir)
+    assert w.sidebar.ids() == [other.id, big.id]
+    w.sidebar.search.setText("zebrafinch")
+    w.sidebar.refresh()  # what the search box's timer calls
+    assert w.sidebar.searching
+    assert w.sidebar.ids() == [other.id, big.id]  # the list stays until the results arrive
+    qtbot.waitUntil(lambda: w.sidebar.ids() == [big.id], timeout=30_000)
+    item = w.sidebar.list.item(0)
+    snippet, spans = item.data(SNIPPET_ROLE), item.data(SPANS_ROLE)
+    assert [snippet[a:b] for a, b in spans] == ["zebrafinch"]
+    # a newer query supersedes one still running: only its results are shown
+    w.sidebar.search.setText("hello")
+    w.sidebar.refresh()
+    w.sidebar.search.setText("log line")
+    w.sidebar.refresh()
+    qtbot.waitUntil(lambda: not w.sidebar.searching, timeout=30_000)
+    assert w.sidebar.ids() == [big.id]
+    w.sidebar.search.clear()
+    w.sidebar.refresh()  # the plain list: at once
+    assert w.sidebar.ids() == [other.id, big.id]
+
+
+def test_a_long_chat_opens_on_its_newest_exchange_and_builds_the_rest_between_timers(qtbot, open_window, data_dir):
+    with ChatStore(data_dir / CHATS_DB) as store:
+        long_id, ids = _branch(store, 200, "Long", "A **message** with\n\n- a list\n- of two\n\nnumber")
+        other = store.create_conversation(title="Other")
+        store.add_message(other.id, None, "user", "hello")
+    w = _window(open_window, data_dir)
+    w.resize(1000, 700)
+    events: list[str] = []
+    real = w.transcript._build_older
+
+    def build(*args):
+        events.append("build")
+        real(*args)
+
+    w.transcript._build_older = build
+    beat = QTimer(interval=5)
+    beat.timeout.connect(lambda: events.append("beat"))
+    beat.start()
+    w.show_conversation(long_id)
+    # the newest question and its answer, at once
+    assert [b.message.id for b in w.transcript.widgets] == ids[-2:]
+    assert w.transcript.building
+    bar = w.transcript.verticalScrollBar()
+    # built until the view's top is well above the built bubbles' top, then no more
+    qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() >= NEAR_TOP_PX, timeout=30_000)
+    assert events.count("build") >= 3 and w.transcript.building
+    assert bar.value() == bar.maximum()  # still at the newest
+    beat.stop()
+    builds = events[events.index("build"):len(events) - events[::-1].index("build")]
+    # other timers run between the builds (no burst of builds keeps the event loop to itself)
+    assert "build,build,build" not in ",".join(builds), builds
+    assert [b.message.id for b in w.transcript.widgets] == ids[-len(w.transcript.widgets):]
+    newest = w.transcript.widgets[-1]
+    assert newest.mapTo(w.transcript.viewport(), newest.rect().bottomLeft()).y() <= w.transcript.viewport().height()
+
+
+def test_a_streamed_reply_redraws_only_its_last_block(qtbot):
+    bubble = MessageWidget(None, "assistant", colors=LIGHT)
+    qtbot.addWidget(bubble)
+    first = "Intro **paragraph**.\n\n```python\nprint('one')\n```\n\n"
+    bubble.set_text(first + "A second par")
+    stream = bubble.stream
+    assert len(stream.frozen) == 1
+    done = stream.frozen[0]
+    drawn = done.text()
+    assert "paragraph" in drawn and "print" in drawn and "second" not in drawn
+    assert "A second par" in stream.live.text()
+    bubble.set_text(first + "A second paragraph.\n\n```bash\necho two\n```\n\nThe end")
+    assert stream.frozen[0] is done and done.text() == drawn  # never drawn again
+    assert len(stream.frozen) == 2 and "echo" in stream.frozen[1].text()
+    assert "The end" in stream.live.text() and "second" not in stream.live.text()
+    # a code block's Copy link numbers the blocks of the whole reply
+    assert 'href="copy:0"' in drawn and 'href="copy:1"' in stream.frozen[1].text()
+    stream.frozen[1].linkActivated.emit("copy:1")
+    assert QGuiApplication.clipboard().text() == "echo two\n"  # as code_blocks gives it
+    bubble.set_text("Something else")  # not a continuation: drawn afresh
+    assert stream.frozen == [] and "Something else" in stream.live.text()
+
+
+def test_the_tree_coverage_request_is_built_off_the_ui_thread(qtbot, open_window, data_dir, monkeypatch):
+    from app.window.engine_client import EngineClient
+    from gui_helpers import new_chat, send_and_wait
+
+    packed_on = []
+    real = EngineClient.pack_coverage
+
+    def pack(self, paths):
+        packed_on.append(threading.current_thread())
+        return real(self, paths)
+
+    monkeypatch.setattr(EngineClient, "pack_coverage", pack)
+    settings = data_dir / "settings.json"
+    settings.write_text(json.dumps({**json.loads(settings.read_text()), "show_tree": True}))
+    w = open_window(data_dir)
+    new_chat(w)
+    with qtbot.waitSignal(w.coverage_ready, timeout=120_000):
+        reply = send_and_wait(qtbot, w, "Say hello.")
+    assert packed_on and all(t is not threading.main_thread() for t in packed_on)
+    user = w.store.get_message(reply).parent_id
+    coverage = w.tree.canvas.coverage
+    assert set(coverage) >= {user, reply}
+    stored, total = coverage[user]
+    assert total > 0 and stored == total  # the question's prompt was prefilled and stored
+    assert coverage[reply][1] > total
+
+
+def test_no_full_garbage_collection_starts_by_itself_while_a_window_is_open(qtbot, open_window, data_dir):
+    import gc
+
+    before = gc.get_threshold()
+    w = _window(open_window, data_dir)
+    # the objects of the start are frozen (never walked again); a full collection runs from
+    # a timer, not at an allocation in the middle of a redraw; the young ones as before
+    assert gc.get_freeze_count() > 0
+    assert gc.get_threshold()[:2] == before[:2] and gc.get_threshold()[2] > 10**8
+    w.close()
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
