@@ -36,6 +36,8 @@ Raises nothing itself: a request the engine cannot serve comes back as an ErrorE
 
 from __future__ import annotations
 
+import pickle
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -130,9 +132,33 @@ class PrewarmRequest:
     other request between batches; a newer prewarm replaces an older one."""
 
     id: int
-    messages: list[ChatMessage]
+    messages: list[ChatMessage] | bytes  # bytes: made by pack_messages (read with unpack_messages)
     draft: str | None = ""
     complete: bool = False
+
+
+PACK_CHUNK = 256
+"""Messages per pickle call in :func:`pack_messages`."""
+
+
+def pack_messages(messages: Sequence[ChatMessage]) -> bytes:
+    """``messages`` pickled once for many requests (the window sends a path's bytes with
+    every keystroke's PrewarmRequest), ``PACK_CHUNK`` messages per pickle call: one call holds
+    the GIL throughout, so a thread packing a long path lets the UI thread run between
+    chunks."""
+    chunks = [pickle.dumps(list(messages[i : i + PACK_CHUNK]), pickle.HIGHEST_PROTOCOL)
+              for i in range(0, len(messages), PACK_CHUNK)]
+    return pickle.dumps(chunks, pickle.HIGHEST_PROTOCOL)
+
+
+def unpack_messages(data: Sequence[ChatMessage] | bytes) -> list[ChatMessage]:
+    """The messages of a PrewarmRequest: a list as it is, or the bytes of :func:`pack_messages`."""
+    if not isinstance(data, bytes):
+        return list(data)
+    out: list[ChatMessage] = []
+    for chunk in pickle.loads(data):
+        out.extend(pickle.loads(chunk))
+    return out
 
 
 @dataclass(frozen=True)

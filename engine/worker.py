@@ -49,6 +49,7 @@ from engine.events import (
     ShutdownRequest,
     SnapshotEvent,
     TokenEvent,
+    unpack_messages,
 )
 
 log = logging.getLogger(__name__)
@@ -352,7 +353,7 @@ class _Server:
         kind = "prompt" if msg.draft is None or msg.complete else "draft" if msg.draft else "open"
         result = PrewarmResult(kind, finished=False, skipped="superseded")  # not started: a request waits
         if self.inbox.empty():
-            result = self.prewarmer.run(list(msg.messages), msg.draft, msg.complete, cancel=self.arrived)
+            result = self.prewarmer.run(unpack_messages(msg.messages), msg.draft, msg.complete, cancel=self.arrived)
             if result.finished:
                 self.send(PrewarmEvent(msg.id, result.to_dict()))
                 return

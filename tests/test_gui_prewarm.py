@@ -106,3 +106,34 @@ def test_opening_a_chat_restores_it_and_regenerate_and_edit_are_prepared(qtbot, 
     first = w2.transcript.widgets[0]
     edited = _answer(qtbot, w2, "prompt", first.begin_edit)  # the path before it, then its text, sent as is
     assert edited["ready_tokens"] == edited["target_tokens"] == again.stats["prompt_tokens"]
+
+
+def test_the_shown_path_is_read_and_pickled_off_the_ui_thread(qtbot, open_window, data_dir, monkeypatch):
+    from engine.events import unpack_messages
+
+    w = open_window(data_dir)
+    new_chat(w, system_prompt="Be brief.")
+    send_and_wait(qtbot, w, "Name a colour.")
+    reply = w.store.active_path(w.chat.conversation_id)[-1].content
+    sent: list = []
+    real = w.client.prewarm
+    monkeypatch.setattr(w.client, "prewarm", lambda messages, *a, **k: (sent.append(messages), real(messages, *a, **k))[1])
+    w.prewarm.path_changed()
+    assert w.prewarm._path is None and w.reader.pending("prewarm-path")  # nothing read on the UI thread
+    qtbot.waitUntil(lambda: bool(sent), timeout=REPLY_TIMEOUT_MS)
+    assert isinstance(sent[-1], bytes)  # the path's pickled bytes, made on the reader thread
+    path = unpack_messages(sent[-1])
+    assert [(m.role, m.content) for m in path] == [("system", "Be brief."), ("user", "Name a colour."),
+                                                   ("assistant", reply)]
+    assert path[-1].token_ids  # a reply goes back as its generated ids
+
+
+def test_packed_messages_come_back_whole_across_chunks():
+    from engine.chat_template import ChatMessage
+    from engine.events import PACK_CHUNK, pack_messages, unpack_messages
+
+    messages = [ChatMessage("user" if i % 2 else "assistant", f"message {i} <b>&amp;</b>", [i, i + 1] if i % 2 == 0 else None)
+                for i in range(PACK_CHUNK * 2 + 3)]
+    assert unpack_messages(pack_messages(messages)) == messages
+    assert unpack_messages(pack_messages([])) == []
+    assert unpack_messages(messages) == messages

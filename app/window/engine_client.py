@@ -228,12 +228,14 @@ class EngineClient(QObject):
         return self._track(lambda rid: ev.GenerateRequest(rid, list(messages), dict(sampling), use_cache),
                            is_reply=True, expects_snapshot=use_cache)
 
-    def prewarm(self, messages: list[ChatMessage], draft: str | None = "",
+    def prewarm(self, messages: list[ChatMessage] | bytes, draft: str | None = "",
                 complete: bool = False) -> PendingRequest | None:
         """Background work before the next request (``engine/prewarm.py``): bring the live
-        context up to ``messages`` plus a user message ``draft`` (None: ``messages`` is the
-        whole prompt). ``done(PrewarmEvent)``; None if the engine is gone."""
-        return self._track(lambda rid: ev.PrewarmRequest(rid, list(messages), draft, complete))
+        context up to ``messages`` (a list, or ``engine.events.pack_messages`` bytes) plus a
+        user message ``draft`` (None: ``messages`` is the whole prompt).
+        ``done(PrewarmEvent)``; None if the engine is gone."""
+        path = messages if isinstance(messages, bytes) else list(messages)
+        return self._track(lambda rid: ev.PrewarmRequest(rid, path, draft, complete))
 
     def cancel(self, handle: PendingRequest) -> None:
         """Stop a reply; it still ends with ``done`` (finish_reason "cancelled")."""
