@@ -387,6 +387,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         self.chat.shutdown()
         self.save_settings()
         self.reader.close()
+        self.transcript.stop_building()  # a scroll event after this must not read the closed store
         self.store.close()
         self.gc_policy.release()
 

@@ -505,6 +505,11 @@ class TranscriptView(QScrollArea):
         if self._older and value < NEAR_TOP_PX:
             self._build_older()
 
+    def stop_building(self) -> None:
+        """Build no more older bubbles (the window is shutting down: the store closes)."""
+        self._older = []
+        self._build_timer.stop()
+
     def finish_building(self) -> None:
         """Build every remaining bubble now (tests, tools, and finding a message)."""
         if self._older:
