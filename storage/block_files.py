@@ -93,8 +93,8 @@ class BlockFiles:
         With ``cache`` (POSIX) the mapping is kept for the next call, up to
         :data:`MAP_CACHE_BYTES` in least-recently-used order, and reused while the file
         at the path is the same file (inode, size and mtime, one ``stat``): mapping 48 MB
-        of block files costs ~6 ms of page-table work per restore on this project's
-        machine. The bytes are still read, and checked, on every restore; a file that is
+        of block files and unmapping them took 11 ms of page-table work in a
+        micro-benchmark on this project's machine. The bytes are still read, and checked, on every restore; a file that is
         scrubbed or replaced is never served from an old mapping."""
         path = self.path(key)
         if cache and _CACHE_MAPS:

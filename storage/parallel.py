@@ -4,8 +4,10 @@ A restore spends its time in three copies-or-reads of the same bytes: checking e
 block's xxh3, gathering the blocks into the state blob (``engine.kv_codec``), and
 ``llama_state_seq_set_data``. The first two are independent per block, run in C, and
 release the GIL (numpy's copies do; :func:`xxh3_64` does when the xxhash extension
-exports its C function, which its Linux and macOS wheels do), so on a machine with a
-second core they take about half the wall time on two threads.
+exports its C function, checked at import: the Linux wheel does), so on a machine with a
+second core they run side by side. How much that saves depends on memory bandwidth: on
+this project's 2-core VM the checksums took about half the time, the copy about a fifth
+less (`branchwise bench`).
 
 :func:`in_halves` is the one way this project does that: a single long-lived helper
 thread takes the first half of the work while the calling thread does the second.
