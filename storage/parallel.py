@@ -6,8 +6,8 @@ block's xxh3, gathering the blocks into the state blob (``engine.kv_codec``), an
 release the GIL (numpy's copies do; :func:`xxh3_64` does when the xxhash extension
 exports its C function, checked at import: the Linux wheel does), so on a machine with a
 second core they run side by side. How much that saves depends on memory bandwidth: on
-this project's 2-core VM the checksums took about half the time, the copy about a fifth
-less (`branchwise bench`).
+this project's 2-core VM, for 48 MB, mapping and checking went from 9.2 to 5.2 ms (with
+the mappings kept between restores) and the gather from 17.7 to 15.3 ms (`branchwise bench`).
 
 :func:`in_halves` is the one way this project does that: a single long-lived helper
 thread takes the first half of the work while the calling thread does the second.
