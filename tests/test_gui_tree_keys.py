@@ -141,3 +141,18 @@ def test_every_control_has_an_accessible_name(qtbot, open_window, data_dir):
     qtbot.waitExposed(w.link_dialog)
     assert _unnamed(w.link_dialog) == []
     w.link_dialog.reject()
+
+
+def test_a_node_reads_as_text_not_as_markdown_syntax():
+    from types import SimpleNamespace
+
+    from app.window.tree_panel import node_label
+
+    def label(text: str) -> str:
+        return node_label(SimpleNamespace(content=text, status="complete"))
+
+    assert label("```python\ndef reverse(s):\n    return s[::-1]\n```") == "def reverse(s): return s[::-1]"
+    assert label("# Title\n**Bold**, `code` and [a link](http://x)") == "Title Bold, code and a link"
+    assert label("- first\n- *second*\n3. third") == "first second third"
+    assert label("snake_case and 2 * 3 * 4") == "snake_case and 2 * 3 * 4"  # not emphasis
+    assert label("<b>Madrid</b> &amp; more") == "<b>Madrid</b> &amp; more"  # still drawn as typed

@@ -21,6 +21,7 @@ is scrolled into view.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt, QTimer, Signal
@@ -52,9 +53,22 @@ ROLE_LETTERS = {"user": "U", "assistant": "A", "system": "S"}
 ROLE_WORDS = {"user": "You", "assistant": "Assistant", "system": "System"}
 
 
+# Markdown syntax left out of a node's words (the text stays plain: nothing is rendered)
+_MD_LINE = re.compile(r"^\s*(?:`{3,}|~{3,})[\w+#.-]*\s*$|^\s{0,3}(?:#{1,6}\s+|>\s?|[-*+]\s+|\d{1,9}[.)]\s+)",
+                      re.MULTILINE)
+_MD_LINK = re.compile(r"!?\[([^\]\n]*)\]\([^)\n]*\)")
+_MD_MARK = re.compile(r"(\*\*|__|`+)(\S(?:.*?\S)?)\1|(?<![\w*])\*(\S(?:[^*\n]*?\S)?)\*(?![\w*])")
+
+
 def node_label(message: Message) -> str:
-    """The words drawn on a message's node: the start of its text on one line."""
-    text = " ".join(message.content[: LABEL_CHARS * 4].split())[:LABEL_CHARS]
+    """The words drawn on a message's node: the start of its text on one line, without
+    Markdown's syntax (a code fence's marks, heading and list markers, emphasis, inline
+    code ticks, a link's target), so a reply that opens with a code block reads as its code."""
+    text = message.content[: LABEL_CHARS * 4]
+    text = _MD_LINE.sub("", text)
+    text = _MD_LINK.sub(r"\1", text)
+    text = _MD_MARK.sub(lambda m: m.group(2) if m.group(2) is not None else m.group(3), text)
+    text = " ".join(text.split())[:LABEL_CHARS]
     return text or ("(stopped)" if message.status != "complete" else "(empty)")
 
 
