@@ -86,9 +86,13 @@ class PrewarmController(QObject):
         self._last = None
         self._hovered = None
         if self._editing is None:
-            self._draft(complete=False)
-            if self._text().strip():
-                self.idle.start()
+            self._prewarm_shown()
+
+    def _prewarm_shown(self) -> None:
+        """Prewarm the shown path with the composer's text (the whole prompt too, shortly)."""
+        self._draft(complete=False)
+        if self._text().strip():
+            self.idle.start()
 
     def draft_changed(self) -> None:
         if not self.active():
@@ -167,9 +171,7 @@ class PrewarmController(QObject):
             self._reading = None
             self._path = result
             if self._editing is None:
-                self._draft(complete=False)
-                if self._text().strip():
-                    self.idle.start()
+                self._prewarm_shown()
 
         def failed(exc: Exception) -> None:
             if token is self._reading:
