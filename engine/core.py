@@ -300,12 +300,8 @@ class Engine:
             # The live context is this very prompt, ending in a batch of >= MIN_BATCH tokens
             # (a prewarm of the message as sent): its logits are the prompt's, nothing is
             # prefilled, and the first token is sampled at once.
-            stats.restore_source, stats.restored_tokens = "context", n
-            stats.restore_ms = (time.perf_counter() - t) * 1000
-            if self.store is not None and record:
-                with contextlib.suppress(StoreError, StorageFullError):
-                    self.store.record_restore(n, 0)
-            return
+            stats.restore_source = "context"
+            return self._positioned(stats, t, n, n, record)
         # A snapshot has no logits, and no batch may be a single token: leave at least
         # MIN_BATCH prompt tokens to prefill.
         limit = max(len(prompt) - MIN_BATCH, 0)
@@ -339,13 +335,17 @@ class Engine:
         else:
             restored = 0
             self._clear()
+        self._positioned(stats, t, restored, len(prompt), use_cache and record)
+
+    def _positioned(self, stats: GenerationStats, t: float, restored: int, n_prompt: int, count: bool) -> None:
+        """After positioning for a prompt of ``n_prompt`` tokens that began at
+        ``perf_counter()`` ``t``: the stats (``restored`` tokens, ms), and with ``count`` the
+        store's restored/prefilled statistics (best effort)."""
         stats.restored_tokens = restored
         stats.restore_ms = (time.perf_counter() - t) * 1000
-        if self.store is not None and use_cache and record:
-            try:
-                self.store.record_restore(restored, len(prompt) - restored)
-            except (StoreError, StorageFullError):
-                pass
+        if self.store is not None and count:
+            with contextlib.suppress(StoreError, StorageFullError):
+                self.store.record_restore(restored, n_prompt - restored)
 
     def _restore(self, match: PrefixMatch, ref: CheckpointRef | None = None) -> tuple[int, int]:
         """Restore the blocks of ``match`` (and, for a model with checkpoints, the
@@ -558,7 +558,9 @@ class Engine:
     def _store_blocks(self, state: kv_codec.ParsedState, missing: list[NewBlock], chain: list[bytes]) -> int:
         """Cut the ``missing`` blocks out of ``state`` into the reused cut buffer and store
         them, a chunk (one transaction) at a time; returns the bytes written."""
-        need = min(CUT_CHUNK_BYTES, sum(b.n_tokens for b in missing) * state.layout.bytes_per_token)
+        per_token = state.layout.bytes_per_token
+        need = max(min(CUT_CHUNK_BYTES, sum(b.n_tokens for b in missing) * per_token),
+                   max((b.n_tokens for b in missing), default=0) * per_token)  # at least one block
         if self._cut_buffer.nbytes < need:
             self._cut_buffer = np.empty(need, dtype=np.uint8)
         written = 0
@@ -650,14 +652,8 @@ class Engine:
         else:
             restored = 0
             self._clear()
-        stats.restored_tokens = restored
-        stats.restore_ms = (time.perf_counter() - t) * 1000
         stats.cache_note = self.cache_note
-        if self.store is not None and use_cache:
-            try:
-                self.store.record_restore(restored, len(prompt) - restored)
-            except (StoreError, StorageFullError):
-                pass
+        self._positioned(stats, t, restored, len(prompt), use_cache)
 
     def _can_rewind(self, n: int) -> bool:
         """Whether cutting the live context back to ``n`` tokens keeps it exact: a
