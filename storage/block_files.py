@@ -67,16 +67,17 @@ class BlockFiles:
         return self.folder / key.hex()
 
     def write(self, key: bytes, data) -> None:
-        """Write ``data`` (a buffer, or a list of buffers written one after the other) as
-        the payload of ``key``: temporary file, then rename."""
+        """Write ``data`` (a contiguous buffer) as the payload of ``key``: temporary file,
+        then rename."""
         self.folder.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         final = self.path(key)
         tmp = self.folder / f"{key.hex()}.{os.getpid()}{_TMP}"
-        parts = [memoryview(p).cast("B") for p in (data if isinstance(data, list) else [data])]
+        view = memoryview(data).cast("B")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _BINARY, FILE_MODE)
         try:
             try:
-                _write_all(fd, parts)
+                while view:  # resumed after a short write
+                    view = view[os.write(fd, view):]
             finally:
                 os.close(fd)
             os.replace(tmp, final)
@@ -219,23 +220,6 @@ class BlockFiles:
         self._mapped = 0
         for name in self.names():
             drop_file_cache(self.folder / name)
-
-
-def _write_all(fd: int, parts: list[memoryview]) -> None:
-    """Gathering writes of ``parts`` in order (``os.writev``, at most IOV_MAX at a time),
-    resumed after a short write."""
-    limit = getattr(os, "IOV_MAX", 1024) if hasattr(os, "writev") else 1
-    i = 0
-    while i < len(parts):
-        chunk = parts[i : i + limit]
-        done = os.writev(fd, chunk) if limit > 1 else os.write(fd, chunk[0])
-        for part in chunk:  # skip what was written; a partial part is resumed
-            if done >= len(part):
-                done -= len(part)
-                i += 1
-            else:
-                parts[i] = part[done:]
-                break
 
 
 def drop_file_cache(path: Path | str) -> None:

@@ -51,7 +51,6 @@ from typing import Any
 from pathlib import Path
 
 import numpy as np
-import xxhash
 
 from storage.block_files import BlockFiles
 from storage.block_hash import block_key, chain_keys, tokens_from_bytes, tokens_to_bytes
@@ -71,23 +70,10 @@ _BLOCKS_IN_TABLE = 3
 
 
 def checksum(data) -> int:
-    """xxh3-64 of ``data`` (a buffer, or a list of buffers taken as their concatenation)
-    as a signed 64-bit integer (SQLite's INTEGER range)."""
-    if isinstance(data, list):
-        h = xxhash.xxh3_64()
-        for part in data:
-            h.update(part)
-        value = h.intdigest()
-    else:
-        value = xxh3_64(data)
+    """xxh3-64 of ``data`` (a contiguous buffer) as a signed 64-bit integer (SQLite's
+    INTEGER range)."""
+    value = xxh3_64(data)
     return value - (1 << 64) if value >= (1 << 63) else value
-
-
-def payload_size(payload) -> int:
-    """Bytes of a payload: a buffer, or a list of buffers."""
-    if isinstance(payload, list):
-        return sum(memoryview(p).nbytes for p in payload)
-    return memoryview(payload).nbytes
 
 
 @dataclass(frozen=True)
@@ -130,9 +116,9 @@ class NewBlock:
     parent: bytes
     start: int
     tokens: np.ndarray
-    # The bytes: a buffer, a list of buffers taken as one, or a callable returning either
-    # (called once, on whichever thread writes the block: PrefixStore.put).
-    payload: bytes | memoryview | list[memoryview] | Callable[[], Any] | None = None
+    # The bytes: a contiguous buffer, or a callable returning one (called once, on whichever
+    # thread writes the block: PrefixStore.put).
+    payload: bytes | memoryview | np.ndarray | Callable[[], Any] | None = None
     nbytes: int = 0  # the size a callable payload will have (to decide on a second thread)
 
     @property
@@ -535,7 +521,7 @@ class PrefixStore:
                 with self._tx():  # BEGIN IMMEDIATE: no other writer until the commit
                     present = self._present([b.key for b in blocks])
                     todo = [b for b in blocks if b.key not in present]
-                    size = sum(b.nbytes if callable(b.payload) else payload_size(b.payload) for b in todo)
+                    size = sum(b.nbytes if callable(b.payload) else memoryview(b.payload).nbytes for b in todo)
                     ready = in_halves(lambda part: [self._write_block(b) for b in part], todo, size)
                     for b, (nbytes, value) in zip(todo, ready):
                         self._db.execute(
@@ -564,7 +550,7 @@ class PrefixStore:
         assert payload is not None
         value = checksum(payload)
         self._write_file(b.key, payload)
-        return payload_size(payload), value
+        return memoryview(payload).nbytes, value
 
     def _write_file(self, key: bytes, payload) -> None:
         try:
@@ -943,13 +929,8 @@ class PrefixStore:
     # -- helpers ---------------------------------------------------------------------
 
     def _present(self, keys: Sequence[bytes]) -> set[bytes]:
-        """Which of ``keys`` the store holds (queried 500 at a time)."""
-        present: set[bytes] = set()
-        for i in range(0, len(keys), 500):
-            chunk = keys[i : i + 500]
-            q = f"SELECT key FROM blocks WHERE key IN ({','.join('?' * len(chunk))})"
-            present.update(r[0] for r in self._db.execute(q, chunk))
-        return present
+        """Which of ``keys`` the store holds."""
+        return set(self._rows(keys))
 
     def _total_bytes(self) -> int:
         """Payload bytes held: blocks and checkpoints (both count against the budget)."""
