@@ -52,6 +52,7 @@ from engine import cpu, kv_codec
 from engine.chat_template import ChatMessage
 from engine.errors import ContextOverflowError, EngineError
 from engine.fingerprint import cached_file_digest, fingerprint
+from engine.live_context import MIN_BATCH, HeldState, LiveContext, batches, common_prefix
 from engine.model import LoadedModel
 from engine.settings import EngineSettings, SamplingParams
 from storage.errors import StorageFullError
@@ -60,7 +61,6 @@ from storage.prefix_store import CheckpointRef, NewBlock, PrefixMatch, PrefixSto
 log = logging.getLogger(__name__)
 
 PREFAULT_BYTES = 64 * 1024 * 1024  # restore buffer paged in at load (model load is not TTFT)
-MIN_BATCH = 2  # never evaluate a prompt batch of one token (see the module docstring)
 
 # Below this many tokens a restore is not worth its fixed cost (a SQLite query, a state
 # blob, a llama_state_seq_set_data call: about 2 ms, while prefilling a handful of tokens
@@ -69,16 +69,14 @@ MIN_RESTORE_TOKENS = 16
 
 ProgressFn = Callable[[str, int, int], None]  # (phase, done, total); phase "restore" | "prefill"
 TokenFn = Callable[[str, int], None]  # (text delta, token id)
-PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY (include/llama.h)
 
 
-@dataclass
-class _Checkpoint:
-    """A partial state held in memory: after the first ``n`` tokens of the live context."""
 
-    n: int
-    tokens: list[int]
-    data: bytes
+def _prefaulted(size: int) -> np.ndarray:
+    """A uint8 buffer of ``size`` bytes with every page touched (mapped now, not on first use)."""
+    buf = np.zeros(size, dtype=np.uint8)
+    buf[::4096] = 1
+    return buf
 
 
 def _keep_large_allocations_mapped() -> None:
@@ -184,27 +182,18 @@ class Engine:
             except (ValueError, TypeError) as exc:  # a damaged layout row: relearn it
                 log.warning("ignoring a damaged KV layout in the store: %s", exc)
                 self.layout = None
-        self._buffer = np.empty(0, dtype=np.uint8)
+        buffer = np.empty(0, dtype=np.uint8)
         self._cut_buffer = np.empty(0, dtype=np.uint8)
         if self.store is not None:  # page the state buffer in now, not during a TTFT or snapshot
             per_token = self.layout.bytes_per_token if self.layout else self.model.facts.kv_bytes_per_token
             size = min(self.llama.n_ctx() * per_token, PREFAULT_BYTES)
-            self._buffer = np.zeros(size, dtype=np.uint8)
-            self._buffer[::4096] = 1
+            buffer = _prefaulted(size)
             # ... and the buffer the snapshot cuts block payloads into
-            self._cut_buffer = np.zeros(min(size, CUT_CHUNK_BYTES), dtype=np.uint8)
-            self._cut_buffer[::4096] = 1
-        self._lock = threading.RLock()  # generate() holds it while calling snapshot()
-        # Leading live-context tokens whose KV was computed in batches of >= 2 tokens
-        # (and so may be reused or stored); decoded tokens are not, until recomputed.
-        self._exact_upto = 0
-        self._logits_at = -1  # live position whose logits the context holds (_eval), or -1
+            self._cut_buffer = _prefaulted(min(size, CUT_CHUNK_BYTES))
+        self.lock = threading.RLock()  # generate() holds it while calling snapshot()
+        self.live = LiveContext(self.llama, buffer)
         self.mode = self.model.cache_mode
         self.kind = self.mode.state_kind
-        self._pending: _Checkpoint | None = None  # the checkpoint the reply's recompute starts from
-        self._swa_valid_from = 0  # sliding-window KV below this position is zero padding
-        self.cache_note = ""  # set when the model's state turned out not to be storable
-        self._want_checkpoints = True
 
     # -- prompts ---------------------------------------------------------------------
 
@@ -264,7 +253,7 @@ class Engine:
             TemplateError: the chat template cannot render these messages.
         """
         sampling = sampling or SamplingParams()
-        with self._lock:
+        with self.lock:
             t0 = time.perf_counter()
             stats = GenerationStats()
             prompt = self.prompt_tokens(messages)
@@ -275,9 +264,8 @@ class Engine:
             if not prompt:
                 raise EngineError("There is nothing to answer: the conversation is empty.")
 
-            self._want_checkpoints = use_cache
             self._position(prompt, use_cache, stats, on_progress)
-            if not self._prefill(prompt, stats, on_progress, cancel):
+            if not self._prefill(prompt, stats, on_progress, cancel, use_cache):
                 stats.finish_reason = "cancelled"  # stopped while reading the prompt
                 return GenerationResult("", [], stats, prompt)
             text, ids = self._decode(sampling, stats, t0, on_token, cancel)
@@ -295,8 +283,8 @@ class Engine:
             return self._position_checkpointed(prompt, use_cache, stats, on_progress)
         t = time.perf_counter()
         n = len(prompt)
-        if (use_cache and self._logits_at == n == self.llama.n_tokens and self._exact_upto >= n
-                and _common_prefix(self.llama.input_ids[:n], prompt) == n):
+        if (use_cache and self.live.logits_at == n == self.llama.n_tokens and self.live.exact_upto >= n
+                and common_prefix(self.llama.input_ids[:n], prompt) == n):
             # The live context is this very prompt, ending in a batch of >= MIN_BATCH tokens
             # (a prewarm of the message as sent): its logits are the prompt's, nothing is
             # prefilled, and the first token is sampled at once.
@@ -308,7 +296,7 @@ class Engine:
         live = 0
         if use_cache:
             held = self.llama.input_ids[: self.llama.n_tokens]
-            live = min(_common_prefix(held, prompt), limit, self._exact_upto)
+            live = min(common_prefix(held, prompt), limit, self.live.exact_upto)
         match = PrefixMatch()
         if use_cache and self.store is not None and self.layout is not None:
             try:
@@ -325,16 +313,16 @@ class Engine:
                 live = 0  # a failed restore cleared the live context
         if restored > live:
             stats.restore_source = "store"
-            self._set_tokens(prompt[:restored])
-            self._exact_upto = restored
-        elif live > 0 and self._truncate(live):
+            self.live.set_tokens(prompt[:restored])
+            self.live.exact_upto = restored
+        elif live > 0 and self.live.truncate(live):
             restored = live
             stats.restore_source = "context"
             self.llama.n_tokens = live
-            self._exact_upto = live
+            self.live.exact_upto = live
         else:
             restored = 0
-            self._clear()
+            self.live.clear()
         self._positioned(stats, t, restored, len(prompt), use_cache and record)
 
     def _positioned(self, stats: GenerationStats, t: float, restored: int, n_prompt: int, count: bool) -> None:
@@ -376,35 +364,23 @@ class Engine:
             if n < MIN_RESTORE_TOKENS:
                 return 0, dropped
             kind = self.kind if ref is not None else kv_codec.StateKind.DENSE
-            blob = kv_codec.assemble(kind, self.layout, payloads, data, buffer=self._buffer)
+            blob = kv_codec.assemble(kind, self.layout, payloads, data, buffer=self.live.buffer)
         except (ValueError, kv_codec.UnsupportedStateError) as exc:
             log.warning("stored KV does not fit (%s); prefilling instead", exc)
             return 0, dropped
         del payloads  # unmaps the block files
-        if blob.base is not self._buffer and blob is not self._buffer:
-            self._buffer = blob  # grown: keep the larger buffer for the next restore
-        if not self._apply(blob):
+        if blob.base is not self.live.buffer and blob is not self.live.buffer:
+            self.live.buffer = blob  # grown: keep the larger buffer for the next restore
+        if not self.live.apply(blob):
             return 0, dropped
         if ref is not None:
-            self._pending = _Checkpoint(n, [], data)
+            self.live.held = HeldState(n, [], data)
             if self.kind == kv_codec.StateKind.ISWA:
-                self._swa_valid_from = kv_codec.partial_start(self.kind, data)
+                self.live.swa_valid_from = kv_codec.partial_start(self.kind, data)
         return n, dropped
 
-    def _apply(self, blob: np.ndarray) -> bool:
-        """Replace sequence 0 with the state ``blob``; on refusal the sequence is left empty.
-        The buffers are not zeroed first (a 94 MB memset at 4,096 cells of the default
-        model, measured as 8 ms of a 20 ms set_data by `branchwise bench`): the state
-        overwrites every cell it uses."""
-        self._clear(data=False)
-        ptr = blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
-        if llama_cpp.llama_state_seq_set_data(self.llama.ctx, ptr, blob.nbytes, 0) == blob.nbytes:
-            return True
-        log.warning("llama_state_seq_set_data rejected a %d-byte state; prefilling instead", blob.nbytes)
-        self._clear()
-        return False
-
-    def _prefill(self, prompt: list[int], stats: GenerationStats, on_progress, cancel) -> bool:
+    def _prefill(self, prompt: list[int], stats: GenerationStats, on_progress, cancel,
+                 use_cache: bool = True) -> bool:
         """Evaluate the prompt tokens after the restored prefix, a batch at a time.
         Returns False when ``cancel`` was set between batches (the prompt is unfinished).
 
@@ -416,7 +392,7 @@ class Engine:
         rest = prompt[start:]
         stats.prefilled_tokens = len(rest)
         hold_at = None
-        if self.mode.checkpoints and self.store is not None and self._want_checkpoints and not self.cache_note:
+        if self.mode.checkpoints and self.store is not None and use_cache and self.live.storable:
             at = max(len(prompt) - MIN_BATCH, 0)
             hold_at = at if (at - start >= MIN_BATCH or at == start) else len(prompt)
         k = len(rest) if hold_at is None else hold_at - start
@@ -425,19 +401,19 @@ class Engine:
         for i, segment in enumerate(segments):
             if i == 1 and hold_at is not None:
                 self._hold_checkpoint()
-            for chunk in _batches(segment, self.llama.n_batch):
+            for chunk in batches(segment, self.llama.n_batch):
                 if cancel is not None and cancel.is_set():
-                    self._exact_upto = self.llama.n_tokens
+                    self.live.exact_upto = self.llama.n_tokens
                     stats.prefilled_tokens = done
                     stats.prefill_ms = (time.perf_counter() - t) * 1000
                     return False
                 if on_progress:
                     on_progress("prefill", done, len(rest))
-                self._eval(chunk)
+                self.live.evaluate(chunk)
                 done += len(chunk)
         if on_progress and rest:
             on_progress("prefill", len(rest), len(rest))
-        self._exact_upto = self.llama.n_tokens if len(prompt) >= MIN_BATCH else 0
+        self.live.exact_upto = self.llama.n_tokens if len(prompt) >= MIN_BATCH else 0
         stats.prefill_ms = (time.perf_counter() - t) * 1000
         return True
 
@@ -483,7 +459,7 @@ class Engine:
             if llama.n_tokens + 1 >= n_ctx:
                 stats.finish_reason = "context"
                 break
-            self._eval([token])
+            self.live.evaluate([token])
         # An incomplete UTF-8 sequence at the end (a reply cut by max_tokens) is dropped,
         # not shown as U+FFFD; the token ids keep it.
         if stop is not None and not stop.hit and (tail := stop.flush()):
@@ -501,10 +477,10 @@ class Engine:
         it (``StopMatcher.cut_ids``); the live context drops the KV of the rest."""
         kept, n_evaluated = stop.cut_ids(ids, self.model.tokenize)
         n = self.llama.n_tokens - (len(ids) - 1) + n_evaluated  # every id but the last was evaluated
-        if self._truncate(n):
+        if self.live.truncate(n):
             self.llama.n_tokens = n
         else:
-            self._clear()
+            self.live.clear()
         return kept
 
     # -- snapshot --------------------------------------------------------------------
@@ -517,7 +493,7 @@ class Engine:
         """
         if self.store is None:
             return 0
-        with self._lock:
+        with self.lock:
             return self._snapshot(stats)
 
     def _snapshot(self, stats: GenerationStats | None) -> int:
@@ -529,11 +505,11 @@ class Engine:
             stats.recompute_ms = (time.perf_counter() - t) * 1000
         t = time.perf_counter()
         written = 0
-        tokens = np.asarray(self.llama.input_ids[: self._exact_upto], dtype=np.int32)
+        tokens = np.asarray(self.llama.input_ids[: self.live.exact_upto], dtype=np.int32)
         try:
             missing, chain = self.store.plan(self.fingerprint, tokens)
             if missing or (self.layout is None and len(tokens)):
-                state = kv_codec.parse(self._state_blob())
+                state = kv_codec.parse(self.live.state_blob())
                 if state.n_tokens != self.llama.n_tokens or len(tokens) > state.n_tokens:
                     raise kv_codec.UnsupportedStateError(
                         f"state holds {state.n_tokens} tokens, expected {len(tokens)}"
@@ -574,30 +550,17 @@ class Engine:
         """Re-prefill the tokens decoded one at a time, in batches of >= 2 tokens, so the
         live KV is what a from-scratch prefill computes (see the module docstring)."""
         n = self.llama.n_tokens
-        if self._exact_upto >= n:
+        if self.live.exact_upto >= n:
             return
-        keep = max(min(self._exact_upto, n - MIN_BATCH), 0)
+        keep = max(min(self.live.exact_upto, n - MIN_BATCH), 0)
         tokens = list(self.llama.input_ids[keep:n])
-        if not self._truncate(keep):
-            self._clear()
+        if not self.live.truncate(keep):
+            self.live.clear()
             keep, tokens = 0, list(self.llama.input_ids[:n])
         self.llama.n_tokens = keep
-        for chunk in _batches(tokens, self.llama.n_batch):
-            self._eval(chunk)
-        self._exact_upto = self.llama.n_tokens if self.llama.n_tokens >= MIN_BATCH else 0
-
-    def _state_blob(self) -> np.ndarray:
-        """The live sequence's state blob, written into the reusable restore buffer (its
-        pages are already mapped: a fresh 48 MB array costs ~60 ms of page faults here)."""
-        ctx = self.llama.ctx
-        size = llama_cpp.llama_state_seq_get_size(ctx, 0)
-        if self._buffer.nbytes < size:
-            self._buffer = np.empty(size, dtype=np.uint8)
-        buf = self._buffer[:size]
-        got = llama_cpp.llama_state_seq_get_data(ctx, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, 0)
-        if got != size:
-            raise kv_codec.UnsupportedStateError(f"llama_state_seq_get_data wrote {got} of {size} bytes")
-        return buf
+        for chunk in batches(tokens, self.llama.n_batch):
+            self.live.evaluate(chunk)
+        self.live.exact_upto = self.llama.n_tokens if self.llama.n_tokens >= MIN_BATCH else 0
 
     # -- models with checkpoints (sliding-window, recurrent, hybrid) -------------------
     # Their state is two parts (engine/kv_codec.py StateKind): KV that can be cut at any
@@ -613,12 +576,12 @@ class Engine:
         live = 0
         if use_cache:
             held = self.llama.input_ids[: self.llama.n_tokens]
-            live = min(_common_prefix(held, prompt), limit, self._exact_upto)
+            live = min(common_prefix(held, prompt), limit, self.live.exact_upto)
             if live and not self._can_rewind(live):
                 live = 0
         ref: CheckpointRef | None = None
         match = PrefixMatch()
-        if use_cache and self.store is not None and not self.cache_note:
+        if use_cache and self.store is not None and self.live.storable:
             try:
                 if self.kind == kv_codec.StateKind.RECURRENT:
                     bound = limit
@@ -642,17 +605,17 @@ class Engine:
         if restored > live:
             stats.restore_source = "store"
             stats.checkpoint_tokens = restored
-            self._set_tokens(prompt[:restored])
-            self._exact_upto = restored
+            self.live.set_tokens(prompt[:restored])
+            self.live.exact_upto = restored
         elif live > 0 and self._rewind_live(live):
             restored = live
             stats.restore_source = "context"
             self.llama.n_tokens = live
-            self._exact_upto = live
+            self.live.exact_upto = live
         else:
             restored = 0
-            self._clear()
-        stats.cache_note = self.cache_note
+            self.live.clear()
+        stats.cache_note = self.live.note
         self._positioned(stats, t, restored, len(prompt), use_cache)
 
     def _can_rewind(self, n: int) -> bool:
@@ -665,47 +628,29 @@ class Engine:
             return False
         need_from = max(0, n - self.model.n_swa + 1)
         mem = llama_cpp.llama_get_memory(self.llama.ctx)
-        return need_from >= self._swa_valid_from and llama_cpp.llama_memory_seq_pos_min(mem, 0) <= need_from
+        return need_from >= self.live.swa_valid_from and llama_cpp.llama_memory_seq_pos_min(mem, 0) <= need_from
 
     def _rewind_live(self, n: int) -> bool:
         """Cut the live context back to ``n`` tokens when :meth:`_can_rewind` allows it."""
-        return self._can_rewind(n) and (n == self.llama.n_tokens or self._truncate(n))
-
-    def _partial_state(self) -> bytes:
-        """The live sequence's partial state (``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``),
-        without its 8-byte header: a checkpoint's payload."""
-        ctx = self.llama.ctx
-        size = llama_cpp.llama_state_seq_get_size_ext(ctx, 0, PARTIAL_ONLY)
-        buf = np.empty(size, dtype=np.uint8)
-        got = llama_cpp.llama_state_seq_get_data_ext(
-            ctx, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, 0, PARTIAL_ONLY)
-        if got != size or size < 8:
-            raise kv_codec.UnsupportedStateError(f"llama_state_seq_get_data_ext wrote {got} of {size} bytes")
-        return buf[8:].tobytes()
+        return self._can_rewind(n) and (n == self.llama.n_tokens or self.live.truncate(n))
 
     def _hold_checkpoint(self) -> None:
         """Keep the partial state at the live context's end (before decoding moves it on)."""
         n = self.llama.n_tokens
-        if self._pending is not None and self._pending.n == n:
-            self._pending.tokens = list(self.llama.input_ids[:n])
+        if self.live.held is not None and self.live.held.n == n:
+            self.live.held.tokens = list(self.llama.input_ids[:n])
             return
         try:
-            data = self._partial_state()
+            data = self.live.partial_state()
             if kv_codec.partial_tokens(self.kind, data) != n:
                 raise kv_codec.UnsupportedStateError(
                     f"the partial state stands for {kv_codec.partial_tokens(self.kind, data)} tokens, not {n}")
         except kv_codec.UnsupportedStateError as exc:
-            self._not_storable(exc)
+            self.live.mark_unstorable(exc)
             return
-        self._pending = _Checkpoint(n, list(self.llama.input_ids[:n]), data)
+        self.live.held = HeldState(n, list(self.llama.input_ids[:n]), data)
 
-    def _not_storable(self, exc: Exception) -> None:
-        self.cache_note = (f"the prefix store is off for this model: its state has a layout "
-                           f"this version does not know ({exc}); every prompt is prefilled")
-        log.warning("%s", self.cache_note)
-        self._pending = None
-
-    def _rewind(self, cp: _Checkpoint) -> bool:
+    def _rewind(self, cp: HeldState) -> bool:
         """Bring the live context back to the held checkpoint ``cp`` (for recomputing the
         reply in one batch): by cutting the sliding window when that is exact, else by
         re-assembling the state from the live blocks below ``cp.n`` and ``cp``'s data."""
@@ -716,7 +661,7 @@ class Engine:
             payloads: list = []
             layout = None
             if self.kind != kv_codec.StateKind.RECURRENT:
-                state = kv_codec.split(self._state_blob(), self.kind).blocks
+                state = kv_codec.split(self.live.state_blob(), self.kind).blocks
                 payloads = [(kv_codec.block_payload(state, 0, cp.n), cp.n, cp.n)]
                 layout = state.layout
             blob = kv_codec.assemble(self.kind, layout, payloads, cp.data)
@@ -724,41 +669,41 @@ class Engine:
             log.warning("cannot rewind to the checkpoint: %s", exc)
             return False
         tokens = list(self.llama.input_ids[: cp.n])
-        if not self._apply(blob):
+        if not self.live.apply(blob):
             return False
-        self._set_tokens(tokens)
-        self._pending = cp
+        self.live.set_tokens(tokens)
+        self.live.held = cp
         if self.kind == kv_codec.StateKind.ISWA:
-            self._swa_valid_from = kv_codec.partial_start(self.kind, cp.data)
+            self.live.swa_valid_from = kv_codec.partial_start(self.kind, cp.data)
         return True
 
     def _snapshot_checkpointed(self, stats: GenerationStats | None) -> int:
         assert self.store is not None
-        if self.cache_note:  # this model's state cannot be stored (see _not_storable)
+        if not self.live.storable:  # this model's state cannot be stored (see _not_storable)
             return 0
         t = time.perf_counter()
         written = 0
-        cp = self._pending
+        cp = self.live.held
         n = self.llama.n_tokens
-        if cp is not None and (cp.n > self._exact_upto or cp.tokens and list(self.llama.input_ids[: cp.n]) != cp.tokens):
+        if cp is not None and (cp.n > self.live.exact_upto or cp.tokens and list(self.llama.input_ids[: cp.n]) != cp.tokens):
             cp = None  # not from this context
         try:
             # Recompute the decoded reply in one batch from the held checkpoint.
-            if n > self._exact_upto and cp is not None and n - cp.n >= MIN_BATCH:
+            if n > self.live.exact_upto and cp is not None and n - cp.n >= MIN_BATCH:
                 tokens = list(self.llama.input_ids[cp.n : n])
                 if self._rewind(cp):
-                    for chunk in _batches(tokens, self.llama.n_batch):
-                        self._eval(chunk)
-                    self._exact_upto = self.llama.n_tokens
+                    for chunk in batches(tokens, self.llama.n_batch):
+                        self.live.evaluate(chunk)
+                    self.live.exact_upto = self.llama.n_tokens
             if stats is not None:
                 stats.recompute_ms = (time.perf_counter() - t) * 1000
             t = time.perf_counter()
-            exact = self._exact_upto
+            exact = self.live.exact_upto
             tokens = np.asarray(self.llama.input_ids[:exact], dtype=np.int32)
             at_end = exact == self.llama.n_tokens and exact >= MIN_RESTORE_TOKENS
             if not at_end and not len(tokens):
                 return written
-            state = kv_codec.split(self._state_blob(), self.kind)
+            state = kv_codec.split(self.live.state_blob(), self.kind)
             if state.n_tokens != self.llama.n_tokens:
                 raise kv_codec.UnsupportedStateError(
                     f"state holds {state.n_tokens} tokens, expected {self.llama.n_tokens}")
@@ -777,10 +722,10 @@ class Engine:
                 written += w
             if at_end:
                 data = bytes(state.partial)
-                self._pending = _Checkpoint(exact, tokens.tolist(), data)
+                self.live.held = HeldState(exact, tokens.tolist(), data)
                 written += self.store.put_checkpoint(self.fingerprint, tokens, data, active_path=keys)[1]
         except kv_codec.UnsupportedStateError as exc:
-            self._not_storable(exc)
+            self.live.mark_unstorable(exc)
         except (StorageFullError, StoreError) as exc:
             log.warning("KV state not stored: %s", exc)
         if stats is not None:
@@ -790,40 +735,10 @@ class Engine:
 
     # -- context helpers ---------------------------------------------------------------
 
-    def _set_tokens(self, tokens: list[int]) -> None:
-        self.llama.input_ids[: len(tokens)] = tokens
-        self.llama.n_tokens = len(tokens)
-
-    def _eval(self, tokens: list[int]) -> None:
-        """``llama.eval(tokens)``, remembering where the context's logits stand: after a
-        batch of >= MIN_BATCH tokens they are the last token's, as a from-scratch prefill
-        of the same tokens computes them (see the module docstring), and a request whose
-        prompt is exactly the live context samples from them at once (``_position``)."""
-        self.llama.eval(tokens)
-        self._logits_at = self.llama.n_tokens if len(tokens) >= MIN_BATCH else -1
-
-    def _truncate(self, n: int) -> bool:
-        if n != self._logits_at:
-            self._logits_at = -1
-        mem = llama_cpp.llama_get_memory(self.llama.ctx)
-        return bool(llama_cpp.llama_memory_seq_rm(mem, 0, n, -1))
-
-    def _clear(self, data: bool = True) -> None:
-        """Empty the context. ``data=False`` resets only the cells' metadata: the KV
-        buffers keep stale values in free cells, as after any llama.cpp ``seq_rm``
-        (masked in attention); zeroing them costs a memset of the whole cache."""
-        mem = llama_cpp.llama_get_memory(self.llama.ctx)
-        llama_cpp.llama_memory_clear(mem, data)
-        self.llama.n_tokens = 0
-        self._exact_upto = 0
-        self._logits_at = -1
-        self._pending = None
-        self._swa_valid_from = 0
-
     def reset_context(self) -> None:
         """Forget the live context (the next request restores from the store or prefills)."""
-        with self._lock:
-            self._clear()
+        with self.lock:
+            self.live.clear()
 
     def close(self) -> None:
         self.model.close()
@@ -860,22 +775,3 @@ def _cut(state: kv_codec.ParsedState, missing: list[NewBlock], buffer: np.ndarra
         used += size
     if chunk:
         yield chunk
-
-
-def _batches(tokens: list[int], size: int) -> list[list[int]]:
-    """``tokens`` in chunks of at most ``size``, none of exactly one token (unless the
-    whole list is one token): a one-token batch takes a different path in llama.cpp."""
-    chunks = [tokens[i : i + size] for i in range(0, len(tokens), size)]
-    if len(chunks) >= 2 and len(chunks[-1]) == 1:
-        chunks[-2], chunks[-1] = chunks[-2][:-1], [chunks[-2][-1], *chunks[-1]]
-    return chunks
-
-
-def _common_prefix(a: Sequence[int] | np.ndarray, b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    x = np.asarray(a[:n], dtype=np.int64)
-    y = np.asarray(b[:n], dtype=np.int64)
-    diff = np.flatnonzero(x != y)
-    return int(diff[0]) if len(diff) else n
