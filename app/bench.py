@@ -161,7 +161,7 @@ def bench_snapshot(engine, prompt: list[int], work: Path, repeats: int = 5) -> d
         return {}
     store = engine.store
     match, _ = _restore_lookup(engine, prompt)
-    n, _ = engine._restore(match)
+    n, _ = engine.cache.restore(match)
     if not n:
         return {}
     engine.live.adopt(prompt[:n])
@@ -184,7 +184,7 @@ def bench_snapshot(engine, prompt: list[int], work: Path, repeats: int = 5) -> d
 
 
 def _restore_lookup(engine, prompt: list[int]):
-    """What ``Engine._position`` looks up: the block match and, with checkpoints, the
+    """What ``Engine.position`` looks up: the block match and, with checkpoints, the
     deepest checkpoint within it."""
     from engine import kv_codec
 

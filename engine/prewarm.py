@@ -1,7 +1,7 @@
 """Zero-wait turns: bring the live context up to the next prompt while the user reads and types.
 
 Between requests the engine is idle. A prewarm uses that time, on the same engine and by the
-same rules as a request (``Engine._position``: the live context or the prefix store, whichever
+same rules as a request (``Engine.position``: the live context or the prefix store, whichever
 holds the longer prefix; then prefill in batches of >= 2 tokens), so that when the user
 sends, only the tokens past the prepared part are evaluated:
 
@@ -20,7 +20,7 @@ prefix of the token ids, so no tokenizer or chat template is assumed.
 
 Guarantees (``tests/test_prewarm.py`` checks them on the real default model):
 
-* exactness: a prewarm evaluates only batches of >= 2 tokens and keeps ``LiveContext.exact_upto``, so
+* exactness: a prewarm evaluates only batches of >= 2 tokens and keeps ``Engine.live.exact_upto``, so
   what a request later reuses from the live context is what a from-scratch prefill
   computes; a later request cuts the live context back to the longest common prefix of
   token ids, as for any other request;
@@ -29,7 +29,7 @@ Guarantees (``tests/test_prewarm.py`` checks them on the real default model):
 * it stops between batches as soon as ``cancel`` is set (the worker sets it when any other
   request arrives), keeping what it computed;
 * models whose state cannot be cut back to an arbitrary prefix (sliding window, recurrent,
-  hybrid: ``CacheMode.checkpoints``) are not prewarmed: a draft that changes would leave a
+  hybrid: their cache strategy does not ``cuts_back``) are not prewarmed: a draft that changes would leave a
   state no request can use exactly. Remote engines neither.
 """
 
@@ -139,8 +139,7 @@ class Prewarmer:
 
     def supported(self) -> str:
         """"" when this engine can be prewarmed, else why not (in words)."""
-        e = self.engine
-        if e.mode.checkpoints:
+        if not self.engine.cache.cuts_back:
             return "this model's state cannot be cut back to a prefix"
         return ""
 
@@ -175,7 +174,7 @@ class Prewarmer:
                 res.ready_tokens, res.finished = ready, False
                 return res
             stats = GenerationStats()
-            e._position(target, True, stats, None, record=False)
+            e.position(target, stats, record=False)
             if stats.restore_source == "store":
                 res.restored_tokens = stats.restored_tokens
             start = e.llama.n_tokens

@@ -35,7 +35,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from engine.chat_template import ChatMessage
-from engine.core import GenerationResult, GenerationStats, ProgressFn, TokenFn
+from engine.chat_engine import GenerationResult, GenerationStats, ProgressFn, TokenFn
 from engine.errors import EngineError
 from engine.settings import SamplingParams
 
