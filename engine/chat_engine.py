@@ -10,8 +10,13 @@ This module imports neither llama.cpp nor httpx, so importing the types is cheap
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Protocol, runtime_checkable
+
+from engine.chat_template import ChatMessage
+from engine.settings import SamplingParams
 
 ProgressFn = Callable[[str, int, int], None]  # (phase, done, total); phase "restore" | "prefill"
 TokenFn = Callable[[str, int], None]  # (text delta, token id)
@@ -58,3 +63,50 @@ class GenerationResult:
     stats: GenerationStats
     prompt_ids: list[int] = field(default_factory=list)
 
+
+@runtime_checkable
+class ChatEngine(Protocol):
+    """An engine a front end (the CLI, the engine process) generates replies with."""
+
+    is_remote: bool
+    """True when an OpenAI-compatible server answers: no local KV cache, prefix store,
+    token counts or context check (the server does its own)."""
+
+    def model_name(self) -> str:
+        """The model's name: the GGUF's ``general.name`` (the file name when it has
+        none), or the server's model id.
+
+        Raises:
+            EngineError: a remote server cannot be asked (``RemoteEngineError``).
+        """
+        ...
+
+    def generate(
+        self,
+        messages: Sequence[ChatMessage],
+        sampling: SamplingParams | None = None,
+        *,
+        use_cache: bool = True,
+        on_token: TokenFn | None = None,
+        on_progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+        snapshot: bool = True,
+    ) -> GenerationResult:
+        """The assistant's reply to ``messages``, streamed through ``on_token(delta, id)``.
+
+        Raises:
+            EngineError: the reply cannot be generated (the message says why, in words).
+        """
+        ...
+
+    def snapshot(self, stats: GenerationStats | None = None) -> int:
+        """Store the live context's new KV; returns bytes written (0 for a remote engine)."""
+        ...
+
+    def reset_context(self) -> None:
+        """Forget the live context."""
+        ...
+
+    def close(self) -> None:
+        """Free the model or the connection."""
+        ...

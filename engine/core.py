@@ -49,7 +49,7 @@ import numpy as np
 from engine import cpu, kv_codec
 from engine.cache_strategy import CacheStrategy, strategy_for
 from engine.cache_strategy.base import CUT_CHUNK_BYTES, MIN_RESTORE_TOKENS
-from engine.chat_engine import GenerationResult, GenerationStats, ProgressFn, TokenFn
+from engine.chat_engine import ChatEngine, GenerationResult, GenerationStats, ProgressFn, TokenFn
 from engine.chat_template import ChatMessage
 from engine.errors import ContextOverflowError, EngineError
 from engine.fingerprint import cached_file_digest, fingerprint
@@ -60,7 +60,7 @@ from storage.errors import StorageFullError
 from storage.prefix_store import PrefixStore, StoreError
 
 __all__ = [  # the names importers take from here
-    "CUT_CHUNK_BYTES", "MIN_BATCH", "MIN_RESTORE_TOKENS", "CacheStrategy", "Engine", "GenerationResult",
+    "CUT_CHUNK_BYTES", "MIN_BATCH", "MIN_RESTORE_TOKENS", "CacheStrategy", "ChatEngine", "Engine", "GenerationResult",
     "GenerationStats", "ProgressFn", "TokenFn",
 ]
 
@@ -94,7 +94,7 @@ def _keep_large_allocations_mapped() -> None:
 
 
 class Engine:
-    """A loaded model with its prefix store.
+    """A loaded model with its prefix store (a :class:`engine.chat_engine.ChatEngine`).
 
     Args:
         model_path: a GGUF file.
@@ -106,6 +106,8 @@ class Engine:
     Raises:
         ModelLoadError: the model cannot be loaded (the message says why, in words).
     """
+
+    is_remote = False
 
     def __init__(
         self,
@@ -152,6 +154,10 @@ class Engine:
         self.cache = strategy_for(self.mode)(self, cut_buffer)
 
     # -- prompts ---------------------------------------------------------------------
+
+    def model_name(self) -> str:
+        """The GGUF's ``general.name`` (its file name when it has none)."""
+        return self.model.facts.name
 
     def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
         """The prompt token ids for ``messages`` (ends with the assistant header)."""
@@ -357,5 +363,6 @@ class Engine:
             self.live.clear()
 
     def close(self) -> None:
+        """Free the model and its context."""
         self.model.close()
 
