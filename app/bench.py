@@ -115,7 +115,7 @@ def bench_restore(engine, prompt: list[int], repeats: int = 7) -> dict:
         t2 = time.perf_counter()
         blob = _restore_join(engine, payloads, data, ref)
         t3 = time.perf_counter()
-        assert engine._apply(blob)
+        assert engine.live.apply(blob)
         t4 = time.perf_counter()
         for name, dt in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
             parts[name].append(dt)
@@ -161,11 +161,10 @@ def bench_snapshot(engine, prompt: list[int], work: Path, repeats: int = 5) -> d
         return {}
     store = engine.store
     match, _ = _restore_lookup(engine, prompt)
-    n, _ = engine._restore(match)
+    n, _ = engine.cache.restore(match)
     if not n:
         return {}
-    engine._set_tokens(prompt[:n])
-    engine._exact_upto = n
+    engine.live.adopt(prompt[:n])
     times, written = [], 0
     try:
         for i in range(repeats):
@@ -185,7 +184,7 @@ def bench_snapshot(engine, prompt: list[int], work: Path, repeats: int = 5) -> d
 
 
 def _restore_lookup(engine, prompt: list[int]):
-    """What ``Engine._position`` looks up: the block match and, with checkpoints, the
+    """What ``Engine.position`` looks up: the block match and, with checkpoints, the
     deepest checkpoint within it."""
     from engine import kv_codec
 
@@ -211,7 +210,7 @@ def _restore_join(engine, payloads, data, ref):
     from engine import kv_codec
 
     kind = engine.kind if ref is not None else kv_codec.StateKind.DENSE
-    return kv_codec.assemble(kind, engine.layout, payloads, data, buffer=engine._buffer)
+    return kv_codec.assemble(kind, engine.layout, payloads, data, buffer=engine.live.buffer)
 
 
 def _distinct_tokens(sequences: list[list[int]]) -> int:

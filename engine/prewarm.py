@@ -1,7 +1,7 @@
 """Zero-wait turns: bring the live context up to the next prompt while the user reads and types.
 
 Between requests the engine is idle. A prewarm uses that time, on the same engine and by the
-same rules as a request (``Engine._position``: the live context or the prefix store, whichever
+same rules as a request (``Engine.position``: the live context or the prefix store, whichever
 holds the longer prefix; then prefill in batches of >= 2 tokens), so that when the user
 sends, only the tokens past the prepared part are evaluated:
 
@@ -20,7 +20,7 @@ prefix of the token ids, so no tokenizer or chat template is assumed.
 
 Guarantees (``tests/test_prewarm.py`` checks them on the real default model):
 
-* exactness: a prewarm evaluates only batches of >= 2 tokens and keeps ``_exact_upto``, so
+* exactness: a prewarm evaluates only batches of >= 2 tokens and keeps ``Engine.live.exact_upto``, so
   what a request later reuses from the live context is what a from-scratch prefill
   computes; a later request cuts the live context back to the longest common prefix of
   token ids, as for any other request;
@@ -29,7 +29,7 @@ Guarantees (``tests/test_prewarm.py`` checks them on the real default model):
 * it stops between batches as soon as ``cancel`` is set (the worker sets it when any other
   request arrives), keeping what it computed;
 * models whose state cannot be cut back to an arbitrary prefix (sliding window, recurrent,
-  hybrid: ``CacheMode.checkpoints``) are not prewarmed: a draft that changes would leave a
+  hybrid: their cache strategy does not ``cuts_back``) are not prewarmed: a draft that changes would leave a
   state no request can use exactly. Remote engines neither.
 """
 
@@ -42,7 +42,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from engine.chat_template import ChatMessage
-from engine.core import MIN_BATCH, Engine, GenerationStats, _batches, _common_prefix
+from engine.core import Engine, GenerationStats
+from engine.live_context import MIN_BATCH, batches, common_prefix
 from engine.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ def prewarm_target(build: Build, messages: Sequence[ChatMessage], draft: str | N
     ids = build(msgs + [ChatMessage("user", draft)], False) if draft.strip() else None
     for probe in _PROBES:
         other = build(msgs + [ChatMessage("user", stable + gap + probe)], False)
-        ids = other if ids is None else ids[: _common_prefix(ids, other)]
+        ids = other if ids is None else ids[: common_prefix(ids, other)]
     return ids
 
 
@@ -138,8 +139,7 @@ class Prewarmer:
 
     def supported(self) -> str:
         """"" when this engine can be prewarmed, else why not (in words)."""
-        e = self.engine
-        if e.mode.checkpoints:
+        if not self.engine.cache.cuts_back:
             return "this model's state cannot be cut back to a prefix"
         return ""
 
@@ -163,10 +163,9 @@ class Prewarmer:
         if len(target) + 1 > e.llama.n_ctx():
             res.skipped = "the prompt does not fit the context"
             return res
-        with e._lock:
+        with e.lock:
             self._ran = True
-            held = e.llama.input_ids[: e.llama.n_tokens]
-            ready = min(_common_prefix(held, target), e._exact_upto)
+            ready = e.live.reusable(target)
             if ready >= len(target) or len(target) < MIN_BATCH:
                 res.ready_tokens = min(ready, len(target))
                 res.ms = (time.perf_counter() - t) * 1000
@@ -175,7 +174,7 @@ class Prewarmer:
                 res.ready_tokens, res.finished = ready, False
                 return res
             stats = GenerationStats()
-            e._position(target, True, stats, None, record=False)
+            e.position(target, stats, record=False)
             if stats.restore_source == "store":
                 res.restored_tokens = stats.restored_tokens
             start = e.llama.n_tokens
@@ -192,11 +191,11 @@ class Prewarmer:
 
     def _prefill(self, target: list[int], cancel: threading.Event | None) -> bool:
         e = self.engine
-        for chunk in _batches(target[e.llama.n_tokens:], PREWARM_BATCH):
+        for chunk in batches(target[e.llama.n_tokens:], PREWARM_BATCH):
             if cancel is not None and cancel.is_set():
                 return False
-            e._eval(chunk)
-            e._exact_upto = e.llama.n_tokens  # every batch here is >= MIN_BATCH tokens
+            e.live.evaluate(chunk)
+            e.live.exact_upto = e.live.n_tokens  # every batch here is >= MIN_BATCH tokens
         return True
 
     def account(self, stats: GenerationStats) -> dict:

@@ -35,7 +35,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from engine.chat_template import ChatMessage
-from engine.core import GenerationResult, GenerationStats, ProgressFn, TokenFn
+from engine.chat_engine import GenerationResult, GenerationStats, ProgressFn, TokenFn
 from engine.errors import EngineError
 from engine.settings import SamplingParams
 
@@ -100,14 +100,14 @@ class RemoteEngine:
         timeout_s: longest wait for the connection and for each chunk.
     """
 
-    remote = True
+    is_remote = True  # engine.chat_engine.ChatEngine
 
     def __init__(self, url: str, api_key: str | None = None, model: str | None = None, *,
                  timeout_s: float = READ_TIMEOUT_S, transport: httpx.BaseTransport | None = None):
         self.url = chat_completions_url(url)
         self.base = self.url.removesuffix("/chat/completions")
         self.host = urlsplit(self.url).netloc
-        self.model_name = model
+        self._model_name = model
         headers = {"Accept": "text/event-stream"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
@@ -118,7 +118,7 @@ class RemoteEngine:
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
 
-    # -- the Engine surface the CLI uses -------------------------------------------------
+    # -- the ChatEngine surface (engine/chat_engine.py) ----------------------------------
 
     def snapshot(self, stats=None) -> int:
         """Nothing to store: the server keeps its own cache."""
@@ -130,24 +130,24 @@ class RemoteEngine:
     def close(self) -> None:
         self._client.close()
 
-    def model(self) -> str:
+    def model_name(self) -> str:
         """The model name to request (asks the server once when none was given).
 
         Raises:
             RemoteEngineError: the server cannot be reached or lists no model.
         """
-        if self.model_name:
-            return self.model_name
+        if self._model_name:
+            return self._model_name
         with self._errors():
             r = self._client.get(self.base + "/models")
         if r.status_code >= 400:
             raise self._status_error(r)
         try:
-            self.model_name = str(r.json()["data"][0]["id"])
+            self._model_name = str(r.json()["data"][0]["id"])
         except (ValueError, KeyError, IndexError, TypeError):
             raise RemoteEngineError(f"The server at {self.host} did not list its models at {self.base}/models; "
                                     "pass --engine-model NAME.") from None
-        return self.model_name
+        return self._model_name
 
     def generate(
         self,
@@ -172,7 +172,7 @@ class RemoteEngine:
         """
         sp = sampling or SamplingParams()
         with self._lock:
-            model = self.model()
+            model = self.model_name()
             body = {
                 "model": model,
                 "messages": [{"role": m.role, "content": m.content} for m in messages],

@@ -271,7 +271,7 @@ class _Server:
             self.send(LoadFailedEvent(f"The engine URL cannot be used: {exc}"))
             return
         try:
-            name = engine.model()
+            name = engine.model_name()
         except RemoteEngineError as exc:
             engine.close()
             self.send(LoadFailedEvent(str(exc)))
@@ -283,7 +283,7 @@ class _Server:
 
     @property
     def _remote(self) -> bool:
-        return bool(getattr(self.engine, "remote", False))
+        return self.engine is not None and self.engine.is_remote
 
     def _require_engine(self, msg) -> bool:
         if self.engine is None:

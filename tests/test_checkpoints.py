@@ -11,6 +11,7 @@ import pytest
 
 from engine.chat_template import ChatMessage
 from engine.core import Engine
+from engine.live_context import LiveStatus
 from engine.model import CacheMode
 from engine.settings import EngineSettings, SamplingParams
 from storage.block_hash import chain_keys
@@ -125,7 +126,7 @@ def test_a_checkpoint_the_codec_does_not_know_falls_back_to_prefill(tiny_models,
     e.reset_context()
     r = e.generate(first, SP)
     assert r.token_ids == reference.token_ids
-    assert "does not know" in e.cache_note
+    assert e.live.status is LiveStatus.UNSTORABLE and "does not know" in e.live.note
     assert e.store.stats()["checkpoints"] == 0
     e.reset_context()
     r2 = e.generate(first, SP)

@@ -273,7 +273,7 @@ def test_cancel_stops_the_stream(engine):
 
 
 def _live_state(engine) -> bytes:
-    return bytes(engine._state_blob())
+    return bytes(engine.live.state_blob())
 
 
 def test_stored_kv_equals_a_from_scratch_prefill_bit_for_bit(model_path, store):
@@ -307,11 +307,11 @@ def test_two_turn_resume_equals_no_cache(model_path, store):
 
 
 def test_no_prefill_batch_is_a_single_token():
-    from engine.core import _batches
+    from engine.live_context import batches
 
-    assert [len(b) for b in _batches(list(range(513)), 512)] == [511, 2]
-    assert [len(b) for b in _batches(list(range(1024)), 512)] == [512, 512]
-    assert [len(b) for b in _batches([7], 512)] == [1]
+    assert [len(b) for b in batches(list(range(513)), 512)] == [511, 2]
+    assert [len(b) for b in batches(list(range(1024)), 512)] == [512, 512]
+    assert [len(b) for b in batches([7], 512)] == [1]
 
 
 def test_a_full_disk_while_storing_loses_nothing_but_the_cache(model_path, store, monkeypatch):

@@ -143,22 +143,22 @@ def test_a_cancelled_prewarm_stops_between_batches_and_keeps_what_it_computed(ri
 
 
 def _live_kv(engine) -> bytes:
-    """The live KV of the tokens the engine may reuse (``_exact_upto``)."""
-    n = engine._exact_upto
+    """The live KV of the tokens the engine may reuse (``live.exact_upto``)."""
+    n = engine.live.exact_upto
     if engine.llama.n_tokens > n:
-        assert engine._truncate(n)
-        engine.llama.n_tokens = n
-    return bytes(engine._state_blob())
+        assert engine.live.truncate(n)
+        assert engine.llama.n_tokens == n
+    return bytes(engine.live.state_blob())
 
 
 def _scratch_kv(engine) -> bytes:
     """The KV of the same tokens prefilled from scratch in one batch (the reference engine)."""
     ref = engine.reference
     ref.reset_context()
-    tokens = list(engine.llama.input_ids[: engine._exact_upto])
+    tokens = list(engine.llama.input_ids[: engine.live.exact_upto])
     if tokens:
         ref.llama.eval(tokens)
-    return bytes(ref._state_blob())
+    return bytes(ref.live.state_blob())
 
 
 _draft = st.lists(st.sampled_from(WORDS), min_size=0, max_size=8).map(" ".join)

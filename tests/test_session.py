@@ -80,6 +80,8 @@ class FakeStore:
 class FakeEngine:
     """Streams ``pieces``; ``snapshot`` records 7.25 ms and 4,096 bytes, as the real one would."""
 
+    is_remote = False
+
     def __init__(self, pieces=("Hel", "lo", "!")):
         self.pieces = list(pieces)
         self.prompts = []

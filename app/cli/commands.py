@@ -428,7 +428,7 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
             sys.stdout.flush()
 
     use_cache = not args.no_cache
-    remote = getattr(engine, "remote", False)  # an OpenAI-compatible server (engine/remote.py)
+    remote = engine.is_remote  # an OpenAI-compatible server (engine/remote.py)
     if not remote and engine.model.facts.chat_template_note and stream:  # e.g. ChatML fallback
         print(f"branchwise: note: {engine.model.facts.chat_template_note}", file=sys.stderr)
 
@@ -484,12 +484,12 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
         print(json.dumps({
             "conversation_id": conversation.id, "user_message_id": user_id,
             "assistant_message_id": msg_id, "text": result.text, "stats": _public_stats(result.stats),
-            "model": ({"name": engine.model()} if remote else
+            "model": ({"name": engine.model_name()} if remote else
                       {k: getattr(engine.model.facts, k) for k in ("name", "chat_template", "prompt_format",
                                                                    "chat_template_note")}),
             "saved": saved.to_dict(),
         }))
-    elif getattr(engine, "remote", False):
+    elif remote:
         from app.serve.commands import remote_stats_line
 
         sys.stdout.write("\n")
@@ -604,7 +604,7 @@ def cmd_chat(args) -> int:
         parent_id = None
     system = args.system if args.system is not None else (conversation.system_prompt if conversation else "")
     # Refuse an overflowing message before anything is written: no empty "New chat" is left.
-    if not getattr(engine, "remote", False):  # a server checks its own context window
+    if not engine.is_remote:  # a server checks its own context window
         _check_fits(engine, system, chats.path_to(parent_id) if parent_id else [], args.text)
     if conversation is None:
         conversation = chats.create_conversation(system_prompt=system)
@@ -614,7 +614,7 @@ def cmd_chat(args) -> int:
     from app.session import ConversationSession
 
     user = ConversationSession(chats).send(conversation.id, args.text, parent_id)
-    label = engine.model() if getattr(engine, "remote", False) else _model_label(args)
+    label = engine.model_name() if engine.is_remote else _model_label(args)
     return _reply(args, engine, chats, conversation, user.id, label)
 
 
@@ -630,7 +630,7 @@ def cmd_regenerate(args) -> int:
         parent_id = msg.parent_id
     conversation = chats.get_conversation(msg.conversation_id)
     engine = _open_engine(args)
-    label = engine.model() if getattr(engine, "remote", False) else _model_label(args)
+    label = engine.model_name() if engine.is_remote else _model_label(args)
     return _reply(args, engine, chats, conversation, parent_id, label)
 
 

@@ -1,0 +1,257 @@
+"""What the two cache strategies share: restoring stored KV into the live context, the
+positioning of a prompt (the live context or the store, whichever holds more), and storing
+new blocks.
+
+A strategy serves one :class:`engine.core.Engine` and reads its public fields (``store``,
+``fingerprint``, ``layout``, ``live``, ``kind``, ``model``); it learns ``layout`` at its
+first snapshot. The engine calls it under its lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from engine import kv_codec
+from engine.chat_engine import GenerationStats, ProgressFn
+from engine.live_context import MIN_BATCH, HeldState, LiveContext
+from storage.errors import StorageFullError
+from storage.prefix_store import CheckpointRef, NewBlock, PrefixMatch, StoreError
+
+if TYPE_CHECKING:
+    from engine.core import Engine
+
+log = logging.getLogger(__name__)
+
+# Below this many tokens a restore is not worth its fixed cost (a SQLite query, a state
+# blob, a llama_state_seq_set_data call: about 2 ms, while prefilling a handful of tokens
+# costs one batched forward pass of similar length). Measured with `branchwise bench`.
+MIN_RESTORE_TOKENS = 16
+
+CUT_CHUNK_BYTES = 64 * 1024 * 1024
+"""Most payload bytes cut out of a state before they are stored: a first snapshot of a long
+context is stored in several transactions of at most this size, so the cut buffer stays
+bounded (each one extends the chain of the one before, so a kill between them leaves a
+consistent prefix)."""
+
+
+class CacheStrategy:
+    """How one engine keeps its model's state in the prefix store (see the subclasses).
+
+    Args:
+        engine: the engine served.
+        cut_buffer: the reused buffer block payloads are cut into (uint8, pages mapped).
+    """
+
+    cuts_back = True
+    """The live context can be cut back to any prefix exactly (so a prewarm may run)."""
+
+    def __init__(self, engine: Engine, cut_buffer: np.ndarray | None = None):
+        self.engine = engine
+        self.cut_buffer = cut_buffer if cut_buffer is not None else np.empty(0, dtype=np.uint8)
+
+    @property
+    def live(self) -> LiveContext:
+        return self.engine.live
+
+    # -- what a subclass decides -----------------------------------------------------------
+
+    def coverage(self, ids: list[int]) -> int:
+        """Leading tokens of ``ids`` the store could restore.
+
+        Raises:
+            StoreError: the store cannot be read.
+        """
+        raise NotImplementedError
+
+    def lookup(self, prompt: list[int], limit: int, live: int, record: bool) -> tuple[PrefixMatch, CheckpointRef | None, int]:
+        """``(match, checkpoint, tokens)``: what the store would restore of ``prompt`` (at
+        most ``limit`` tokens; ``live`` are in the live context already), and how many
+        tokens that is. Never raises (a store error means nothing found)."""
+        raise NotImplementedError
+
+    def live_prefix(self, n: int) -> int:
+        """How many of the ``n`` exact shared live tokens may be kept (0: none)."""
+        return n
+
+    def cut_live(self, n: int) -> bool:
+        """Cut the live context back to ``n`` tokens; False when that is not exact."""
+        return self.live.truncate(n)
+
+    def hold_at(self, prompt: list[int], start: int, use_cache: bool) -> int | None:
+        """Where the prefill of ``prompt`` from ``start`` stops to :meth:`hold` a partial
+        state, or None."""
+        return None
+
+    def hold(self) -> None:
+        """Keep the partial state at the live context's end (before decoding moves it on)."""
+
+    def snapshot(self, stats: GenerationStats | None) -> int:
+        """Store what the store lacks of the live context; returns bytes written. Never
+        raises for cache problems (they are logged)."""
+        raise NotImplementedError
+
+    # -- positioning -------------------------------------------------------------------------
+
+    def position(self, prompt: list[int], use_cache: bool, stats: GenerationStats,
+                 on_progress: ProgressFn | None, record: bool = True) -> None:
+        """Bring the live context to the longest known prefix of ``prompt`` (all but its
+        last ``MIN_BATCH`` tokens): the live context or the prefix store, whichever is
+        longer. ``record`` False leaves the store's statistics and LRU marks alone."""
+        t = time.perf_counter()
+        live_ctx = self.live
+        # A snapshot has no logits, and no batch may be a single token: leave at least
+        # MIN_BATCH prompt tokens to prefill.
+        limit = max(len(prompt) - MIN_BATCH, 0)
+        live = 0
+        if use_cache:
+            live = self.live_prefix(min(live_ctx.reusable(prompt), limit))
+        match, ref, found = PrefixMatch(), None, 0
+        if use_cache and self.engine.store is not None:
+            match, ref, found = self.lookup(prompt, limit, live, record)
+        restored = 0
+        if found >= max(live + 1, MIN_RESTORE_TOKENS):
+            if on_progress:
+                on_progress("restore", 0, found)
+            restored, dropped = self.restore(match, ref)
+            stats.cache_blocks_dropped = dropped
+            if not restored and live_ctx.n_tokens == 0:
+                live = 0  # a failed restore cleared the live context
+        if restored > live:
+            stats.restore_source = "store"
+            if ref is not None:
+                stats.checkpoint_tokens = restored
+            live_ctx.adopt(prompt[:restored])
+        elif live > 0 and self.cut_live(live):
+            restored = live
+            stats.restore_source = "context"
+            live_ctx.exact_upto = live
+        else:
+            restored = 0
+            live_ctx.clear()
+        stats.cache_note = live_ctx.note
+        self.positioned(stats, t, restored, len(prompt), use_cache and record)
+
+    def positioned(self, stats: GenerationStats, t: float, restored: int, n_prompt: int, count: bool) -> None:
+        """After positioning for a prompt of ``n_prompt`` tokens that began at
+        ``perf_counter()`` ``t``: the stats (``restored`` tokens, ms), and with ``count`` the
+        store's restored/prefilled statistics (best effort)."""
+        stats.restored_tokens = restored
+        stats.restore_ms = (time.perf_counter() - t) * 1000
+        store = self.engine.store
+        if store is not None and count:
+            with contextlib.suppress(StoreError, StorageFullError):
+                store.record_restore(restored, n_prompt - restored)
+
+    # -- restoring ---------------------------------------------------------------------------
+
+    def restore(self, match: PrefixMatch, ref: CheckpointRef | None = None) -> tuple[int, int]:
+        """Restore the blocks of ``match`` (and, for a model with checkpoints, the
+        checkpoint ``ref`` after them) into sequence 0. Returns ``(tokens restored, blocks
+        dropped)``; ``(0, n)`` when anything fails (the sequence is then empty). The caller
+        records the tokens (``LiveContext.adopt``).
+
+        The byte path: each block file is mapped and its checksum verified in place
+        (``PrefixStore.read``), ``kv_codec.assemble`` copies the bytes once into the
+        reusable state buffer, and ``llama_state_seq_set_data`` copies them into the KV
+        cache."""
+        e, live = self.engine, self.live
+        assert e.store is not None
+        recurrent = e.kind == kv_codec.StateKind.RECURRENT
+        try:
+            data = e.store.read_checkpoint(ref) if ref is not None else None
+            payloads, dropped = ([], 0) if recurrent else e.store.read(match)
+        except StoreError:
+            return 0, 0
+        if ref is not None and data is None:
+            return 0, dropped
+        n = sum(use for _, _, use in payloads)
+        try:
+            if ref is not None:
+                if not recurrent and n != ref.n_tokens:
+                    return 0, dropped
+                n = ref.n_tokens
+                if kv_codec.partial_tokens(e.kind, data) != n:
+                    raise kv_codec.UnsupportedStateError("the checkpoint is not at the position it is stored under")
+            if n < MIN_RESTORE_TOKENS:
+                return 0, dropped
+            kind = e.kind if ref is not None else kv_codec.StateKind.DENSE
+            blob = kv_codec.assemble(kind, e.layout, payloads, data, buffer=live.buffer)
+        except (ValueError, kv_codec.UnsupportedStateError) as exc:
+            log.warning("stored KV does not fit (%s); prefilling instead", exc)
+            return 0, dropped
+        del payloads  # unmaps the block files
+        if blob.base is not live.buffer and blob is not live.buffer:
+            live.buffer = blob  # grown: keep the larger buffer for the next restore
+        if not live.apply(blob):
+            return 0, dropped
+        if ref is not None:
+            live.held = HeldState(n, [], data)
+            if e.kind == kv_codec.StateKind.ISWA:
+                live.swa_valid_from = kv_codec.partial_start(e.kind, data)
+        return n, dropped
+
+    # -- storing -----------------------------------------------------------------------------
+
+    def learn_layout(self, layout: kv_codec.KvLayout) -> None:
+        """Register the model's KV layout with the store when it is new or changed.
+
+        Raises:
+            StoreError, StorageFullError: the store cannot be written.
+        """
+        e = self.engine
+        if e.layout != layout:
+            e.layout = layout
+            e.store.register_model(e.fingerprint, json.dumps(layout.to_json()), e.model.facts.name)
+
+    def store_blocks(self, state: kv_codec.ParsedState, missing: list[NewBlock], chain: list[bytes]) -> int:
+        """Cut the ``missing`` blocks out of ``state`` into the reused cut buffer and store
+        them, a chunk (one transaction) at a time; returns the bytes written.
+
+        Raises:
+            StoreError, StorageFullError: the store cannot be written.
+        """
+        e = self.engine
+        per_token = state.layout.bytes_per_token
+        need = max(min(CUT_CHUNK_BYTES, sum(b.n_tokens for b in missing) * per_token),
+                   max((b.n_tokens for b in missing), default=0) * per_token)  # at least one block
+        if self.cut_buffer.nbytes < need:
+            self.cut_buffer = np.empty(need, dtype=np.uint8)
+        written = 0
+        for chunk in cut_blocks(state, missing, self.cut_buffer):
+            written += e.store.put(e.fingerprint, chunk, active_path=chain)
+        if not missing:
+            e.store.put(e.fingerprint, [], active_path=chain)
+        return written
+
+
+def cut_blocks(state: kv_codec.ParsedState, missing: list[NewBlock], buffer: np.ndarray) -> Iterator[list[NewBlock]]:
+    """The ``missing`` blocks, a chunk of at most :data:`CUT_CHUNK_BYTES` of payload at a
+    time. Each payload is a callable that cuts it out of ``state`` into its own piece of
+    ``buffer`` (a reused uint8 array of at least ``min(CUT_CHUNK_BYTES, all payloads)``
+    bytes, so its pages are already mapped; valid until the next chunk is asked for):
+    ``PrefixStore.put`` calls it on the thread that checksums and writes the block."""
+    per_token = state.layout.bytes_per_token
+    chunk: list[NewBlock] = []
+    used = 0
+
+    def cut(b: NewBlock, off: int) -> NewBlock:
+        return NewBlock(b.key, b.parent, b.start, b.tokens,
+                        lambda: kv_codec.block_into(state, b.start, b.start + b.n_tokens, buffer[off:]),
+                        b.n_tokens * per_token)
+
+    for b in missing:
+        size = b.n_tokens * per_token
+        if chunk and used + size > buffer.nbytes:
+            yield chunk
+            chunk, used = [], 0
+        chunk.append(cut(b, used))
+        used += size
+    if chunk:
+        yield chunk
