@@ -331,7 +331,8 @@ def run_bench(model: str | None = None, as_json: bool = False, quick: bool = Fal
             from app.bench_llama_server import bench_llama_server
 
             log(f"llama-server slot save/restore ({llama_server}) ...")
-            out["llama_server"] = bench_llama_server(llama_server, model_path, prompt, work / "slots")
+            out["llama_server"] = bench_llama_server(llama_server, model_path, prompt, work / "slots",
+                                                     repack=engine.model.repack.repack)
         else:
             out["llama_server"] = None
         engine.close()
@@ -355,7 +356,8 @@ def format_llama_server(x: dict | None) -> str:
         return f"llama-server: not compared: {x['error']}"
     return (f"llama-server slot save {x['save_ms']:.1f} ms, restore {x['restore_ms']:.1f} ms = "
             f"{x['restore_mb_per_s'] / 1000:.2f} GB/s warm, {x['cold_restore_ms']:.1f} ms cold "
-            f"({x['tokens']:,} tokens, a {x['file_mb']:.1f} MB slot file)")
+            f"({x['tokens']:,} tokens, a {x['file_mb']:.1f} MB slot file; weight repacking "
+            f"{x.get('repack', 'on')}, {x.get('repack_note', 'as Branchwise')})")
 
 
 def format_table(r: dict) -> str:

@@ -12,6 +12,7 @@ the server's own ``timings`` (``save_ms``, ``restore_ms``); nothing is asserted.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import time
@@ -20,9 +21,10 @@ from pathlib import Path
 FILENAME = "branchwise-bench.bin"
 
 
-def _server(binary: str, model: Path, slots: Path, log: Path):
+def _server(binary: str, model: Path, slots: Path, log: Path, repack: bool):
     """A llama-server child on a free loopback port (started and stopped as the serve
-    bench's servers are), and the base URL of its native endpoints."""
+    bench's servers are), and the base URL of its native endpoints. ``repack`` False adds
+    ``--no-repack`` (llama.cpp common/arg.cpp), Branchwise's ``use_extra_bufts = False``."""
     from app.serve.bench import _Server
     from app.serve.server import free_port
 
@@ -30,7 +32,26 @@ def _server(binary: str, model: Path, slots: Path, log: Path):
     argv = [binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "4096", "-np", "1",
             "--slot-save-path", str(slots), "-t", str(os.cpu_count() or 1),
             "-fa", "off"]  # the KV layout Branchwise uses (V transposed): the same bytes to move
+    if not repack:
+        argv.append("--no-repack")
     return _Server(argv, log, False, port), f"http://127.0.0.1:{port}"
+
+
+@contextlib.contextmanager
+def _started(server, log: Path):
+    """``with server``, where a server that died by a signal before it answered raises
+    :class:`_Crashed`."""
+    try:
+        server.__enter__()
+    except RuntimeError:
+        code = server.proc.poll() if server.proc else None
+        if code is not None and code < 0:
+            raise _Crashed(f"died by signal {-code} at start-up", log) from None
+        raise
+    try:
+        yield server
+    finally:
+        server.__exit__(None, None, None)
 
 
 def _post(url: str, body: dict) -> dict:
@@ -47,9 +68,43 @@ def _ms(reply: dict, key: str, wall: float) -> float:
     return float(timings.get(key, wall * 1000))
 
 
-def bench_llama_server(binary: str, model: Path, prompt: list[int], work: Path, repeats: int = 5) -> dict:
-    """Slot save and restore of ``prompt`` (token ids) through ``binary``. Returns ms and
-    MB/s, or ``{"error": words}`` when the server cannot be run."""
+def bench_llama_server(binary: str, model: Path, prompt: list[int], work: Path, repeats: int = 5,
+                       repack: bool = True) -> dict:
+    """Slot save and restore of ``prompt`` (token ids) through ``binary``, with weight
+    repacking as Branchwise decided (``repack``). A server that dies by a signal at its
+    first start with repacking on (a llama-server built with AMX kernels on a CPU where they
+    crash) is measured again with ``--no-repack``, and the result says so.
+
+    Returns:
+        ms and MB/s, ``"repack"`` ("on"/"off") and ``"repack_note"``, or ``{"error": words}``
+        when the server cannot be run.
+    """
+    try:
+        out = _bench(binary, model, prompt, work, repeats, repack)
+        note = "as Branchwise" if repack else "--no-repack, as Branchwise"
+    except _Crashed as crash:
+        if not repack:
+            return {"error": str(crash)}
+        try:
+            out = _bench(binary, model, prompt, work, repeats, False)
+        except _Crashed as again:
+            return {"error": str(again)}
+        note = f"--no-repack: with repacking on it {crash.what}"
+        repack = False
+    if "error" not in out:
+        out.update(repack="on" if repack else "off", repack_note=note)
+    return out
+
+
+class _Crashed(Exception):
+    """llama-server died by a signal before it answered."""
+
+    def __init__(self, what: str, log: Path):
+        super().__init__(f"llama-server {what}; see {log}")
+        self.what = what
+
+
+def _bench(binary: str, model: Path, prompt: list[int], work: Path, repeats: int, repack: bool) -> dict:
     from storage.block_files import drop_file_cache
 
     if not Path(binary).is_file() or not os.access(binary, os.X_OK):
@@ -57,15 +112,15 @@ def bench_llama_server(binary: str, model: Path, prompt: list[int], work: Path, 
     work.mkdir(parents=True, exist_ok=True)
     log = work / "llama-server.log"
     try:
-        server, url = _server(binary, model, work, log)
-        with server:
+        server, url = _server(binary, model, work, log, repack)
+        with _started(server, log):
             _post(url + "/completion", {"prompt": prompt, "n_predict": 1, "temperature": 0,
                                         "cache_prompt": True, "id_slot": 0})
             t = time.perf_counter()
             saved = _post(url + "/slots/0?action=save", {"filename": FILENAME})
             save_ms = _ms(saved, "save_ms", time.perf_counter() - t)
         restores = []
-        server, url = _server(binary, model, work, log)  # restore in a new process, as a resume does
+        server, url = _server(binary, model, work, log, repack)  # restore in a new process, as a resume does
         with server:
             for _ in range(repeats):
                 t = time.perf_counter()

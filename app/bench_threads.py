@@ -30,15 +30,14 @@ def _speeds(llama, prompt: list[int], n_decode: int) -> tuple[float, float]:
 
 
 def run_threads_bench(as_json: bool = False, n_prompt: int = 512, n_decode: int = 64, rounds: int = 3) -> int:
-    import llama_cpp
-
+    from engine.cpu import load_llama
     from engine.machine import physical_cores
     from engine.model_file import default_model_path
 
     counts = list(range(1, (os.cpu_count() or 1) + 1))
     load_before = os.getloadavg()
-    models = {n: llama_cpp.Llama(str(default_model_path()), n_ctx=n_prompt + n_decode + 16, n_batch=512,
-                                 n_ubatch=512, n_threads=n, n_threads_batch=n, verbose=False) for n in counts}
+    models = {n: load_llama(default_model_path(), n_ctx=n_prompt + n_decode + 16, n_batch=512, n_ubatch=512,
+                            n_threads=n, n_threads_batch=n, verbose=False)[0] for n in counts}
     prompt = models[1].tokenize(("The quick brown fox jumps over the lazy dog. " * 200).encode(),
                                 add_bos=True)[:n_prompt]
     best = {n: [0.0, 0.0] for n in counts}

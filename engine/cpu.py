@@ -241,6 +241,35 @@ def model_params_with_repack(repack: bool):
             low.llama_model_default_params = original
 
 
+def load_llama(path: str | Path, *, setting: str = "auto", data_dir: Path | None = None,
+               force: bool | None = None, **kwargs):
+    """A ``llama_cpp.Llama`` on ``path``, loaded under this machine's repack decision.
+
+    For every load outside the engine's own (:class:`engine.model.LoadedModel`): the benches
+    and the tests. ``tests/test_architecture.py`` fails on a ``llama_cpp.Llama(`` call
+    anywhere else. The decision is :func:`decide_repack` with ``setting``, the environment
+    and, when ``data_dir`` is given, its crash verdict; ``force`` (``branchwise bench --cpu``,
+    which measures both) overrides all of them. ``kwargs`` go to ``llama_cpp.Llama``.
+
+    Returns:
+        ``(llama, decision)``: the model and the :class:`RepackDecision` it was loaded with.
+
+    Raises:
+        ValueError: llama-cpp-python refused the file, or ``BRANCHWISE_REPACK`` is not
+            on/off/auto.
+    """
+    import llama_cpp
+
+    if force is not None:
+        decision = RepackDecision(force, RepackSource.SETTING, f"forced {'on' if force else 'off'} by the caller")
+    else:
+        verdict = CrashVerdict.applies(data_dir) if data_dir is not None else False
+        decision = decide_repack(setting, os.environ.get(ENV_VAR), system_info(), verdict)
+    with model_params_with_repack(decision.repack):
+        llama = llama_cpp.Llama(str(path), **kwargs)
+    return llama, decision
+
+
 def remember_crash(data_dir: Path, what: str) -> bool:
     """Record a native crash that happened with repacking on (:class:`CrashVerdict`), unless
     it was forced by ``BRANCHWISE_DEBUG_CRASH``. Returns whether it was recorded."""

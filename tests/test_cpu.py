@@ -54,20 +54,50 @@ def q4_0_model(tmp_path_factory):
     return quantize_q4_0(default_model_path(), tmp_path_factory.mktemp("q4_0") / "smollm2-q4_0.gguf")
 
 
+def expected_extra_buffer(info: str) -> str | None:
+    """The weight buffer llama.cpp names for a Q4_0 model with repacking on, from its system
+    info (ggml/src/ggml-cpu/ggml-cpu.cpp ``ggml_backend_cpu_get_extra_buffer_types``: the AMX
+    buffer comes first when the build has AMX kernels, then KleidiAI, then the generic repack)."""
+    if "AMX_INT8 = 1" in info:
+        return "AMX"
+    if "KLEIDIAI = 1" in info:
+        return "CPU_KLEIDIAI"
+    if "REPACK = 1" in info:
+        return "CPU_REPACK"
+    return None
+
+
+def test_expected_extra_buffer_follows_the_system_info():
+    assert expected_extra_buffer(AVX2) == "CPU_REPACK" and expected_extra_buffer(NEON) == "CPU_REPACK"
+    assert expected_extra_buffer(AMX) == "AMX"
+    assert expected_extra_buffer("CPU : SSE3 = 1 | AVX2 = 1 |") is None
+
+
 @pytest.mark.parametrize("repack", ["on", "off"])
 def test_the_decision_reaches_llama_cpp(q4_0_model, repack, monkeypatch):
-    """llama.cpp logs a CPU_REPACK weight buffer for a Q4_0 model only when repacking is on."""
+    """With repacking on, llama.cpp logs the extra weight buffer its system info predicts
+    (CPU_REPACK on AVX2/AVX-512/NEON builds); with it off, only plain CPU buffers."""
     import collections
 
+    from engine import cpu
     from engine import model as model_module
     from engine.settings import EngineSettings
 
+    extra = expected_extra_buffer(cpu.system_info())
+    if repack == "on" and extra is None:
+        pytest.skip(f"this llama.cpp build has no extra buffer types: {cpu.system_info()}")
     monkeypatch.delenv("BRANCHWISE_REPACK", raising=False)
     monkeypatch.setattr(model_module, "_recent_log", collections.deque(maxlen=5000))
     loaded = model_module.LoadedModel(q4_0_model, EngineSettings(n_ctx=512, repack=repack))
     try:
-        buffers = [line for line in model_module._recent_log if "model buffer size" in line]
-        assert any("CPU_REPACK" in line for line in buffers) is (repack == "on"), buffers
+        buffers = [line.split(":", 1)[1].split()[0] for line in model_module._recent_log
+                   if "model buffer size" in line]
+        assert buffers, list(model_module._recent_log)[-20:]
+        plain = {"CPU", "CPU_Mapped", "Metal", "Metal_Mapped"}
+        if repack == "on":
+            assert extra in buffers, buffers
+        else:
+            assert set(buffers) <= plain, buffers
         assert loaded.facts.repack.startswith(f"{repack} (the setting says {repack})")
     finally:
         loaded.close()

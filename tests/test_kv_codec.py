@@ -136,7 +136,9 @@ def test_real_llama_state_round_trip(model_path, flash_attn):
     """The blob of the shipped llama.cpp parses, and split/join gives it back exactly."""
     import llama_cpp
 
-    llm = llama_cpp.Llama(str(model_path), n_ctx=512, flash_attn=flash_attn, verbose=False)
+    from engine.cpu import load_llama
+
+    llm, _ = load_llama(model_path, n_ctx=512, flash_attn=flash_attn, verbose=False)
     llm.eval(llm.tokenize(b"The quick brown fox jumps over the lazy dog. " * 12))
     size = llama_cpp.llama_state_seq_get_size(llm.ctx, 0)
     buf = (ctypes.c_uint8 * size)()
