@@ -327,6 +327,6 @@ def test_other_apps_models_are_found_in_place(tmp_path, model_path):
     manifest.write_text(json.dumps({"layers": [{"mediaType": "application/vnd.ollama.image.model",
                                                 "digest": "sha256:abc"}]}))
     before = {p: p.lstat().st_mtime_ns for p in tmp_path.rglob("*")}
-    found = {(m.origin, m.name, m.architecture) for m in library.list_others(home=tmp_path)}
-    assert found == {("LM Studio", "SmolLM2-Q4_1", "llama"), ("Ollama", "smollm2:135m", "llama")}
+    found = {(m.origin, m.name, m.architecture, m.quantization) for m in library.list_others(home=tmp_path)}
+    assert found == {("LM Studio", "SmolLM2-Q4_1", "llama", "Q4_1"), ("Ollama", "smollm2:135m", "llama", "Q4_1")}
     assert {p: p.lstat().st_mtime_ns for p in tmp_path.rglob("*")} == before  # nothing modified

@@ -93,9 +93,21 @@ def describe_file(path: Path, origin: str, name: str | None = None, source: str 
     except HeaderError:
         arch, ctx, how = None, None, "unreadable header"
     display = name or (path.name[: m.start()] if m else path.stem)
-    return LibraryModel(name=display, path=str(path), parts=len(files), size=size,
-                        quantization=quantization_of(path.name if not m else path.name[: m.start()] + ".gguf"),
+    quant = quantization_of(path.name if not m else path.name[: m.start()] + ".gguf")
+    if quant == "unknown" and arch is not None:  # e.g. an Ollama blob, named by its digest
+        quant = _file_type_name(facts.file_type)
+    return LibraryModel(name=display, path=str(path), parts=len(files), size=size, quantization=quant,
                         context_length=ctx, architecture=arch, treatment=how, origin=origin, source=source)
+
+
+def _file_type_name(file_type: int) -> str:
+    """``general.file_type`` as a quantization name (``Q4_K_M``), from ``gguf.LlamaFileType``."""
+    try:
+        import gguf
+
+        return gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_")
+    except (ImportError, ValueError):
+        return "unknown"
 
 
 def _first_parts(folder: Path):
