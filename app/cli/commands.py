@@ -166,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="only the API server comparison: TTFT for a resent 2,000-token history after a "
                             "restart, branchwise serve vs python -m llama_cpp.server")
     sub.add_parser("gui", parents=[common], help="open the window (the default)")
+    from app.cli import models_commands  # `models`: find, fit, download, library
+
+    models_commands.add_parser(sub, common)
     return p
 
 
@@ -240,6 +243,10 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_bench(model=args.model, as_json=args.json, quick=args.quick,
                              llama_server=args.llama_server)
+        if args.command == "models":
+            from app.cli import models_commands
+
+            return models_commands.run(args, _data_dir(args))
         if args.command == "import":
             from app.cli.import_commands import run_import
 
@@ -363,6 +370,9 @@ def _open_engine(args):
     from engine.settings import EngineSettings
 
     check_model_path(args.model)
+    from app.cli.models_commands import resolve_model
+
+    args.model = resolve_model(args.model, _data_dir(args))  # a library name, or a path
     settings = EngineSettings.for_kv_type(args.kv_type, n_ctx=args.ctx_size, n_threads=args.threads,
                                           flash_attn=args.flash_attn, repack=args.repack)
     store = None
