@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from app.cli import arguments
 from app.serve import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_QUEUE
 
 SERVE_HELP = """\
@@ -37,9 +38,9 @@ def add_serve_parser(sub, parents: list) -> None:
                        description=SERVE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST}; "
                                                         "any other needs --api-key)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 picks a free one)")
+    p.add_argument("--port", type=arguments.port, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 picks a free one)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request (env BRANCHWISE_API_KEY)")
-    p.add_argument("--queue-size", type=int, default=DEFAULT_QUEUE,
+    p.add_argument("--queue-size", type=arguments.queue_size, default=DEFAULT_QUEUE,
                    help=f"requests that may wait behind the running one before 429 (default {DEFAULT_QUEUE})")
 
 
