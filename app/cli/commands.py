@@ -378,6 +378,7 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     recorder = session.start_reply(parent_id, model_label)
     progress = getattr(args, "progress", None)
     first = True
+    warned: list = []
 
     def on_token(text: str, _tok: int) -> None:
         nonlocal first
@@ -388,7 +389,10 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
         try:
             recorder.add_text(text)
         except StorageFullError as exc:  # keep generating; complete() tries once more
-            log.warning("a streamed part of the reply was not saved: %s", exc)
+            if not warned:  # once, not once per token
+                log.warning("a streamed part of the reply was not saved (the rest is tried again at the "
+                            "end): %s", exc)
+            warned.append(exc)
         if not had_row and recorder.message_id is not None:
             interrupts.report(reply=recorder.message_id)
         if stream:

@@ -99,14 +99,48 @@ def cmd_serve(args) -> int:
     if engine.store is None and not args.no_cache:
         print("branchwise serve: running without the KV prefix store (see the line above); every request "
               "is prefilled in full", file=sys.stderr)
+    terminated = _TermFlag()
     try:
-        server.serve_forever()
+        with terminated:
+            server.serve_forever()
     finally:
         memory.close()
         engine.close()
+    if terminated.got:  # uvicorn stops gracefully, then re-raises the SIGTERM it took to our handler
+        print("branchwise serve: stopped (SIGTERM)", file=sys.stderr)
+        return 128 + terminated.got
     if not args.json:
         print("branchwise serve: stopped", file=sys.stderr)
     return 0
+
+
+class _TermFlag:
+    """While serving: SIGTERM is remembered instead of ending the process at once.
+    uvicorn takes SIGTERM itself while it runs, shuts down gracefully and then raises the
+    signal again to the handler that was there before: this one, so ``serve`` can say it
+    stopped and exit 143 (a bare default handler would end the process without a word)."""
+
+    def __init__(self):
+        self.got = 0
+        self._previous = None
+
+    def __enter__(self):
+        import contextlib
+        import signal
+
+        def remember(signum, _frame):
+            self.got = signum
+
+        with contextlib.suppress(ValueError):  # not the main thread (tests run commands inline)
+            self._previous = signal.signal(signal.SIGTERM, remember)
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+        return False
 
 
 class _NoConversation:
