@@ -218,8 +218,8 @@ def test_the_stats_line_says_a_reply_was_cut_by_max_tokens(tmp_path):
 def test_small_cli_mistakes_and_help(tmp_path):
     r = bw(tmp_path, "chat", "--temperature", "-1", "hi", check=False)
     assert r.returncode == 2
-    assert r.stderr.strip() == ("branchwise: argument --temperature: must be 0 or more, not '-1' "
-                                "(see 'branchwise chat --help')")
+    assert r.stderr.strip() == ("branchwise: argument --temperature: must be between 0 and 2; got -1 "
+                                "(see 'branchwise chat --help')")  # the bound serve applies too (engine/limits.py)
     conv_help = bw(tmp_path, "conversations", "--help").stdout
     assert "every conversation: id, * when pinned, title" in conv_help
     assert "the active branch of one conversation" in conv_help

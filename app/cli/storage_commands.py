@@ -12,6 +12,7 @@ import json
 import sys
 from dataclasses import asdict, dataclass, field
 
+from app.cli import arguments
 from storage.paths import human_bytes
 
 MAX_MESSAGE_BYTES = 64 * 1024**2
@@ -142,7 +143,7 @@ def add_delete_parser(conv_sub, common: argparse.ArgumentParser) -> None:
         "delete", parents=[common],
         help="delete a conversation and forget it: its messages, its words in the search index, "
              "and the KV cache blocks no other conversation shares")
-    delete.add_argument("id", type=int)
+    delete.add_argument("id", type=arguments.row_id)
     delete.add_argument("--model", help="the GGUF model whose tokenizer matches the cached blocks "
                         "(default: the embedded one)")
 

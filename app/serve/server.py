@@ -538,9 +538,11 @@ class _BearerAuth:
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and self.api_key:
             headers = dict(scope.get("headers") or [])
-            given = headers.get(b"authorization", b"").decode("latin-1")
-            scheme, _, token = given.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+            # bytes on both sides: a header arrives as the bytes the client sent (UTF-8 for a
+            # non-ASCII key), so it is compared with the key's UTF-8 bytes, in constant time
+            given = headers.get(b"authorization", b"")
+            scheme, _, token = given.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.api_key.encode("utf-8")):
                 response = JSONResponse(
                     protocol.error_body("Missing or wrong API key: send 'Authorization: Bearer KEY' with the key "
                                         "the server was started with (--api-key).", code="invalid_api_key"),
