@@ -193,18 +193,19 @@ def test_a_refused_message_leaves_no_new_chat(tmp_path):
 
 
 def test_chat_reads_a_long_message_from_stdin_and_from_a_file(tmp_path):
+    data = tmp_path / "data"  # a folder of its own: tmp_path holds the message file
     big = ("a line of text that repeats " * 5000)[:140_000]  # over 128 KB: too long for argv
     (tmp_path / "msg.txt").write_text(big + "END", encoding="utf-8")
     for args, stdin in ((["-"], (big + "END").encode()), (["--file", tmp_path / "msg.txt"], None)):
-        r = bw(tmp_path, "chat", "--ctx-size", "256", *args, stdin=stdin)
+        r = bw(data, "chat", "--ctx-size", "256", *args, stdin=stdin)
         # The model cannot take it (256 tokens), but the whole text was read:
         assert r.returncode == 1 and b"context window" in r.stderr, r.stderr
         assert b"tokens long" in r.stderr
-    r = bw(tmp_path, "chat", "--json", *ENGINE, "-", stdin="Say hi to 苹果".encode())
+    r = bw(data, "chat", "--json", *ENGINE, "-", stdin="Say hi to 苹果".encode())
     assert r.returncode == 0, r.stderr
-    with ChatStore(tmp_path / CHATS_DB) as chats:
+    with ChatStore(data / CHATS_DB) as chats:
         assert chats.path_to(json.loads(r.stdout)["user_message_id"])[-1].content == "Say hi to 苹果"
-    r = bw(tmp_path, "chat", "--file", tmp_path / "missing.txt")
+    r = bw(data, "chat", "--file", tmp_path / "missing.txt")
     assert r.returncode == 1 and str(tmp_path / "missing.txt").encode() in r.stderr
     assert b"no such file" in r.stderr
 

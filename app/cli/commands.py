@@ -75,7 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     defaults = EngineSettings()
     common = _Parser(add_help=False)
-    common.add_argument("--data-dir", help="where chats and the KV cache live (default: the user data folder; env BRANCHWISE_DATA_DIR)")
+    common.add_argument("--data-dir", help="where chats and the KV cache live (default: the user data folder; env "
+                        "BRANCHWISE_DATA_DIR): a new or empty folder, or one holding Branchwise's databases; a "
+                        "folder of other files is refused (use a Branchwise subfolder of it)")
     common.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     common.add_argument("--quiet", action="store_true", help="no progress bars on the terminal")
 
