@@ -15,6 +15,8 @@ Routes: ``POST /v1/chat/completions`` (streaming as server-sent events, and not)
 * **A client that disconnects cancels its request**, queued or running.
 * **Loopback only, unless there is a key.** It binds 127.0.0.1 by default; any other
   address needs an API key, and then every route checks ``Authorization: Bearer KEY``.
+* **No cross-site requests** (:mod:`app.serve.guard`): a foreign ``Host``, an ``Origin``
+  not configured, or a POST body that is not ``application/json`` gets a 403.
 * **Errors are OpenAI error objects with a 4xx status**: bad JSON, unknown fields,
   wrong types, prompts over the context window, bodies over 8 MiB. An unexpected
   failure is a 500 with a one-line message; the traceback goes to the log only.
@@ -41,7 +43,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -53,6 +55,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from app.serve import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_QUEUE, ServeError, protocol
+from app.serve.guard import CrossSiteGuard
 from app.serve.protocol import ApiError, ChatRequest, StopScanner
 from app.serve.replies import ReplyMemory
 from engine.chat_template import ChatMessage
@@ -128,6 +131,8 @@ class ApiServer:
             the same as ``branchwise chat``, so temperature 0 gives the same reply).
         use_cache: False prefills every request in full (no prefix store, no live reuse).
         on_state: ``on_state(ServerState)`` on every change, called from a server thread.
+        allowed_hosts, allowed_origins: extra ``Host`` names and web origins accepted
+            (:mod:`app.serve.guard`; every other cross-site request is a 403).
 
     Raises:
         ServeError: a non-loopback host without an API key.
@@ -137,7 +142,8 @@ class ApiServer:
                  api_key: str | None = None, queue_size: int = DEFAULT_QUEUE,
                  reply_memory: ReplyMemory | None = None, sampling: SamplingParams | None = None,
                  use_cache: bool = True,
-                 on_state: Callable[[ServerState], None] | None = None):
+                 on_state: Callable[[ServerState], None] | None = None,
+                 allowed_hosts: Iterable[str] = (), allowed_origins: Iterable[str] = ()):
         if not is_loopback(host) and not api_key:
             raise ServeError(
                 f"Refusing to listen on {host} without an API key: anyone who can reach this machine "
@@ -150,6 +156,7 @@ class ApiServer:
         self.on_state = on_state
         self.sampling = sampling or SamplingParams()
         self.use_cache = use_cache
+        self.allowed_hosts, self.allowed_origins = list(allowed_hosts), list(allowed_origins)
         self.state = ServerState.STOPPED
         self.error = ""  # why the server FAILED, in words
         self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_size)
@@ -403,7 +410,8 @@ class ApiServer:
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/v1/models/{model_id:path}", self._model, methods=["GET"]),
         ], exception_handlers={HTTPException: http_error, ApiError: api_error, Exception: server_error})
-        return _BearerAuth(app, self.api_key)
+        return CrossSiteGuard(_BearerAuth(app, self.api_key), self.host, lambda: self.port,
+                              self.allowed_hosts, self.allowed_origins)
 
     @staticmethod
     def _error_response(exc: ApiError) -> JSONResponse:
