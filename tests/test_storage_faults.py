@@ -148,6 +148,27 @@ def test_a_full_disk_is_named_as_full_even_for_reading(small_fs, two_conversatio
     assert bw(data, "conversations", "list").returncode == 0
 
 
+def test_cache_clear_works_on_a_full_disk(small_fs, two_conversations):
+    """The one command that frees space (issue 30, item 10): it used to refuse with "the KV
+    cache is not used this time" because opening the store needs a little room."""
+    data = small_fs / "data"
+    shutil.copytree(two_conversations, data)
+    blocks = data / (KVCACHE_DB + "-blocks")
+    held = sum(p.stat().st_size for p in blocks.iterdir())
+    assert held > 100_000 and _blocks(data / KVCACHE_DB) > 0
+    _fill(data, 0)
+    r = bw(data, "cache", "clear")
+    err, out = r.stderr.decode(), r.stdout.decode()
+    assert r.returncode == 0, err
+    assert out.startswith("prefix store cleared\nblocks           0 ") and "Traceback" not in err
+    assert not list(blocks.glob("*"))
+    assert shutil.disk_usage(data).free >= held - 8192  # the block files' room is free again
+    assert _blocks(data / KVCACHE_DB) == 0
+    (data.parent / "filler").unlink()
+    with ChatStore(data / CHATS_DB) as chats:  # the conversations were not touched
+        assert len(chats.list_conversations()) == 2
+
+
 def test_prefix_store_on_a_full_disk_keeps_the_file(small_fs, tmp_path):
     path = small_fs / KVCACHE_DB
     store = PrefixStore(path, block_size=4)

@@ -689,7 +689,18 @@ def cmd_conversations(args) -> int:
 
 
 def cmd_cache(args) -> int:
-    store = _open_store(args)
+    from storage.prefix_store import StoreFull
+
+    try:
+        store = _open_store(args)
+    except StoreFull:
+        if args.action != "clear":
+            raise
+        from app.cli.storage_commands import clear_on_full_disk
+        from storage.paths import KVCACHE_DB
+
+        # The one command that frees space must work on a full disk: the block files go first.
+        store = clear_on_full_disk(_data_dir(args) / KVCACHE_DB, lambda: _open_store(args))
     if args.action == "clear":
         store.clear()
         result = {"cleared": True, **store.stats()}

@@ -60,6 +60,33 @@ def message_text(args, stdin=None) -> str:
                          "valid UTF-8); save it as UTF-8 and try again.") from exc
 
 
+def clear_on_full_disk(path, open_store):
+    """``cache clear`` when the prefix store at ``path`` cannot even be opened because the
+    disk is full: its block files (most of its bytes, and disposable) are zeroed and
+    removed without the index, which frees the room to open it; as a last resort the
+    index files themselves are removed. Only the store's own files are touched
+    (``storage.block_files``). Returns ``open_store()``'s store, ready for ``clear()``.
+
+    Raises:
+        StoreFull: even an empty store cannot be created (something else fills the disk).
+    """
+    import contextlib
+    import os
+
+    from storage.block_files import BlockFiles
+    from storage.prefix_store import StoreFull
+
+    BlockFiles(f"{path}-blocks").reclaim(set())
+    try:
+        return open_store()
+    except StoreFull:
+        pass
+    for suffix in ("-journal", "-wal", "-shm", ""):  # unlinked: a symbolic link is not followed
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+            os.remove(f"{path}{suffix}")
+    return open_store()
+
+
 def check_model_path(path: str | None) -> None:
     """Refuse a model path that is not valid UTF-8 with a message naming the cause.
 
@@ -185,5 +212,5 @@ def cmd_delete(args, chats, open_store) -> int:
 
 
 __all__ = ["MAX_MESSAGE_BYTES", "Saved", "add_delete_parser", "add_message_arguments",
-           "branch_note", "check_model_path", "cmd_delete", "error_json", "message_text",
+           "branch_note", "check_model_path", "clear_on_full_disk", "cmd_delete", "error_json", "message_text",
            "stats_text"]
