@@ -131,8 +131,7 @@ class ApiServer:
             the same as ``branchwise chat``, so temperature 0 gives the same reply).
         use_cache: False prefills every request in full (no prefix store, no live reuse).
         on_state: ``on_state(ServerState)`` on every change, called from a server thread.
-        allowed_hosts, allowed_origins: extra ``Host`` names and web origins accepted
-            (:mod:`app.serve.guard`; every other cross-site request is a 403).
+        allowed_hosts, allowed_origins: more ``Host`` names, web origins (app/serve/guard.py).
 
     Raises:
         ServeError: a non-loopback host without an API key.
@@ -397,7 +396,7 @@ class ApiServer:
                                 status_code=exc.status_code)
 
         async def api_error(_request, exc: ApiError):
-            return self._error_response(exc)
+            return _error_response(exc)
 
         async def server_error(_request, exc: Exception):
             log.error("unexpected failure in the API server", exc_info=exc)
@@ -410,12 +409,7 @@ class ApiServer:
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/v1/models/{model_id:path}", self._model, methods=["GET"]),
         ], exception_handlers={HTTPException: http_error, ApiError: api_error, Exception: server_error})
-        return CrossSiteGuard(_BearerAuth(app, self.api_key), self.host, lambda: self.port,
-                              self.allowed_hosts, self.allowed_origins)
-
-    @staticmethod
-    def _error_response(exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+        return _protected(app, self)
 
     def _model_card(self) -> dict:
         return {"id": self.model_id, "object": "model", "created": 0, "owned_by": "branchwise"}
@@ -534,6 +528,17 @@ async def _watch_disconnect(request: Request, job: _Job) -> None:
                 return
     except (asyncio.CancelledError, RuntimeError, OSError):
         return
+
+
+def _error_response(exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+def _protected(app, server: ApiServer):
+    """``app`` behind the API key check and, outside that, the cross-site guard
+    (:mod:`app.serve.guard`: CORS pre-flights carry no key)."""
+    return CrossSiteGuard(_BearerAuth(app, server.api_key), server.host, lambda: server.port,
+                          server.allowed_hosts, server.allowed_origins)
 
 
 class _BearerAuth:
