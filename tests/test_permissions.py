@@ -284,3 +284,63 @@ def test_delete_and_forget_keeps_what_a_fork_shares(tmp_path):
         assert [c.id for c in chats.list_conversations()] == [unrelated.id, fork.id]
         assert u2.id not in {m.id for c in chats.list_conversations() for m in chats.tree(c.id)}
         store.close()
+
+
+# -- a delete while the reply streams (issue 30, item 5) -----------------------------------
+
+STREAM_MARKER = "QJVX-passport-5518"
+
+
+def _streaming(data: Path, cid: int) -> bool:
+    import sqlite3
+    from contextlib import closing
+
+    try:
+        with closing(sqlite3.connect(f"file:{data / CHATS_DB}?mode=ro", uri=True, timeout=5)) as conn:
+            return conn.execute("SELECT count(*) FROM messages WHERE conversation_id = ? AND role = 'assistant'"
+                                " AND status = 'streaming'", (cid,)).fetchone()[0] > 0
+    except sqlite3.Error:
+        return False
+
+
+def test_a_delete_during_a_stream_stops_it_and_nothing_is_kept(tmp_path):
+    import time
+
+    data = tmp_path / "data"
+    first = json.loads(bw(data, "chat", "--json", *ENGINE, f"My secret is {MARKER}. Keep it safe.").stdout)
+    cid = first["conversation_id"]
+    with ChatStore(data / CHATS_DB) as chats:
+        first_reply = list(chats.get_message(first["assistant_message_id"]).token_ids)
+    assert _run(first_reply[:4]) in _raw(data, KVCACHE_DB)  # the test can fail: the blocks are there
+    env = {**os.environ, "BRANCHWISE_DATA_DIR": str(data)}
+    chat = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "chat", "--conversation", str(cid), "--temperature", "0",
+         "--max-tokens", "1500", "--ctx-size", "4096",  # a long story: minutes on this model
+         f"Passport {STREAM_MARKER}. Now write a long story about owls and foxes in the winter forest."],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 300
+        while not _streaming(data, cid):  # the reply's row exists: it is streaming now
+            assert chat.poll() is None, chat.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        r = bw(data, "conversations", "delete", cid, "--json")
+        assert r.returncode == 0, r.stderr
+        out, err = chat.communicate(timeout=300)
+    finally:
+        if chat.poll() is None:
+            chat.kill()
+    assert chat.returncode == 1, (out, err)
+    assert err.strip().splitlines()[-1] == (f"branchwise: Conversation {cid} was deleted while the reply was "
+                                            "being written; nothing was kept.")
+    assert "There is no message" not in err and "Traceback" not in err
+    chats_bytes, kv_bytes = _raw(data, CHATS_DB), _raw(data, KVCACHE_DB)
+    for piece in (MARKER, STREAM_MARKER, STREAM_MARKER[:8], STREAM_MARKER[-8:]):
+        assert piece.encode() not in chats_bytes, piece
+        assert piece.encode() not in kv_bytes, piece
+    assert _run(first_reply[:4]) not in kv_bytes  # the prompt's token ids are in no block
+    stats = json.loads(bw(data, "cache", "stats", "--json").stdout)
+    assert stats["blocks"] == 0 and stats["checkpoints"] == 0  # it was the only conversation
+    assert not list((data / (KVCACHE_DB + "-blocks")).glob("*"))
+    with ChatStore(data / CHATS_DB) as chats:
+        assert chats.list_conversations() == [] and chats.search(STREAM_MARKER) == []

@@ -399,11 +399,11 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     ``app.session``'s recorder, the same rules as the window). A full disk while the reply
     streams does not stop it; what was and was not saved is reported (``saved``)."""
     from app.cli.terminal_text import for_stream
-    from app.cli.storage_commands import Saved
+    from app.cli.storage_commands import ConversationDeleted, DeletionWatch, Saved
     from app.session import ConversationSession, ReplyState
     from engine.errors import ContextOverflowError, EngineError
     from engine.events import FinishReason
-    from storage.errors import StorageFullError
+    from storage.errors import NotFoundError, StorageFullError
 
     session = ConversationSession(chats)
     stream = not args.json
@@ -412,6 +412,8 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     recorder = session.start_reply(parent_id, model_label)
     progress = getattr(args, "progress", None)
     first = True
+    watch = DeletionWatch(chats, conversation.id, parent_id)  # a delete elsewhere stops the reply
+    stop = threading.Event()
 
     def on_token(text: str, _tok: int) -> None:
         nonlocal first
@@ -423,6 +425,10 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
             recorder.add_text(text)
         except StorageFullError as exc:  # keep generating; complete() tries once more
             log.warning("a streamed part of the reply was not saved: %s", exc)
+        except NotFoundError:  # the conversation went meanwhile
+            watch.deleted = True
+        if watch.poll():
+            stop.set()
         if not had_row and recorder.message_id is not None:
             interrupts.report(reply=recorder.message_id)
         if stream:
@@ -438,7 +444,7 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     messages = session.prompt(parent_id)
     interrupts.report(conversation=conversation.id, user=parent_id)  # for a second Ctrl+C
     try:
-        with interrupts.stop_sets(threading.Event()) as cancel:  # Ctrl+C, kill: stop between steps
+        with interrupts.stop_sets(stop) as cancel:  # Ctrl+C, kill, a delete: stop between steps
             result = engine.generate(messages, _sampling(args, conversation),
                                      use_cache=use_cache, on_token=on_token, snapshot=False, cancel=cancel,
                                      on_progress=progress.on_progress if progress is not None else None)
@@ -456,16 +462,27 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     finally:
         if progress is not None:
             progress.stop()
+    if stream and watch.gone() and recorder.text:
+        sys.stdout.write("\n")  # the error line on its own line
+    if watch.gone():  # nothing is stored for a deleted conversation: no reply, no KV blocks
+        raise ConversationDeleted(conversation.id)
     try:
         msg_id = recorder.complete(result.text, result.token_ids, result.stats.to_dict())
     except StorageFullError as exc:
         exc.saved = saved
         raise
+    except NotFoundError as exc:  # deleted between the check and the save
+        raise ConversationDeleted(conversation.id) from exc
     if result.stats.finish_reason == FinishReason.CANCELLED:  # stored as stopped, with its stats
         return _stopped(args, conversation.id, parent_id, msg_id, result.text, stats_saved=True)
     saved.reply = saved.stats = True
     if use_cache and not remote and engine.store is not None:  # after the reply is safe: storing the KV is an optimisation
+        if watch.gone():
+            raise ConversationDeleted(conversation.id)
         engine.snapshot(result.stats)  # never raises; a full disk only means no cache
+        if watch.gone():  # deleted while the blocks were written: the delete did not see them
+            watch.forget_written(engine, list(result.prompt_ids) + list(result.token_ids))
+            raise ConversationDeleted(conversation.id)
         try:
             prompt = engine.prompt_tokens(messages)
             saved.kv_cache = engine.store.coverage(engine.fingerprint, prompt) == len(prompt)
@@ -476,6 +493,9 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
         except StorageFullError as exc:
             saved.stats = False
             saved.problems.append(str(exc))
+        except NotFoundError as exc:  # deleted just now: its blocks go too
+            watch.forget_written(engine, list(result.prompt_ids) + list(result.token_ids))
+            raise ConversationDeleted(conversation.id) from exc
     if use_cache and not remote and not saved.kv_cache:
         saved.problems.append("the KV cache was not saved (the next turn prefills instead; see the log)")
     engine.close()
