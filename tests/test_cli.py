@@ -87,11 +87,12 @@ def test_unknown_ids_fail_with_one_readable_line(tmp_path):
 def test_bad_model_file_fails_cleanly_and_stores_nothing(tmp_path):
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + os.urandom(4000))
-    r = bw(tmp_path, "chat", "--model", bad, "hello", check=False)
+    data = tmp_path / "data"  # a folder of its own: tmp_path holds the model file
+    r = bw(data, "chat", "--model", bad, "hello", check=False)
     assert r.returncode == 1
     assert "Traceback" not in r.stderr
     assert "broken.gguf" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    assert json.loads(bw(tmp_path, "conversations", "list", "--json").stdout) == []
+    assert json.loads(bw(data, "conversations", "list", "--json").stdout) == []
 
 
 def test_budget_is_respected_after_every_turn(tmp_path):

@@ -32,7 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     defaults = EngineSettings()
     common = _Parser(add_help=False)
-    common.add_argument("--data-dir", help="where chats and the KV cache live (default: the user data folder; env BRANCHWISE_DATA_DIR)")
+    common.add_argument("--data-dir", help="where chats and the KV cache live (default: the user data folder; env "
+                        "BRANCHWISE_DATA_DIR): a new or empty folder, or one holding Branchwise's databases; a "
+                        "folder of other files is refused (use a Branchwise subfolder of it)")
     common.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     common.add_argument("--quiet", action="store_true", help="no progress bars on the terminal")
 
@@ -375,11 +377,11 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     ``app.session``'s recorder, the same rules as the window). A full disk while the reply
     streams does not stop it; what was and was not saved is reported (``saved``)."""
     from app.cli.terminal_text import for_stream
-    from app.cli.storage_commands import Saved
+    from app.cli.storage_commands import ConversationDeleted, DeletionWatch, Saved
     from app.session import ConversationSession, ReplyState
     from engine.errors import ContextOverflowError, EngineError
     from engine.events import FinishReason
-    from storage.errors import StorageFullError
+    from storage.errors import NotFoundError, StorageFullError
 
     session = ConversationSession(chats)
     stream = not args.json
@@ -389,6 +391,8 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     progress = getattr(args, "progress", None)
     first = True
     warned: list = []
+    watch = DeletionWatch(chats, conversation.id, parent_id)  # a delete elsewhere stops the reply
+    stop = threading.Event()
 
     def on_token(text: str, _tok: int) -> None:
         nonlocal first
@@ -403,6 +407,10 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
                 log.warning("a streamed part of the reply was not saved (the rest is tried again at the "
                             "end): %s", exc)
             warned.append(exc)
+        except NotFoundError:  # the conversation went meanwhile
+            watch.deleted = True
+        if watch.poll():
+            stop.set()
         if not had_row and recorder.message_id is not None:
             interrupts.report(reply=recorder.message_id)
         if stream:
@@ -418,7 +426,7 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     messages = session.prompt(parent_id)
     interrupts.report(conversation=conversation.id, user=parent_id)  # for a second Ctrl+C
     try:
-        with interrupts.stop_sets(threading.Event()) as cancel:  # Ctrl+C, kill: stop between steps
+        with interrupts.stop_sets(stop) as cancel:  # Ctrl+C, kill, a delete: stop between steps
             result = engine.generate(messages, _sampling(args, conversation),
                                      use_cache=use_cache, on_token=on_token, snapshot=False, cancel=cancel,
                                      on_progress=progress.on_progress if progress is not None else None)
@@ -439,16 +447,27 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     finally:
         if progress is not None:
             progress.stop()
+    if stream and watch.gone() and recorder.text:
+        sys.stdout.write("\n")  # the error line on its own line
+    if watch.gone():  # nothing is stored for a deleted conversation: no reply, no KV blocks
+        raise ConversationDeleted(conversation.id)
     try:
         msg_id = recorder.complete(result.text, result.token_ids, result.stats.to_dict())
     except StorageFullError as exc:
         exc.saved = saved
         raise
+    except NotFoundError as exc:  # deleted between the check and the save
+        raise ConversationDeleted(conversation.id) from exc
     if result.stats.finish_reason == FinishReason.CANCELLED:  # stored as stopped, with its stats
         return _stopped(args, conversation.id, parent_id, msg_id, result.text, stats_saved=True)
     saved.reply = saved.stats = True
     if use_cache and not remote and engine.store is not None:  # after the reply is safe: storing the KV is an optimisation
+        if watch.gone():
+            raise ConversationDeleted(conversation.id)
         engine.snapshot(result.stats)  # never raises; a full disk only means no cache
+        if watch.gone():  # deleted while the blocks were written: the delete did not see them
+            watch.forget_written(engine, list(result.prompt_ids) + list(result.token_ids))
+            raise ConversationDeleted(conversation.id)
         try:
             prompt = engine.prompt_tokens(messages)
             saved.kv_cache = engine.store.coverage(engine.fingerprint, prompt) == len(prompt)
@@ -459,6 +478,9 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
         except StorageFullError as exc:
             saved.stats = False
             saved.problems.append(str(exc))
+        except NotFoundError as exc:  # deleted just now: its blocks go too
+            watch.forget_written(engine, list(result.prompt_ids) + list(result.token_ids))
+            raise ConversationDeleted(conversation.id) from exc
     if use_cache and not remote and not saved.kv_cache:
         saved.problems.append("the KV cache was not saved (the next turn prefills instead; see the log)")
     engine.close()
@@ -678,7 +700,18 @@ def cmd_conversations(args) -> int:
 
 
 def cmd_cache(args) -> int:
-    store = _open_store(args)
+    from storage.prefix_store import StoreFull
+
+    try:
+        store = _open_store(args)
+    except StoreFull:
+        if args.action != "clear":
+            raise
+        from app.cli.storage_commands import clear_on_full_disk
+        from storage.paths import KVCACHE_DB
+
+        # The one command that frees space must work on a full disk: the block files go first.
+        store = clear_on_full_disk(_data_dir(args) / KVCACHE_DB, lambda: _open_store(args))
     if args.action == "clear":
         store.clear()
         result = {"cleared": True, **store.stats()}

@@ -28,7 +28,12 @@ and resends it every time, and your chat list stays yours. Only the KV cache
 resent reply matches the cache) are written to the data folder.
 
 It listens on 127.0.0.1 only, unless --host names another address; that needs
---api-key, and then every request must send 'Authorization: Bearer KEY'."""
+--api-key, and then every request must send 'Authorization: Bearer KEY'.
+
+Web pages cannot use it: a request whose Host header is not the address it listens
+on (localhost, 127.0.0.1 or [::1] on loopback), one with an Origin header (browsers
+send it) not allowed, and a POST body that is not 'Content-Type: application/json' get 403.
+--allowed-host and --allowed-origin let chosen ones through."""
 
 
 def add_serve_parser(sub, parents: list) -> None:
@@ -40,6 +45,11 @@ def add_serve_parser(sub, parents: list) -> None:
                                                         "any other needs --api-key)")
     p.add_argument("--port", type=arguments.port, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 picks a free one)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request (env BRANCHWISE_API_KEY)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="also accept this name in the Host header (repeatable; e.g. a reverse proxy's name)")
+    p.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
+                   help="accept requests, and answer CORS pre-flights, from this web origin (repeatable; "
+                        "e.g. http://localhost:3000); every other Origin gets 403")
     p.add_argument("--queue-size", type=arguments.queue_size, default=DEFAULT_QUEUE,
                    help=f"requests that may wait behind the running one before 429 (default {DEFAULT_QUEUE})")
 
@@ -95,7 +105,8 @@ def cmd_serve(args) -> int:
     server = ApiServer(engine, model_id, host=args.host, port=args.port, api_key=api_key,
                        queue_size=max(args.queue_size, 1), reply_memory=memory,
                        sampling=defaults, use_cache=not args.no_cache,
-                       on_state=lambda state: _announce(server, state, args.json))
+                       on_state=lambda state: _announce(server, state, args.json),
+                       allowed_hosts=args.allowed_host, allowed_origins=args.allowed_origin)
     if engine.store is None and not args.no_cache:
         print("branchwise serve: running without the KV prefix store (see the line above); every request "
               "is prefilled in full", file=sys.stderr)
