@@ -71,19 +71,28 @@ _DATABASES = (CHATS_DB, KVCACHE_DB, "serve-replies.sqlite3")
 OWN_FILES = frozenset(
     [db + suffix for db in _DATABASES for suffix in ("", "-wal", "-shm", "-journal")]
     + ["settings.json", "settings.json.tmp", "settings.json.unreadable",
-       "cpu-verdict.json", "cpu-verdict.tmp"])
+       "cpu-verdict.json", "cpu-verdict.tmp", "hub-token"])
 """Every file Branchwise makes directly in the data folder: the three databases and
 SQLite's sidecars, the window's settings (with its temporary and set-aside copies) and
-the crash verdict (``engine/cpu.py``). The folder also holds :data:`LOGS_DIR` and
-:data:`BLOCKS_DIR`, and ``.branchwise-probe-*`` files live a moment at start."""
-OWN_DIRS = {LOGS_DIR: LOG_NAME, BLOCKS_DIR: BLOCK_NAME}
+the crash verdict (``engine/cpu.py``) and the model hub's token (``engine/hub/catalog.py``).
+The folder also holds :data:`LOGS_DIR`, :data:`BLOCKS_DIR` and :data:`MODELS_DIR`, and
+``.branchwise-probe-*`` files live a moment at start."""
+MODELS_DIR = "models"
+"""Downloaded models (``engine/hub/library.py``): GGUF files, and ``.partial/`` while one downloads."""
+MODEL_NAME = re.compile(r"[^/\\]+\.gguf")
+OWN_DIRS = {LOGS_DIR: LOG_NAME, BLOCKS_DIR: BLOCK_NAME, MODELS_DIR: MODEL_NAME}
 """The folders Branchwise makes in the data folder, with the pattern of the files in them."""
 _PROBE = ".branchwise-probe-"
 
 
+_DESKTOP_FILES = frozenset([".DS_Store", "Thumbs.db", "desktop.ini", ".directory"])
+"""What a file manager leaves in any folder it shows: never a sign of someone else's files."""
+
+
 def is_own_name(name: str) -> bool:
-    """True when ``name`` (an entry directly in the data folder) is one Branchwise makes."""
-    return name in OWN_FILES or name in OWN_DIRS or name.startswith(_PROBE)
+    """True when ``name`` (an entry directly in the data folder) is one Branchwise makes, or
+    one a file manager leaves in every folder it opens (never touched: see tighten_permissions)."""
+    return name in OWN_FILES or name in OWN_DIRS or name.startswith(_PROBE) or name in _DESKTOP_FILES
 
 
 def is_data_folder(path: Path) -> bool:

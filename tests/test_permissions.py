@@ -166,6 +166,21 @@ def test_data_dir_on_a_folder_of_other_files_is_refused_and_changes_nothing(tmp_
     assert r.returncode == 0 and r.stdout == "deployed\n"
 
 
+def test_a_folder_of_downloads_and_desktop_litter_is_still_ours(tmp_path):
+    """A first `models download` makes models/ and hub-token before any database; a file
+    manager leaves .DS_Store: neither makes the data folder someone else's."""
+    from storage.paths import is_data_folder
+
+    d = tmp_path / "data"
+    (d / "models").mkdir(parents=True)
+    (d / "models" / "SmolLM2.gguf").write_bytes(b"GGUF")
+    (d / "hub-token").write_text("t")
+    (d / ".DS_Store").write_bytes(b"\0")
+    assert is_data_folder(d)
+    (d / "notes.txt").write_text("mine")
+    assert not is_data_folder(d)
+
+
 def test_a_data_folder_the_user_also_keeps_files_in_changes_only_ours(tmp_path, umask_022):
     tree = _user_tree(tmp_path / "mixed")
     with ChatStore(tree / CHATS_DB):
