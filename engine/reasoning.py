@@ -419,3 +419,90 @@ def special_ids(syntax: ReasoningSyntax, tokenize: Callable[[str, bool], list[in
         if len(ids) == 1:
             out[int(ids[0])] = marker
     return out
+
+
+# -- the engine's side: a model's syntax, the thinking budget, a test grammar ---------------
+
+GRAMMAR_ENV = "BRANCHWISE_TEST_GRAMMAR"
+"""Internal, for tests: a GBNF file every reply is sampled with (``llama_cpp.LlamaGrammar``),
+so a model that never thinks can be made to write ``<think>…</think>answer``."""
+
+
+def model_syntax(template: str | None, prompts, tokenize: Callable[[str, bool], list[int]]) -> tuple[ReasoningSyntax, dict[int, str]]:
+    """``(syntax, specials)`` of a loaded model: :func:`detect_syntax` on its template (NONE
+    when ``prompts``, an ``engine.chat_template.PromptBuilder``, fell back to ChatML) and
+    :func:`special_ids` for its markers. Raises nothing: a template that cannot render a
+    lone user message is taken to open no reasoning."""
+    from engine.chat_template import ChatMessage, PromptFormat  # noqa: PLC0415 - no import cycle at load
+
+    if prompts.format != PromptFormat.MODEL_TEMPLATE:
+        return NO_REASONING, {}
+    try:
+        generation_prompt = prompts.render([ChatMessage("user", "Hello")])
+    except Exception:  # noqa: BLE001 - a template error is judged per request, as before
+        generation_prompt = ""
+    syntax = detect_syntax(template, generation_prompt, lambda text: len(tokenize(text, True)) == 1)
+    return syntax, special_ids(syntax, tokenize)
+
+
+def grammar_from_env():
+    """The ``llama_cpp.LlamaGrammar`` of :data:`GRAMMAR_ENV`, or None when it is not set."""
+    import os  # noqa: PLC0415
+
+    path = os.environ.get(GRAMMAR_ENV)
+    if not path:
+        return None
+    import llama_cpp  # noqa: PLC0415 - the engine process only
+
+    return llama_cpp.LlamaGrammar.from_file(path, verbose=False)
+
+
+class ReasoningSteer:
+    """One reply's reasoning, seen from the decoding loop.
+
+    :meth:`wrap` turns the engine's ``on_token(text, token)`` into one that feeds the
+    splitter and passes answer text to ``on_token`` and reasoning text to
+    ``on_reasoning(text, token)``. With a ``budget`` (tokens of reasoning), once that
+    many reasoning tokens were generated :meth:`forced` hands out the tokens of the
+    syntax's closing text (``closing_ids``) one by one, which the loop feeds instead of
+    sampling, so the model goes on with its answer; None otherwise.
+    """
+
+    def __init__(self, syntax: ReasoningSyntax, specials: dict[int, str], budget: int | None = None,
+                 closing_ids: list[int] | None = None):
+        self.splitter = ReasoningSplitter(syntax, specials)
+        self.budget = budget
+        self._closing = list(closing_ids or [])
+        self._queue: list[int] = []
+        self.budget_hit = False
+
+    def forced(self) -> int | None:
+        """The next token to feed instead of sampling one, or None."""
+        if self._queue:
+            return self._queue.pop(0)
+        if (self.budget is not None and not self.budget_hit and self.splitter.in_reasoning
+                and self.splitter.reasoning_tokens >= self.budget and self._closing):
+            self.budget_hit = True
+            self._queue = self._closing[1:]
+            return self._closing[0]
+        return None
+
+    def wrap(self, on_token, on_reasoning):
+        def feed(text: str, token: int) -> None:
+            for kind, piece in self.splitter.feed(token, text):
+                self._send(kind, piece, token, on_token, on_reasoning)
+
+        self._callbacks = (on_token, on_reasoning)
+        return feed
+
+    def finish(self) -> None:
+        """Release what the parser held back (call once, after the last token)."""
+        on_token, on_reasoning = getattr(self, "_callbacks", (None, None))
+        for kind, piece in self.splitter.flush():
+            self._send(kind, piece, -1, on_token, on_reasoning)
+
+    @staticmethod
+    def _send(kind, piece, token, on_token, on_reasoning) -> None:
+        target = on_reasoning if kind == REASONING else on_token
+        if target is not None:
+            target(piece, token)

@@ -159,8 +159,15 @@ class RemoteEngine:
         on_progress: ProgressFn | None = None,
         cancel: threading.Event | None = None,
         snapshot: bool = True,
+        on_reasoning: TokenFn | None = None,
+        thinking_budget: int | None = None,
     ) -> GenerationResult:
         """Stream the reply to ``messages`` from the server.
+
+        Reasoning that the server sends apart (``reasoning_content``, as llama-server,
+        vLLM and DeepSeek's API do, or ``reasoning``) goes to ``on_reasoning(delta, -1)``
+        and ``result.reasoning``; earlier replies' reasoning is sent back in
+        ``reasoning_content``. ``thinking_budget`` is the Engine's; servers take none here.
 
         ``use_cache`` and ``snapshot`` are accepted for the Engine's signature; the
         server decides about its own cache. ``on_token(delta, -1)`` gets each text piece
@@ -175,7 +182,8 @@ class RemoteEngine:
             model = self.model()
             body = {
                 "model": model,
-                "messages": [{"role": m.role, "content": m.content} for m in messages],
+                "messages": [{"role": m.role, "content": m.content,
+                              **({"reasoning_content": m.reasoning} if m.reasoning else {})} for m in messages],
                 "stream": True,
                 "stream_options": {"include_usage": True},
                 "temperature": sp.temperature,
@@ -186,6 +194,7 @@ class RemoteEngine:
                 body["seed"] = sp.seed
             stats = RemoteStats(server=self.host, model=model, restore_source="server")
             parts: list[str] = []
+            thoughts: list[str] = []  # reasoning_content deltas
             t0 = time.perf_counter()
             t_first = t_last = None
             chunks = 0
@@ -218,7 +227,14 @@ class RemoteEngine:
                         for choice in event.get("choices") or []:
                             if not isinstance(choice, dict):
                                 continue
-                            delta = (choice.get("delta") or {}).get("content")
+                            fields = choice.get("delta") or {}
+                            delta = fields.get("content") if isinstance(fields, dict) else None
+                            thought = (fields.get("reasoning_content") or fields.get("reasoning")
+                                       if isinstance(fields, dict) else None)
+                            if isinstance(thought, str) and thought:
+                                thoughts.append(thought)
+                                if on_reasoning:
+                                    on_reasoning(thought, -1)
                             if isinstance(delta, str) and delta:
                                 now = time.perf_counter()
                                 if t_first is None:
@@ -244,7 +260,8 @@ class RemoteEngine:
             if stats.reported and stats.prompt_tokens:
                 stats.prefilled_tokens = max(stats.prompt_tokens - stats.restored_tokens, 0)
             stats.finish_reason = stats.finish_reason or "stop"
-            return GenerationResult("".join(parts), None, stats, [])  # type: ignore[arg-type]
+            return GenerationResult("".join(parts), None, stats, [],  # type: ignore[arg-type]
+                                    "".join(thoughts) if thoughts else None)
 
     # -- helpers -------------------------------------------------------------------------
 

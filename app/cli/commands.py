@@ -15,6 +15,8 @@ import sys
 import threading
 from pathlib import Path
 
+from app.cli import reasoning_view
+
 log = logging.getLogger("branchwise")
 
 EXIT_ERROR = 1
@@ -100,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
     engine.add_argument("--min-p", type=float, help="drop tokens below this fraction of the top probability")
     engine.add_argument("--repeat-penalty", type=float, help="penalty for recently generated tokens (1 = none)")
+    reasoning_view.add_arguments(engine)
 
     p = _Parser(
         prog="branchwise",
@@ -410,12 +413,25 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     recorder = session.start_reply(parent_id, model_label)
     progress = getattr(args, "progress", None)
     first = True
+    thinking = reasoning_view.ReasoningPrinter(getattr(args, "reasoning", None), stream)
+
+    def on_reasoning(text: str, tok: int) -> None:  # a reasoning model's thinking (engine/reasoning.py)
+        nonlocal first
+        if progress is not None and first:
+            progress.stop()
+        first = False
+        try:
+            recorder.add_reasoning(text)
+        except StorageFullError as exc:
+            log.warning("a streamed part of the reasoning was not saved: %s", exc)
+        thinking.reasoning(text, tok)
 
     def on_token(text: str, _tok: int) -> None:
         nonlocal first
         if progress is not None and first:
             progress.stop()  # erase the bars before the reply is printed
         first = False
+        thinking.answer_starts()
         had_row = recorder.message_id is not None
         try:
             recorder.add_text(text)
@@ -439,7 +455,9 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
         with interrupts.stop_sets(threading.Event()) as cancel:  # Ctrl+C, kill: stop between steps
             result = engine.generate(messages, _sampling(args, conversation),
                                      use_cache=use_cache, on_token=on_token, snapshot=False, cancel=cancel,
-                                     on_progress=progress.on_progress if progress is not None else None)
+                                     on_progress=progress.on_progress if progress is not None else None,
+                                     on_reasoning=on_reasoning,
+                                     thinking_budget=getattr(args, "thinking_budget", None))
     except ContextOverflowError as exc:
         raise _overflow_error(exc.prompt_tokens, exc.n_ctx) from exc
     except KeyboardInterrupt:  # Ctrl+C, or SIGINT/SIGTERM passed on by the supervisor
@@ -455,7 +473,8 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
         if progress is not None:
             progress.stop()
     try:
-        msg_id = recorder.complete(result.text, result.token_ids, result.stats.to_dict())
+        thinking.answer_starts()
+        msg_id = recorder.complete(result.text, result.token_ids, result.stats.to_dict(), result.reasoning)
     except StorageFullError as exc:
         exc.saved = saved
         raise
@@ -483,10 +502,11 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
         user_id = parent_id if chats.get_message(parent_id).role == "user" else None
         print(json.dumps({
             "conversation_id": conversation.id, "user_message_id": user_id,
-            "assistant_message_id": msg_id, "text": result.text, "stats": _public_stats(result.stats),
+            "assistant_message_id": msg_id, "text": result.text, "reasoning": result.reasoning,
+            "stats": _public_stats(result.stats),
             "model": ({"name": engine.model()} if remote else
                       {k: getattr(engine.model.facts, k) for k in ("name", "chat_template", "prompt_format",
-                                                                   "chat_template_note")}),
+                                                                   "chat_template_note", "reasoning_format")}),
             "saved": saved.to_dict(),
         }))
     elif getattr(engine, "remote", False):

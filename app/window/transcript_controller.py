@@ -341,7 +341,7 @@ class ChatController(QObject):
         self._end()
         mid = None
         try:
-            mid = reply.complete(event.text, event.token_ids, event.stats)
+            mid = reply.complete(event.text, event.token_ids, event.stats, event.reasoning)
         except StorageError as exc:
             self.w.storage_failed(exc)
         if reply.conversation_id == self.conversation_id and not (mid and self.view.show_saved(mid)):
