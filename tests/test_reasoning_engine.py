@@ -120,7 +120,8 @@ def test_thinking_budget_closes_the_thinking_and_the_model_answers(think_model, 
         assert r.token_ids[:10] == open_ended.token_ids[:10]  # the same thinking up to the budget
         assert r.token_ids[10:10 + len(closing)] == closing  # then the closing tag, injected
         assert r.reasoning == engine.model.detokenize(r.token_ids[:10]).strip() and r.text
-        assert r.stats.reasoning_tokens == 10 + len(closing)
+        assert engine.model.detokenize(closing[-1:]) == "\n\n"  # after "</think>": the answer's start
+        assert r.stats.reasoning_tokens == 10 + len(closing) - 1  # up to the token that closes the tag
     finally:
         engine.close()
         store.close()
