@@ -108,3 +108,21 @@ def test_branchwise_json_round_trip_keeps_reasoning(store: ChatStore, tmp_path: 
         (conv,) = chats.list_conversations()
         assert [(m.content, m.reasoning) for m in chats.active_path(conv.id)] == [
             ("What is 2+2?", None), ("It is 4.", "First I add two and two.")]
+
+
+def test_serve_protocol_takes_and_returns_reasoning_content() -> None:
+    from app.serve import protocol
+    from engine.core import GenerationStats
+
+    req = protocol.parse_chat_request({"messages": [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4.", "reasoning_content": "Add them."},
+        {"role": "user", "content": "And 3+3?"}]})
+    assert [(m.role, m.content, m.reasoning) for m in req.messages] == [
+        ("user", "2+2?", None), ("assistant", "4.", "Add them."), ("user", "And 3+3?", None)]
+    with pytest.raises(protocol.ApiError, match="reasoning_content"):
+        protocol.parse_chat_request({"messages": [{"role": "user", "content": "x", "reasoning_content": "y"}]})
+    body = protocol.completion("c1", "m", "6.", "stop", GenerationStats(), "Add three and three.")
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "6.",
+                                             "reasoning_content": "Add three and three."}
+    assert "reasoning_content" not in protocol.completion("c1", "m", "6.", "stop", GenerationStats())["choices"][0]["message"]
