@@ -474,7 +474,8 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
             progress.stop()
     try:
         thinking.answer_starts()
-        msg_id = recorder.complete(result.text, result.token_ids, result.stats.to_dict(), result.reasoning)
+        msg_id = recorder.complete(result.text, result.token_ids, result.stats.to_dict(),
+                                   getattr(result, "reasoning", None))
     except StorageFullError as exc:
         exc.saved = saved
         raise
@@ -502,11 +503,12 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
         user_id = parent_id if chats.get_message(parent_id).role == "user" else None
         print(json.dumps({
             "conversation_id": conversation.id, "user_message_id": user_id,
-            "assistant_message_id": msg_id, "text": result.text, "reasoning": result.reasoning,
+            "assistant_message_id": msg_id, "text": result.text, "reasoning": getattr(result, "reasoning", None),
             "stats": _public_stats(result.stats),
             "model": ({"name": engine.model()} if remote else
-                      {k: getattr(engine.model.facts, k) for k in ("name", "chat_template", "prompt_format",
-                                                                   "chat_template_note", "reasoning_format")}),
+                      {**{k: getattr(engine.model.facts, k) for k in ("name", "chat_template", "prompt_format",
+                                                                      "chat_template_note")},
+                       "reasoning_format": getattr(engine.model.facts, "reasoning_format", "none")}),
             "saved": saved.to_dict(),
         }))
     elif getattr(engine, "remote", False):
