@@ -30,6 +30,11 @@ def inline_literal(text: str) -> str:
     return _ASCII_PUNCT.sub(r"\\\1", " ".join(text.split()))
 
 
+def quoted_lines(text: str) -> list[str]:
+    """``text`` as the lines of a Markdown block quote (``> `` before each line)."""
+    return [f"> {line}" if line else ">" for line in text.split("\n")]
+
+
 def conversation_json(chats, conversation_id: int) -> dict:
     """The whole conversation: settings, every message (tree via parent_id), the active path.
 
@@ -43,6 +48,7 @@ def conversation_json(chats, conversation_id: int) -> dict:
         "active_leaf_id": c.active_leaf_id, "active_path": active,
         "messages": [
             {"id": m.id, "parent_id": m.parent_id, "role": m.role, "content": m.content,
+             "reasoning": m.reasoning,
              "status": m.status, "model": m.model, "created_at": m.created_at, "stats": m.stats,
              "token_ids": list(m.token_ids) if m.token_ids is not None else None}
             for m in chats.tree(c.id)
@@ -74,6 +80,8 @@ def conversation_markdown(data: dict, active_only: bool = True, left_out_note: b
         branch = f" (branch {siblings.index(m) + 1}/{len(siblings)})" if len(siblings) > 1 else ""
         label = "User" if m["role"] == "user" else "Assistant"
         stopped = " *(stopped)*" if m["status"] == "stopped" else ""
-        out += [f"## {label}{branch} · message {m['id']}{stopped}", "",
-                fenced(m["content"], "markdown" if m["role"] == "assistant" else "text"), ""]
+        out += [f"## {label}{branch} · message {m['id']}{stopped}", ""]
+        if m.get("reasoning"):  # a reasoning model's thinking, quoted, before its answer
+            out += ["> **Reasoning**", ">", *quoted_lines(fenced(m["reasoning"], "text")), ""]
+        out += [fenced(m["content"], "markdown" if m["role"] == "assistant" else "text"), ""]
     return "\n".join(out)

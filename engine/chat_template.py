@@ -73,22 +73,39 @@ CHATML_TEMPLATE = (
 )
 
 _SENTINEL = "\ue000bw{}\ue001"  # private-use code points: never in a template's own text
-_SENTINEL_RE = re.compile("\ue000bw(\\d+)\ue001")
+_SENTINEL_RE = re.compile("\ue000b([wr])(\\d+)\ue001")  # w: a message's content, r: its reasoning
+_REASONING_SENTINEL = "\ue000br{}\ue001"
+REASONING_FIELDS = ("reasoning_content", "thinking")
+"""Keys an earlier assistant turn's reasoning is passed in: Qwen3-style templates (and
+DeepSeek's API) read ``reasoning_content``, gpt-oss's reads ``thinking``. A template that
+reads neither never sees the reasoning."""
+
+
+def _message_dict(m: ChatMessage, content: str, reasoning: str | None = None) -> dict:
+    """A message as the template sees it: the reasoning of an assistant reply in the
+    keys of :data:`REASONING_FIELDS` (only when it has one)."""
+    d = {"role": m.role, "content": content}
+    if m.role == "assistant" and m.reasoning is not None:
+        for key in REASONING_FIELDS:
+            d[key] = m.reasoning if reasoning is None else reasoning
+    return d
 
 
 @dataclass(frozen=True)
 class ChatMessage:
-    """One message of the prompt. ``token_ids`` are the generated ids of an assistant reply."""
+    """One message of the prompt. ``token_ids`` are the generated ids of an assistant reply;
+    ``reasoning`` its thinking when a reasoning model wrote one (None: none), ``content``
+    then being the answer alone (see :meth:`PromptBuilder.build`)."""
 
     role: str
     content: str
     token_ids: Sequence[int] | None = None
-
+    reasoning: str | None = None
 
     def to_dict(self) -> dict:
         """The form the engine process receives (``engine.worker``)."""
         ids = [int(t) for t in self.token_ids] if self.token_ids is not None else None
-        return {"role": self.role, "content": self.content, "token_ids": ids}
+        return {"role": self.role, "content": self.content, "token_ids": ids, "reasoning": self.reasoning}
 
 
 def conversation_messages(system_prompt: str, path) -> list[ChatMessage]:
@@ -96,7 +113,8 @@ def conversation_messages(system_prompt: str, path) -> list[ChatMessage]:
     such as ``storage.chats.Message``): the system prompt first when it is not blank, then
     the user and assistant messages, assistant ones with the ids that were generated."""
     out = [ChatMessage("system", system_prompt)] if system_prompt.strip() else []
-    out += [ChatMessage(m.role, m.content, m.token_ids if m.role == "assistant" else None)
+    out += [ChatMessage(m.role, m.content, m.token_ids if m.role == "assistant" else None,
+                        getattr(m, "reasoning", None) if m.role == "assistant" else None)
             for m in path if m.role in ("user", "assistant")]
     return out
 
@@ -272,7 +290,7 @@ class PromptBuilder:
 
     def render(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> str:
         """The template's text for ``messages`` (for display and debugging)."""
-        return self._render([{"role": m.role, "content": m.content} for m in messages], add_generation_prompt)
+        return self._render([_message_dict(m, m.content) for m in messages], add_generation_prompt)
 
     def _render(self, msgs: list[dict], add_generation_prompt: bool) -> str:
         try:
@@ -289,10 +307,16 @@ class PromptBuilder:
             raise TemplateError(f"The model's chat template failed: {exc}") from exc
 
     def build(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
-        """Prompt token ids for ``messages``, ending with the assistant's turn header."""
-        placeholders = [{"role": m.role, "content": _SENTINEL.format(i)} for i, m in enumerate(messages)]
+        """Prompt token ids for ``messages``, ending with the assistant's turn header.
+
+        An assistant reply with ``reasoning`` (not None) goes to the template with the
+        answer as ``content`` and the reasoning in :data:`REASONING_FIELDS`; whatever the
+        template keeps of the two is tokenized as text (the reply's generated ids hold
+        the thinking, which most templates drop from earlier turns)."""
+        placeholders = [_message_dict(m, _SENTINEL.format(i), _REASONING_SENTINEL.format(i))
+                        for i, m in enumerate(messages)]
         text = self._render(placeholders, add_generation_prompt)
-        found = [int(g) for g in _SENTINEL_RE.findall(text)]
+        found = [int(i) for kind, i in _SENTINEL_RE.findall(text) if kind == "w"]
         if found != list(range(len(messages))):
             # The template transforms or reorders content; render it for real. Prefix
             # stability may suffer, correctness does not.
@@ -310,15 +334,16 @@ class PromptBuilder:
         for match in _SENTINEL_RE.finditer(text):
             pending.append(text[pos : match.start()])
             pos = match.end()
-            m = messages[int(match.group(1))]
-            if m.role == "assistant" and m.token_ids is not None:
+            m = messages[int(match.group(2))]
+            content = m.content if match.group(1) == "w" else (m.reasoning or "")
+            if m.role == "assistant" and m.token_ids is not None and m.reasoning is None:
                 flush()
                 ids.extend(int(t) for t in m.token_ids)
-            elif self._is_plain(m.content):
-                pending.append(m.content)
+            elif self._is_plain(content):
+                pending.append(content)
             else:
                 flush()
-                ids.extend(self._tokenize(m.content, False))
+                ids.extend(self._tokenize(content, False))
         pending.append(text[pos:])
         flush()
         return self._with_bos(ids)
@@ -330,12 +355,12 @@ class PromptBuilder:
         )
 
     def _fallback(self, messages: Sequence[ChatMessage], add_generation_prompt: bool) -> list[int]:
-        if not all(self._is_plain(m.content) for m in messages):
+        if not all(self._is_plain(m.content) and self._is_plain(m.reasoning or "") for m in messages):
             raise TemplateError(
                 "This model's chat template cannot safely include text that looks like "
                 "control tokens. Remove them from the message."
             )
-        msgs = [{"role": m.role, "content": m.content} for m in messages]
+        msgs = [_message_dict(m, m.content) for m in messages]
         return self._tokenize(self._render(msgs, add_generation_prompt), True)
 
     def _with_bos(self, ids: list[int]) -> list[int]:

@@ -55,6 +55,7 @@ from engine.errors import ContextOverflowError, EngineError
 from engine.fingerprint import cached_file_digest, fingerprint
 from engine.live_context import MIN_BATCH, LiveContext, batches
 from engine.model import LoadedModel
+from engine.reasoning import ReasoningSteer, grammar_from_env
 from engine.settings import EngineSettings, SamplingParams
 from storage.errors import StorageFullError
 from storage.prefix_store import PrefixStore, StoreError
@@ -152,6 +153,8 @@ class Engine:
         self.mode = self.model.cache_mode
         self.kind = self.mode.state_kind
         self.cache = strategy_for(self.mode)(self, cut_buffer)
+        self.grammar = grammar_from_env()  # internal: a GBNF every reply is sampled with (tests)
+        self._steer: ReasoningSteer | None = None
 
     # -- prompts ---------------------------------------------------------------------
 
@@ -199,12 +202,18 @@ class Engine:
         on_progress: ProgressFn | None = None,
         cancel: threading.Event | None = None,
         snapshot: bool = True,
+        on_reasoning: TokenFn | None = None,
+        thinking_budget: int | None = None,
     ) -> GenerationResult:
         """Generate the assistant's reply to ``messages``.
 
         ``use_cache=False`` neither reads nor writes the prefix store nor reuses the live
         context: every prompt token is prefilled. With ``snapshot`` the new KV blocks are
         stored before returning (their cost is in ``stats.snapshot_ms``).
+
+        A reasoning model's thinking (``engine/reasoning.py``) streams to ``on_reasoning``
+        and its answer to ``on_token``; ``thinking_budget`` (tokens) closes the thinking
+        when that many were generated and lets the model answer (None: no limit).
 
         Raises:
             ContextOverflowError: the prompt does not fit n_ctx.
@@ -226,10 +235,23 @@ class Engine:
             if not self._prefill(prompt, stats, on_progress, cancel, use_cache):
                 stats.finish_reason = "cancelled"  # stopped while reading the prompt
                 return GenerationResult("", [], stats, prompt)
-            text, ids = self._decode(sampling, stats, t0, on_token, cancel)
+            model = self.model
+            closing = (model.tokenize(model.reasoning.closing_text, True)
+                       if thinking_budget is not None and model.reasoning.closing_text else [])
+            steer = self._steer = ReasoningSteer(model.reasoning, model.reasoning_specials, thinking_budget, closing)
+            try:
+                text, ids = self._decode(sampling, stats, t0, steer.wrap(on_token, on_reasoning), cancel)
+                steer.finish()
+            finally:
+                self._steer = None
+            split = steer.splitter
+            reasoning = split.reasoning
+            if reasoning is not None:  # else the answer is the whole reply, unchanged
+                text = split.answer
+                stats.reasoning_tokens, stats.reasoning_ms = split.reasoning_tokens, split.reasoning_ms
             if snapshot and use_cache:
                 self.snapshot(stats)
-            return GenerationResult(text, ids, stats, prompt)
+            return GenerationResult(text, ids, stats, prompt, reasoning)
 
     def position(self, prompt: list[int], stats: GenerationStats, *, use_cache: bool = True,
                  on_progress: ProgressFn | None = None, record: bool = True) -> None:
@@ -281,7 +303,7 @@ class Engine:
         llama.set_seed(sp.seed if sp.seed is not None else random.getrandbits(31))
         sampler = llama._init_sampler(
             top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p, temp=sp.temperature,
-            repeat_penalty=sp.repeat_penalty,
+            repeat_penalty=sp.repeat_penalty, grammar=self.grammar,
         )
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         stop = self.model.prompts.stop_matcher()  # None unless the prompt format needs stop strings
@@ -294,7 +316,10 @@ class Engine:
             if cancel is not None and cancel.is_set():
                 stats.finish_reason = "cancelled"
                 break
-            token = sampler.sample(llama._ctx, -1)
+            forced = self._steer.forced() if self._steer is not None else None  # a thinking budget ran out
+            token = sampler.sample(llama._ctx, -1) if forced is None else forced
+            if forced is not None:
+                sampler.accept(forced)
             if t_first is None:
                 t_first = time.perf_counter()
                 stats.ttft_ms = (t_first - t0) * 1000

@@ -19,6 +19,7 @@ from engine.chat_template import (PromptBuilder, TemplateLimitError, disable_lib
 from engine.errors import ContextOverflowError, ModelLoadError
 from engine.kv_codec import StateKind
 from engine.model_file import check_gguf
+from engine.reasoning import model_syntax
 from engine.settings import KV_TYPES, EngineSettings
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class ModelFacts:
     chat_template_note: str = ""  # why the model's own template is not used ("" when it is)
     cache_mode: str = "blocks"  # a CacheMode value: how the prefix store keeps this model's state
     n_threads: int = 0  # CPU threads in use
+    reasoning_format: str = "none"  # engine.reasoning.ReasoningFormat: how the model writes its thinking
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -133,6 +135,8 @@ class LoadedModel:
             add_bos=model.add_bos_token(),
             missing_reason=template_missing,
         ))
+        # engine/reasoning.py: the reasoning format, from the template and the vocabulary
+        self.reasoning, self.reasoning_specials = model_syntax(self.template_text, self.prompts, self.tokenize)
         kind = dict(
             n_swa=llama_cpp.llama_model_n_swa(self.llama.model),
             recurrent=llama_cpp.llama_model_is_recurrent(self.llama.model),
@@ -159,6 +163,7 @@ class LoadedModel:
             repack=("on" if self.repack.repack else "off") + f" ({self.repack.reason})",
             cache_mode=self.cache_mode.value,
             n_threads=settings.threads,
+            reasoning_format=str(self.reasoning.format),
         )
 
         self._warm_up()

@@ -173,8 +173,15 @@ class RemoteEngine:
         on_progress: ProgressFn | None = None,
         cancel: threading.Event | None = None,
         snapshot: bool = True,
+        on_reasoning: TokenFn | None = None,
+        thinking_budget: int | None = None,
     ) -> GenerationResult:
         """Stream the reply to ``messages`` from the server.
+
+        Reasoning that the server sends apart (``reasoning_content``, as llama-server,
+        vLLM and DeepSeek's API do, or ``reasoning``) goes to ``on_reasoning(delta, -1)``
+        and ``result.reasoning``; earlier replies' reasoning is sent back in
+        ``reasoning_content``. ``thinking_budget`` is the Engine's; servers take none here.
 
         ``use_cache`` and ``snapshot`` are accepted for the Engine's signature; the
         server decides about its own cache. ``on_token(delta, -1)`` gets each text piece
@@ -189,7 +196,8 @@ class RemoteEngine:
             model = self.model_name()
             body = {
                 "model": model,
-                "messages": [{"role": m.role, "content": m.content} for m in messages],
+                "messages": [{"role": m.role, "content": m.content,
+                              **({"reasoning_content": m.reasoning} if m.reasoning else {})} for m in messages],
                 "stream": True,
                 "stream_options": {"include_usage": True},
                 "temperature": sp.temperature,
@@ -200,6 +208,7 @@ class RemoteEngine:
                 body["seed"] = sp.seed
             stats = RemoteStats(server=self.host, model=model, restore_source="server")
             parts: list[str] = []
+            thoughts: list[str] = []  # reasoning_content deltas
             t0 = time.perf_counter()
             t_first = t_last = None
             chunks = 0
@@ -236,7 +245,11 @@ class RemoteEngine:
                             raise RemoteEngineError(self._server_says(event, r.status_code), r.status_code,
                                                     "".join(parts))
                         self._read_usage(event, stats)
-                        for delta, finish in self._choices(event, parts):
+                        for delta, thought, finish in self._choices(event, parts):
+                            if thought:
+                                thoughts.append(thought)
+                                if on_reasoning:
+                                    on_reasoning(thought, -1)
                             if delta:
                                 now = time.perf_counter()
                                 if t_first is None:
@@ -271,12 +284,14 @@ class RemoteEngine:
             if stats.reported and stats.prompt_tokens:
                 stats.prefilled_tokens = max(stats.prompt_tokens - stats.restored_tokens, 0)
             stats.finish_reason = stats.finish_reason or "stop"
-            return GenerationResult("".join(parts), None, stats, [])  # type: ignore[arg-type]
+            return GenerationResult("".join(parts), None, stats, [],  # type: ignore[arg-type]
+                                    "".join(thoughts) if thoughts else None)
 
     # -- helpers -------------------------------------------------------------------------
 
     def _choices(self, event: dict, parts: list[str]):
-        """``(delta text, finish_reason)`` of each choice of a chunk.
+        """``(delta text, reasoning text, finish_reason)`` of each choice of a chunk; the
+        reasoning is ``reasoning_content`` (DeepSeek, vLLM, llama-server) or ``reasoning``.
 
         Raises:
             RemoteEngineError: ``choices`` or a choice is not the shape OpenAI's chunk has.
@@ -295,7 +310,8 @@ class RemoteEngine:
             content = (delta or {}).get("content")
             if content is not None and not isinstance(content, str):
                 raise self._malformed(f"'content' is {_kind(content)}, not a string", parts)
-            yield content or "", choice.get("finish_reason")
+            thought = (delta or {}).get("reasoning_content") or (delta or {}).get("reasoning")
+            yield content or "", thought if isinstance(thought, str) else "", choice.get("finish_reason")
 
     def _malformed(self, what: str, parts: list[str] | None) -> RemoteEngineError:
         partial = "".join(parts or [])

@@ -80,12 +80,14 @@ shared-memory file (``-shm``) and the WAL fail that way when they cannot grow.""
 class SearchHit:
     """One conversation found by ``ChatStore.search_hits``: ``message_id`` is the message
     that matched best (None: only the title matched), ``snippet`` a one-line excerpt of it
-    (plain text) and ``spans`` the (start, end) character ranges of the words in it."""
+    (plain text) and ``spans`` the (start, end) character ranges of the words in it;
+    ``in_reasoning`` says the words were found in the message's reasoning only."""
 
     conversation: Conversation
     message_id: int | None
     snippet: str
     spans: list[tuple[int, int]]
+    in_reasoning: bool = False  # the snippet is from the message's reasoning, not its answer
 
 
 class ChatStore:
@@ -362,12 +364,14 @@ class ChatStore:
         stats: dict[str, Any] | None = None,
         status: str = "complete",
         model: str | None = None,
+        reasoning: str | None = None,
     ) -> Message:
         """Add a message under ``parent_id`` (None: a new root) and make it the active leaf.
 
         Bumps the conversation's ``updated_at``. If the conversation still has
         DEFAULT_TITLE and this is its first user message, the title becomes
-        ``auto_title(content)``. ``token_ids`` are stored as int32.
+        ``auto_title(content)``. ``token_ids`` are stored as int32. ``reasoning`` is a
+        reasoning model's thinking before the answer ``content`` (None: it wrote none).
 
         Raises:
             NotFoundError: unknown conversation or parent message.
@@ -384,9 +388,10 @@ class ChatStore:
                 self._check_in_conversation(conn, parent_id, conversation_id)
             cur = conn.execute(
                 "INSERT INTO messages (conversation_id, parent_id, role, content, token_ids,"
-                " stats_json, status, model, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " stats_json, status, model, created_at, reasoning)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (conversation_id, parent_id, role, content, blob, _dumps(stats), status, model,
-                 now),
+                 now, reasoning),
             )
             message_id = cur.lastrowid
             title = conversation.title
@@ -409,6 +414,7 @@ class ChatStore:
         token_ids: Sequence[int] | None = _UNSET,
         stats: dict[str, Any] | None = _UNSET,
         status: str = _UNSET,
+        reasoning: str | None = _UNSET,
     ) -> None:
         """Change some fields of a message in one small transaction (one UPDATE).
 
@@ -431,6 +437,8 @@ class ChatStore:
         if status is not _UNSET:
             _check_choice("status", status, STATUSES)
             fields["status"] = status
+        if reasoning is not _UNSET:
+            fields["reasoning"] = reasoning
         if not fields:
             return
         assignments = ", ".join(f"{name} = ?" for name in fields)
@@ -640,14 +648,17 @@ class ChatStore:
                         mine = (counts[message_id], message_id)
                         best[conversation_id] = max(best.get(conversation_id, mine), mine)
             ids = [message_id for _, message_id in best.values()]
-            texts = dict(self._conn.execute(
-                f"SELECT id, content FROM messages WHERE id IN ({', '.join('?' * len(ids))})", ids
-            ).fetchall()) if ids else {}
+            texts = {row[0]: row[1:] for row in self._conn.execute(
+                f"SELECT id, content, reasoning FROM messages WHERE id IN ({', '.join('?' * len(ids))})", ids
+            ).fetchall()} if ids else {}
         hits = []
         for c in conversations:
             mid = best[c.id][1] if c.id in best else None
-            piece, spans = snippet_spans(texts[mid] if mid is not None else c.title, terms)
-            hits.append(SearchHit(c, mid, piece, spans))
+            text, in_reasoning = c.title, False
+            if mid is not None:
+                text, in_reasoning = _hit_text(*texts[mid], terms)
+            piece, spans = snippet_spans(text, terms)
+            hits.append(SearchHit(c, mid, piece, spans, in_reasoning))
         return hits
 
     def _title_hits(self, term: str) -> set[int]:
@@ -675,7 +686,8 @@ class ChatStore:
             sql = ("SELECT m.id, m.conversation_id FROM messages_fts"
                    " JOIN messages AS m ON m.id = messages_fts.rowid WHERE messages_fts MATCH ?")
             return dict(self._conn.execute(sql, (self._quote(term),)).fetchall())
-        sql = r"SELECT id, conversation_id FROM messages WHERE content LIKE ? ESCAPE '\'"
+        sql = (r"SELECT id, conversation_id FROM messages WHERE content LIKE ?1 ESCAPE '\'"
+               r" OR reasoning LIKE ?1 ESCAPE '\'")
         return dict(self._conn.execute(sql, (_like(term),)).fetchall())
 
     def _quote(self, term: str) -> str:
@@ -793,7 +805,8 @@ class ChatStore:
         for m in messages:
             cur = conn.execute(
                 "INSERT INTO messages (conversation_id, parent_id, role, content, token_ids,"
-                " stats_json, status, model, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " stats_json, status, model, created_at, reasoning)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     conversation_id,
                     None if m.parent_id is None else new_ids[m.parent_id],
@@ -804,6 +817,7 @@ class ChatStore:
                     "stopped" if m.status == "streaming" else m.status,
                     m.model,
                     m.created_at,
+                    m.reasoning,
                 ),
             )
             new_ids[m.id] = cur.lastrowid
@@ -906,6 +920,19 @@ def _forms(term: str) -> list[str]:
 def _like(term: str) -> str:
     """A LIKE pattern finding ``term`` anywhere (``\\`` escapes ``%`` and ``_``)."""
     return "%" + term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def _hit_text(content: str, reasoning: str | None, terms: list[str]) -> tuple[str, bool]:
+    """The text a search snippet is cut from: the reasoning when it holds more of the words
+    of ``terms`` (any case) than the answer, else the answer; ``(text, from_reasoning)``."""
+    if not reasoning:
+        return content, False
+
+    def held(text: str) -> int:
+        folded = text.casefold()
+        return sum(t.casefold() in folded for t in terms)
+
+    return (reasoning, True) if held(reasoning) > held(content) else (content, False)
 
 
 def _dumps(value: dict[str, Any] | None) -> str | None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from app.cli.arguments import Parser as _Parser
 from app.cli.arguments import parse_size as _size
+from app.cli import reasoning_view
 
 log = logging.getLogger("branchwise")
 
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="drop tokens below this fraction of the top probability (0 to 1)")
     engine.add_argument("--repeat-penalty", type=arguments.sampling("repeat_penalty"),
                         help="penalty for recently generated tokens (1 = none; more than 0, at most 10)")
+    reasoning_view.add_arguments(engine)
 
     p = _Parser(
         prog="branchwise",
@@ -393,12 +395,31 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     warned: list = []
     watch = DeletionWatch(chats, conversation.id, parent_id)  # a delete elsewhere stops the reply
     stop = threading.Event()
+    thinking = reasoning_view.ReasoningPrinter(getattr(args, "reasoning", None), stream)
+
+    def on_reasoning(text: str, tok: int) -> None:  # a reasoning model's thinking (engine/reasoning.py)
+        nonlocal first
+        if progress is not None and first:
+            progress.stop()
+        first = False
+        try:
+            recorder.add_reasoning(text)
+        except StorageFullError as exc:
+            if not warned:  # once, not once per token
+                log.warning("a streamed part of the reasoning was not saved: %s", exc)
+            warned.append(exc)
+        except NotFoundError:  # the conversation went meanwhile
+            watch.deleted = True
+        if watch.poll():
+            stop.set()
+        thinking.reasoning(text, tok)
 
     def on_token(text: str, _tok: int) -> None:
         nonlocal first
         if progress is not None and first:
             progress.stop()  # erase the bars before the reply is printed
         first = False
+        thinking.answer_starts()
         had_row = recorder.message_id is not None
         try:
             recorder.add_text(text)
@@ -429,7 +450,9 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
         with interrupts.stop_sets(stop) as cancel:  # Ctrl+C, kill, a delete: stop between steps
             result = engine.generate(messages, _sampling(args, conversation),
                                      use_cache=use_cache, on_token=on_token, snapshot=False, cancel=cancel,
-                                     on_progress=progress.on_progress if progress is not None else None)
+                                     on_progress=progress.on_progress if progress is not None else None,
+                                     on_reasoning=on_reasoning,
+                                     thinking_budget=getattr(args, "thinking_budget", None))
     except ContextOverflowError as exc:
         if getattr(exc, "n_messages", None):  # engine.model.HistoryTooLongError: its own counts
             raise ValueError(f"{exc} Start a new conversation, or branch from an earlier message with "
@@ -452,7 +475,9 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     if watch.gone():  # nothing is stored for a deleted conversation: no reply, no KV blocks
         raise ConversationDeleted(conversation.id)
     try:
-        msg_id = recorder.complete(result.text, result.token_ids, result.stats.to_dict())
+        thinking.answer_starts()
+        msg_id = recorder.complete(result.text, result.token_ids, result.stats.to_dict(),
+                                   getattr(result, "reasoning", None))
     except StorageFullError as exc:
         exc.saved = saved
         raise
@@ -490,10 +515,12 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
         user_id = parent_id if chats.get_message(parent_id).role == "user" else None
         print(json.dumps({
             "conversation_id": conversation.id, "user_message_id": user_id,
-            "assistant_message_id": msg_id, "text": result.text, "stats": _public_stats(result.stats),
+            "assistant_message_id": msg_id, "text": result.text, "reasoning": getattr(result, "reasoning", None),
+            "stats": _public_stats(result.stats),
             "model": ({"name": engine.model_name()} if remote else
-                      {k: getattr(engine.model.facts, k) for k in ("name", "chat_template", "prompt_format",
-                                                                   "chat_template_note")}),
+                      {**{k: getattr(engine.model.facts, k) for k in ("name", "chat_template", "prompt_format",
+                                                                      "chat_template_note")},
+                       "reasoning_format": getattr(engine.model.facts, "reasoning_format", "none")}),
             "saved": saved.to_dict(),
         }))
     elif remote:

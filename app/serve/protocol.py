@@ -151,11 +151,15 @@ def parse_chat_request(body, defaults: SamplingParams | None = None) -> ChatRequ
         role = m.get("role")
         if role not in ROLES:
             raise _bad(f"{where}.role must be one of {', '.join(ROLES)}; got {role!r}.", f"{where}.role")
-        extra = sorted(set(m) - {"role", "content", "name"})
+        extra = sorted(set(m) - {"role", "content", "name"} - ({"reasoning_content"} if role == "assistant" else set()))
         if extra:
             raise _bad(f"{where} has fields this server does not take: {', '.join(extra)}.", f"{where}.{extra[0]}",
                        "unknown_parameter")
-        messages.append(ChatMessage("system" if role == "developer" else role, _content(m.get("content"), where)))
+        thought = m.get("reasoning_content")  # an earlier reply's thinking (DeepSeek's and llama-server's field)
+        if thought is not None and not isinstance(thought, str):
+            raise _bad(f"{where}.reasoning_content must be a string.", f"{where}.reasoning_content", "invalid_type")
+        messages.append(ChatMessage("system" if role == "developer" else role, _content(m.get("content"), where),
+                                    reasoning=thought))
     if messages[-1].role == "assistant":
         raise _bad("The last message is the assistant's; end with a user message to get a reply.", "messages")
 
@@ -267,10 +271,15 @@ def timings(stats) -> dict:
     }
 
 
-def completion(cid: str, model: str, text: str, finish: str, stats) -> dict:
+def completion(cid: str, model: str, text: str, finish: str, stats, reasoning: str | None = None) -> dict:
+    """A whole chat completion; ``reasoning`` (a reasoning model's thinking) goes in the
+    message's ``reasoning_content``, as llama-server, vLLM and DeepSeek's API send it."""
+    message = {"role": "assistant", "content": text}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
     return {
         "id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish,
                      "logprobs": None}],
         "usage": usage(stats), "timings": timings(stats),
     }

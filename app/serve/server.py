@@ -105,6 +105,13 @@ class _Job:
         except RuntimeError:  # the event loop is closed: the server is shutting down
             self.cancel.set()
 
+    def reasoning(self, delta: str, _tok: int) -> None:
+        """A piece of a reasoning model's thinking (streamed as ``reasoning_content`` deltas)."""
+        self.emit("reasoning", delta)
+
+
+_DELTA_FIELD = {"token": "content", "reasoning": "reasoning_content"}  # a stream delta's field per event kind
+
 
 def _drop_bind_errors(record: logging.LogRecord) -> bool:
     """uvicorn logs a failed bind as its own "ERROR: [Errno 98] ..." line; ApiServer raises
@@ -331,7 +338,7 @@ class ApiServer:
         out = []
         for m in request.messages:
             ids = self.replies.recall(self._model_key, m.content) if m.role == "assistant" else None
-            out.append(ChatMessage(m.role, m.content, ids))
+            out.append(ChatMessage(m.role, m.content, ids, m.reasoning))
         return out
 
     def _run(self, job: _Job) -> None:
@@ -354,7 +361,7 @@ class ApiServer:
 
         try:
             result = self.engine.generate(self._messages(req), req.sampling, use_cache=self.use_cache, on_token=on_token,
-                                          on_progress=on_progress, cancel=job.cancel, snapshot=False)
+                                          on_progress=on_progress, cancel=job.cancel, snapshot=False, on_reasoning=job.reasoning)
         except ContextOverflowError as exc:
             raise_to = ApiError(400, f"This request is {exc.prompt_tokens:,} tokens long, but the model's context "
                                      f"window holds {exc.n_ctx:,} (with room for at least one reply token).",
@@ -380,7 +387,7 @@ class ApiServer:
             finish = protocol.FINISH.get(stats.finish_reason, "stop")
         text = scanner.text
         job.state = JobState.DONE
-        job.emit("done", (text, finish, stats))
+        job.emit("done", (text, finish, stats, result.reasoning))
         # After the reply is out: store its KV (the client is reading) and its ids.
         if not scanner.stopped and result.token_ids and self.engine.model.detokenize(result.token_ids) == text:
             self.replies.remember(self._model_key, text, result.token_ids)
@@ -477,9 +484,9 @@ class ApiServer:
                 elif kind == "error":
                     raise value
                 elif kind == "done":
-                    text, finish, stats = value
+                    text, finish, stats, reasoning = value
                     return JSONResponse(protocol.completion(protocol.completion_id(), self.model_id, text,
-                                                            finish, stats))
+                                                            finish, stats, reasoning))
         finally:
             watcher.cancel()
             if job.state != JobState.DONE:
@@ -495,13 +502,13 @@ class ApiServer:
             yield event(protocol.chunk(cid, model, created, {"role": "assistant", "content": ""}))
             while True:
                 kind, value = await job.events.get()
-                if kind == "token":
-                    yield event(protocol.chunk(cid, model, created, {"content": value}))
+                if kind in ("token", "reasoning"):
+                    yield event(protocol.chunk(cid, model, created, {_DELTA_FIELD[kind]: value}))
                 elif kind == "error":  # after the headers: an error event, as OpenAI's API sends
                     yield event(value.body())
                     return
                 elif kind == "done":
-                    _text, finish, stats = value
+                    _text, finish, stats, _reasoning = value
                     last = protocol.chunk(cid, model, created, {}, finish)
                     last["timings"] = protocol.timings(stats)
                     yield event(last)

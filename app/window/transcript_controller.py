@@ -343,7 +343,7 @@ class ChatController(QObject):
         self._end()
         mid = None
         try:
-            mid = reply.complete(event.text, event.token_ids, event.stats)
+            mid = reply.complete(event.text, event.token_ids, event.stats, event.reasoning)
         except NotFoundError:  # the chat was deleted meanwhile: nothing of it is kept
             log.info("the reply's chat %s was deleted while it was written; nothing kept", reply.conversation_id)
         except StorageError as exc:

@@ -82,7 +82,8 @@ def conversation(raw: Any, n: int) -> SourceConversation:
             created_at=_number(m.get("created_at")),
             model=text_of(m.get("model")) or None,
             extra={"token_ids": token_ids, "stats": stats if isinstance(stats, dict) else None,
-                   "status": text_of(m.get("status")) or "complete"},
+                   "status": text_of(m.get("status")) or "complete",
+                   "reasoning": m["reasoning"] if isinstance(m.get("reasoning"), str) else None},
         ))
     return conv
 
