@@ -26,6 +26,7 @@ marker, before it is shown or saved (:mod:`engine.stop_strings`).
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from collections import OrderedDict
@@ -35,6 +36,7 @@ from enum import StrEnum
 
 from engine.errors import TemplateError
 from engine.stop_strings import StopMatcher, Tokenize
+from engine.tool_calls import ToolFormat, detect_format, generic_chat_messages, template_message
 from engine.template_sandbox import (  # re-exported: importers name them from here
     MAX_INT_BITS,
     MAX_OUTPUT_CHARS,
@@ -83,12 +85,23 @@ class ChatMessage:
     role: str
     content: str
     token_ids: Sequence[int] | None = None
-
+    tool_calls: tuple[dict, ...] | None = None  # an assistant's calls, OpenAI's objects
+    tool_call_id: str | None = None  # a "tool" message: the call it answers
+    name: str | None = None  # a "tool" message: the tool's name
 
     def to_dict(self) -> dict:
         """The form the engine process receives (``engine.worker``)."""
         ids = [int(t) for t in self.token_ids] if self.token_ids is not None else None
-        return {"role": self.role, "content": self.content, "token_ids": ids}
+        out = {"role": self.role, "content": self.content, "token_ids": ids}
+        for key in ("tool_calls", "tool_call_id", "name"):
+            if getattr(self, key) is not None:
+                out[key] = list(self.tool_calls) if key == "tool_calls" else getattr(self, key)
+        return out
+
+    def template_dict(self, content: str) -> dict:
+        """The message as a chat template sees it, with ``content`` in place of its own
+        (tool calls' arguments as objects, as templates that loop over them expect)."""
+        return template_message(self, content)
 
 
 def conversation_messages(system_prompt: str, path) -> list[ChatMessage]:
@@ -241,12 +254,14 @@ class PromptBuilder:
         self.format = PromptFormat.MODEL_TEMPLATE
         self.note = ""
         self.stop_strings: tuple[str, ...] = ()
+        self.tool_format = ToolFormat.GENERIC  # the tool-call syntax (engine.tool_calls)
         if template is None or not template.strip():
             why = missing_reason or ("The model file has no chat template" if template is None
                                      else "The model's chat template is blank")
             self._use_chatml(why)
             return
         self._template = compile_template(template)
+        self.tool_format = detect_format(template)
         probe = "Hello \u2013 what is 2+2?"
         try:
             text = self._render([{"role": "user", "content": probe}], True)
@@ -260,6 +275,7 @@ class PromptBuilder:
     def _use_chatml(self, why: str) -> None:
         self._template = compile_template(CHATML_TEMPLATE)
         self.format = PromptFormat.CHATML_FALLBACK
+        self.tool_format = ToolFormat.GENERIC
         self.stop_strings = CHATML_STOP_STRINGS
         self.note = (f"{why}, so Branchwise uses the ChatML prompt format and ends each reply at "
                      "ChatML's <|im_end|> marker. Replies may be poor: this may be a base model, "
@@ -274,10 +290,12 @@ class PromptBuilder:
         """The template's text for ``messages`` (for display and debugging)."""
         return self._render([{"role": m.role, "content": m.content} for m in messages], add_generation_prompt)
 
-    def _render(self, msgs: list[dict], add_generation_prompt: bool) -> str:
+    def _render(self, msgs: list[dict], add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
+        extra = {"tools": tools} if tools else {}
         try:
             return render_bounded(
                 self._template,
+                **extra,
                 messages=msgs,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
@@ -288,15 +306,20 @@ class PromptBuilder:
         except Exception as exc:  # jinja2 errors and template-side type errors
             raise TemplateError(f"The model's chat template failed: {exc}") from exc
 
-    def build(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
-        """Prompt token ids for ``messages``, ending with the assistant's turn header."""
-        placeholders = [{"role": m.role, "content": _SENTINEL.format(i)} for i, m in enumerate(messages)]
-        text = self._render(placeholders, add_generation_prompt)
+    def build(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
+              tools: list[dict] | None = None) -> list[int]:
+        """Prompt token ids for ``messages``, ending with the assistant's turn header.
+        ``tools`` (OpenAI's function objects) are rendered by the template, or with
+        :attr:`tool_format` GENERIC described in a system message (``engine.tool_calls``)."""
+        if self.tool_format is ToolFormat.GENERIC and (tools or any(m.tool_calls or m.role == "tool" for m in messages)):
+            messages, tools = generic_chat_messages(messages, tools), None
+        placeholders = [m.template_dict(_SENTINEL.format(i)) for i, m in enumerate(messages)]
+        text = self._render(placeholders, add_generation_prompt, tools)
         found = [int(g) for g in _SENTINEL_RE.findall(text)]
         if found != list(range(len(messages))):
             # The template transforms or reorders content; render it for real. Prefix
             # stability may suffer, correctness does not.
-            return self._with_bos(self._fallback(messages, add_generation_prompt))
+            return self._with_bos(self._fallback(messages, add_generation_prompt, tools))
 
         ids: list[int] = []
         pending: list[str] = []
@@ -311,14 +334,17 @@ class PromptBuilder:
             pending.append(text[pos : match.start()])
             pos = match.end()
             m = messages[int(match.group(1))]
+            content = m.content
+            if m.role == "tool" and text[match.start() - 1 : match.start()] == text[match.end() : match.end() + 1] == '"':
+                content = json.dumps(content, ensure_ascii=False)[1:-1]  # the template tojson'd a tool result
             if m.role == "assistant" and m.token_ids is not None:
                 flush()
                 ids.extend(int(t) for t in m.token_ids)
-            elif self._is_plain(m.content):
-                pending.append(m.content)
+            elif self._is_plain(content):
+                pending.append(content)
             else:
                 flush()
-                ids.extend(self._tokenize(m.content, False))
+                ids.extend(self._tokenize(content, False))
         pending.append(text[pos:])
         flush()
         return self._with_bos(ids)
@@ -329,14 +355,15 @@ class PromptBuilder:
             self._tokenize(content, True) == self._tokenize(content, False)
         )
 
-    def _fallback(self, messages: Sequence[ChatMessage], add_generation_prompt: bool) -> list[int]:
+    def _fallback(self, messages: Sequence[ChatMessage], add_generation_prompt: bool,
+                  tools: list[dict] | None = None) -> list[int]:
         if not all(self._is_plain(m.content) for m in messages):
             raise TemplateError(
                 "This model's chat template cannot safely include text that looks like "
                 "control tokens. Remove them from the message."
             )
-        msgs = [{"role": m.role, "content": m.content} for m in messages]
-        return self._tokenize(self._render(msgs, add_generation_prompt), True)
+        msgs = [m.template_dict(m.content) for m in messages]
+        return self._tokenize(self._render(msgs, add_generation_prompt, tools), True)
 
     def _with_bos(self, ids: list[int]) -> list[int]:
         if self.add_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
