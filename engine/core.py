@@ -199,12 +199,16 @@ class Engine:
         on_progress: ProgressFn | None = None,
         cancel: threading.Event | None = None,
         snapshot: bool = True,
+        tools: list[dict] | None = None,
+        grammar: str | None = None,
     ) -> GenerationResult:
         """Generate the assistant's reply to ``messages``.
 
         ``use_cache=False`` neither reads nor writes the prefix store nor reuses the live
         context: every prompt token is prefilled. With ``snapshot`` the new KV blocks are
-        stored before returning (their cost is in ``stats.snapshot_ms``).
+        stored before returning (their cost is in ``stats.snapshot_ms``). ``tools`` (OpenAI
+        function objects) go to the chat template (``PromptBuilder.build``); ``grammar``
+        (GBNF text, e.g. ``engine.tool_grammar.tool_call_grammar``) constrains sampling.
 
         Raises:
             ContextOverflowError: the prompt does not fit n_ctx.
@@ -214,7 +218,7 @@ class Engine:
         with self.lock:
             t0 = time.perf_counter()
             stats = GenerationStats()
-            prompt = self.prompt_tokens(messages)
+            prompt = self.model.prompts.build(messages, True, tools) if tools else self.prompt_tokens(messages)
             n_ctx = self.llama.n_ctx()
             stats.prompt_tokens = len(prompt)
             if len(prompt) + 1 > n_ctx:
@@ -226,7 +230,7 @@ class Engine:
             if not self._prefill(prompt, stats, on_progress, cancel, use_cache):
                 stats.finish_reason = "cancelled"  # stopped while reading the prompt
                 return GenerationResult("", [], stats, prompt)
-            text, ids = self._decode(sampling, stats, t0, on_token, cancel)
+            text, ids = self._decode(sampling, stats, t0, on_token, cancel, grammar)
             if snapshot and use_cache:
                 self.snapshot(stats)
             return GenerationResult(text, ids, stats, prompt)
@@ -275,13 +279,15 @@ class Engine:
         stats.prefill_ms = (time.perf_counter() - t) * 1000
         return True
 
-    def _decode(self, sp: SamplingParams, stats: GenerationStats, t0: float, on_token, cancel) -> tuple[str, list[int]]:
+    def _decode(self, sp: SamplingParams, stats: GenerationStats, t0: float, on_token, cancel,
+                grammar: str | None = None) -> tuple[str, list[int]]:
         llama = self.llama
         cpu.debug_crash("before-first-token")
         llama.set_seed(sp.seed if sp.seed is not None else random.getrandbits(31))
         sampler = llama._init_sampler(
             top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p, temp=sp.temperature,
             repeat_penalty=sp.repeat_penalty,
+            grammar=llama_cpp.LlamaGrammar.from_string(grammar) if grammar else None,
         )
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         stop = self.model.prompts.stop_matcher()  # None unless the prompt format needs stop strings
