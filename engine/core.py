@@ -204,12 +204,16 @@ class Engine:
         snapshot: bool = True,
         on_reasoning: TokenFn | None = None,
         thinking_budget: int | None = None,
+        tools: list[dict] | None = None,
+        grammar: str | None = None,
     ) -> GenerationResult:
         """Generate the assistant's reply to ``messages``.
 
         ``use_cache=False`` neither reads nor writes the prefix store nor reuses the live
         context: every prompt token is prefilled. With ``snapshot`` the new KV blocks are
-        stored before returning (their cost is in ``stats.snapshot_ms``).
+        stored before returning (their cost is in ``stats.snapshot_ms``). ``tools`` (OpenAI
+        function objects) go to the chat template (``PromptBuilder.build``); ``grammar``
+        (GBNF text, e.g. ``engine.tool_grammar.tool_call_grammar``) constrains sampling.
 
         A reasoning model's thinking (``engine/reasoning.py``) streams to ``on_reasoning``
         and its answer to ``on_token``; ``thinking_budget`` (tokens) closes the thinking
@@ -223,7 +227,7 @@ class Engine:
         with self.lock:
             t0 = time.perf_counter()
             stats = GenerationStats()
-            prompt = self.prompt_tokens(messages)
+            prompt = self.model.prompts.build(messages, True, tools) if tools else self.prompt_tokens(messages)
             n_ctx = self.llama.n_ctx()
             stats.prompt_tokens = len(prompt)
             if len(prompt) + 1 > n_ctx:
@@ -240,7 +244,7 @@ class Engine:
                        if thinking_budget is not None and model.reasoning.closing_text else [])
             steer = self._steer = ReasoningSteer(model.reasoning, model.reasoning_specials, thinking_budget, closing)
             try:
-                text, ids = self._decode(sampling, stats, t0, steer.wrap(on_token, on_reasoning), cancel)
+                text, ids = self._decode(sampling, stats, t0, steer.wrap(on_token, on_reasoning), cancel, grammar)
                 steer.finish()
             finally:
                 self._steer = None
@@ -297,13 +301,15 @@ class Engine:
         stats.prefill_ms = (time.perf_counter() - t) * 1000
         return True
 
-    def _decode(self, sp: SamplingParams, stats: GenerationStats, t0: float, on_token, cancel) -> tuple[str, list[int]]:
+    def _decode(self, sp: SamplingParams, stats: GenerationStats, t0: float, on_token, cancel,
+                grammar: str | None = None) -> tuple[str, list[int]]:
         llama = self.llama
         cpu.debug_crash("before-first-token")
         llama.set_seed(sp.seed if sp.seed is not None else random.getrandbits(31))
         sampler = llama._init_sampler(
             top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p, temp=sp.temperature,
-            repeat_penalty=sp.repeat_penalty, grammar=self.grammar,
+            repeat_penalty=sp.repeat_penalty,
+            grammar=llama_cpp.LlamaGrammar.from_string(grammar, verbose=False) if grammar else self.grammar,
         )
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         stop = self.model.prompts.stop_matcher()  # None unless the prompt format needs stop strings

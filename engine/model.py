@@ -242,7 +242,7 @@ class _LengthAwarePrompts:
     def __getattr__(self, name):
         return getattr(self._builder, name)
 
-    def build(self, messages, add_generation_prompt: bool = True) -> list[int]:
+    def build(self, messages, add_generation_prompt: bool = True, tools: list[dict] | None = None) -> list[int]:
         """:meth:`PromptBuilder.build`.
 
         Raises:
@@ -251,7 +251,7 @@ class _LengthAwarePrompts:
             TemplateError: the template failed otherwise.
         """
         try:
-            return self._builder.build(messages, add_generation_prompt)
+            return self._builder.build(messages, add_generation_prompt, tools)
         except TemplateLimitError:
             n_ctx, total = self._model.llama.n_ctx(), 0
             for m in messages:
