@@ -156,6 +156,6 @@ def test_checkpoints_count_against_the_budget_and_go_with_their_blocks(tmp_path)
     store.put(fp, [NewBlock(k0, fp, 0, np.asarray(tokens[:64], dtype=np.int32), b"b" * 640)])
     store.put_checkpoint(fp, tokens[:70], b"w" * 100)
     store._db.execute("BEGIN")
-    store._delete_subtree(k0)
+    store.blocks.delete_subtree(k0)
     store._db.execute("COMMIT")
     assert store.lookup_checkpoint(fp, tokens[:100]).n_tokens == 20
