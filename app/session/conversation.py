@@ -1,7 +1,7 @@
 """The conversation rules: what send, edit, regenerate, fork and switching siblings do to the
 tree of messages in ``chats.sqlite3``, and what to offer when a prompt overflows.
 
-A conversation is a tree (``storage/chats.py``): every edit or regeneration adds a sibling,
+A conversation is a tree (``storage/chats/``): every edit or regeneration adds a sibling,
 and the conversation's active leaf picks the branch that is shown and continued. Nothing
 here recurses over the tree or talks to the engine; the front end sends the prompts that
 ``prompt`` returns to its engine and records the reply with ``start_reply``.
