@@ -577,8 +577,8 @@ def test_pragmas(store: ChatStore, db_path: Path) -> None:
     with sqlite3.connect(db_path) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("PRAGMA user_version").fetchone()[0] == len(chat_schema.MIGRATIONS)
-    assert store._conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
-    assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+    assert store.database.conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+    assert store.database.conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
 
 
 def test_migrations_run_once(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -644,8 +644,8 @@ def test_a_file_that_is_not_a_database(db_path: Path) -> None:
 
 def test_full_disk_becomes_storage_full_error(store: ChatStore) -> None:
     conv = store.create_conversation()
-    pages = store._conn.execute("PRAGMA page_count").fetchone()[0]
-    store._conn.execute(f"PRAGMA max_page_count = {pages}")  # the database cannot grow
+    pages = store.database.conn.execute("PRAGMA page_count").fetchone()[0]
+    store.database.conn.execute(f"PRAGMA max_page_count = {pages}")  # the database cannot grow
     with pytest.raises(StorageFullError, match="is full") as info:
         store.add_message(conv.id, None, "user", "x" * 1_000_000)
     assert "Free some space" in str(info.value)

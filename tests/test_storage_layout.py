@@ -90,3 +90,32 @@ def test_no_python_recursion_over_a_message_tree():
                                                                and isinstance(c.func.value, ast.Name)
                                                                and c.func.value.id == "self"))}
                 assert node.name not in calls, f"{file.name}: {node.name} calls itself"
+
+
+def _privates(path: Path) -> set[str]:
+    """Private names a module defines on its classes: ``def _x`` and ``self._x = ...``."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ClassDef):
+            for item in ast.walk(node):
+                if isinstance(item, ast.FunctionDef) and item.name.startswith("_") and not item.name.startswith("__"):
+                    names.add(item.name)
+                if (isinstance(item, ast.Attribute) and isinstance(item.ctx, ast.Store)
+                        and isinstance(item.value, ast.Name) and item.value.id == "self"
+                        and item.attr.startswith("_") and not item.attr.startswith("__")):
+                    names.add(item.attr)
+    return names
+
+
+def test_no_module_outside_the_stores_uses_their_private_attributes():
+    """The tests and the layers above use the stores' parts (``store.index.db``,
+    ``store.database.conn``, ``store.blocks.delete_subtree``), never a private name."""
+    owned = set().union(*(_privates(f) for pkg in ("prefix", "chats") for f in (STORAGE / pkg).glob("*.py")))
+    assert {"_conn", "_evict_payload_to", "_finder"} <= owned  # the scan sees the parts' privates
+    files = [f for folder in ("app", "engine", "tools", "tests") for f in (ROOT / folder).rglob("*.py")]
+    for file in files:
+        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Attribute) and node.attr in owned
+                    and isinstance(node.value, (ast.Name, ast.Attribute))
+                    and (ast.unparse(node.value).endswith(("store", "chats")))):
+                raise AssertionError(f"{file.relative_to(ROOT)}:{node.lineno} uses the store's private {node.attr}")

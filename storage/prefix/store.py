@@ -96,11 +96,6 @@ class PrefixStore:
         """Why the index file was replaced by an empty one (SQLite's words), or None."""
         return self.ix.recovered_from
 
-    @property
-    def _db(self):
-        """The index's connection (for tests that set pragmas on it)."""
-        return self.ix.db
-
     def close(self) -> None:
         """Close the index; the store cannot be used afterwards."""
         self.ix.close()
