@@ -82,7 +82,7 @@ def sharing_token_paths(
     for other in chats.list_conversations():
         if other.id == conversation_id:
             continue
-        roots = chats.children(None, other.id)
+        roots = chats.branches.children(None, other.id)
         starts = [build(conversation_messages(other.system_prompt, [root]), root.role == "user")
                   for root in roots]
         if any(_may_share(tuple(s[:block_size]), heads) for s in starts):

@@ -61,6 +61,9 @@ PRIVATE_UMASK = 0o077
 
 BLOCKS_DIR = KVCACHE_DB + "-blocks"
 """The folder of the prefix store's block files (``storage/block_files.py``)."""
+CHECKPOINTS_DIR = KVCACHE_DB + "-checkpoints"
+"""The folder of the prefix store's checkpoint files (``storage/prefix/checkpoints.py``),
+named like block files."""
 BLOCK_NAME = re.compile(r"[0-9a-f]{64}(\.[0-9]{1,10}\.tmp)?")
 """A block file's name: its 32-byte key in hex, or that plus ``.PID.tmp`` while it is
 written. Nothing else in the blocks folder is ever opened for writing or removed."""
@@ -75,12 +78,12 @@ OWN_FILES = frozenset(
 """Every file Branchwise makes directly in the data folder: the three databases and
 SQLite's sidecars, the window's settings (with its temporary and set-aside copies) and
 the crash verdict (``engine/cpu.py``) and the model hub's token (``engine/hub/catalog.py``).
-The folder also holds :data:`LOGS_DIR`, :data:`BLOCKS_DIR` and :data:`MODELS_DIR`, and
+The folder also holds :data:`LOGS_DIR`, :data:`BLOCKS_DIR`, :data:`CHECKPOINTS_DIR` and :data:`MODELS_DIR`, and
 ``.branchwise-probe-*`` files live a moment at start."""
 MODELS_DIR = "models"
 """Downloaded models (``engine/hub/library.py``): GGUF files, and ``.partial/`` while one downloads."""
 MODEL_NAME = re.compile(r"[^/\\]+\.gguf")
-OWN_DIRS = {LOGS_DIR: LOG_NAME, BLOCKS_DIR: BLOCK_NAME, MODELS_DIR: MODEL_NAME}
+OWN_DIRS = {LOGS_DIR: LOG_NAME, BLOCKS_DIR: BLOCK_NAME, CHECKPOINTS_DIR: BLOCK_NAME, MODELS_DIR: MODEL_NAME}
 """The folders Branchwise makes in the data folder, with the pattern of the files in them."""
 _PROBE = ".branchwise-probe-"
 

@@ -81,7 +81,7 @@ def test_edit_creates_sibling_and_navigator_switches(qtbot, open_window, data_di
 
     path = w.store.active_path(cid)
     assert path[0].content == "Say goodbye."
-    assert [m.id for m in w.store.siblings(path[0].id)] == [first_user.id, path[0].id]
+    assert [m.id for m in w.store.branches.siblings(path[0].id)] == [first_user.id, path[0].id]
     user_widget = w.transcript.widgets[0]
     assert user_widget.position.text() == "2/2"
 
@@ -104,7 +104,7 @@ def test_regenerate_adds_a_sibling_reply(qtbot, open_window, data_dir):
         qtbot.mouseClick(assistant_widget.buttons["regenerate"], Qt.MouseButton.LeftButton)
     second = blocker.args[0]
     assert second != first
-    assert [m.id for m in w.store.siblings(second)] == [first, second]
+    assert [m.id for m in w.store.branches.siblings(second)] == [first, second]
     path = w.store.active_path(cid)
     assert [m.role for m in path] == ["user", "assistant"] and path[-1].id == second
     assert w.transcript.widgets[-1].position.text() == "2/2"

@@ -137,7 +137,7 @@ def test_the_engine_setting_sends_replies_to_a_server_and_keeps_the_tree_local(q
         qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
     assert w.banner.isVisible() and w.banner.kind == "error"
     assert host in w.banner.text and "Traceback" not in w.banner.text
-    users = [m for m in w.store.path_to(w.store.get_conversation(cid).active_leaf_id) if m.role == "user"]
+    users = [m for m in w.store.branches.path_to(w.store.get_conversation(cid).active_leaf_id) if m.role == "user"]
     assert [m.content for m in users] == ["Name a colour.", "Still there?"]
 
 

@@ -47,7 +47,7 @@ def test_esc_before_the_first_token_keeps_an_empty_stopped_reply_with_retry(qtbo
         qtbot.mouseClick(bubble.buttons["retry"], Qt.MouseButton.LeftButton)
     reply = w.store.get_message(blocker.args[0])
     assert reply.status == "complete" and reply.content and reply.parent_id == path[0].id
-    assert [m.id for m in w.store.children(path[0].id, cid)] == [reply.id]  # the empty one is gone
+    assert [m.id for m in w.store.branches.children(path[0].id, cid)] == [reply.id]  # the empty one is gone
 
 
 def test_sending_under_an_unanswered_question_asks_answer_it_first(qtbot, open_window, data_dir):
@@ -81,5 +81,5 @@ def test_sending_under_an_unanswered_question_can_replace_it(qtbot, open_window,
     path = w.store.active_path(cid)
     assert [(m.role, m.content) for m in path][0] == ("user", "Say bye instead.")
     assert [m.role for m in path] == ["user", "assistant"]
-    assert [m.id for m in w.store.siblings(path[0].id)] == [q, path[0].id]  # the old one stays
+    assert [m.id for m in w.store.branches.siblings(path[0].id)] == [q, path[0].id]  # the old one stays
     assert w.composer.text() == ""

@@ -683,7 +683,7 @@ def test_the_source_migration_keeps_existing_chats(db: Path, monkeypatch: pytest
         conn.close()
     assert sources == [("Older", None), ("Haiku about 雪 ❄️", "claude:5e1f0000-0000-4000-8000-0000000000aa")]
     with ChatStore(db) as chats:  # a copy is not the import: re-importing still finds the original
-        chats.duplicate_conversation(2)
+        chats.copies.duplicate_conversation(2)
     assert import_files([CLAUDE], db).files[0].status == FileStatus.UNCHANGED
 
 

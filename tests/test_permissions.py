@@ -277,7 +277,7 @@ def test_delete_and_forget_keeps_what_a_fork_shares(tmp_path):
         u = chats.add_message(conv.id, None, "user", "A long shared opening question?")
         a = chats.add_message(conv.id, u.id, "assistant", "ok", token_ids=[900, 901, 902])
         u2 = chats.add_message(conv.id, a.id, "user", "Secret follow-up 7391")
-        fork = chats.fork(a.id)  # shares the first turn only
+        fork = chats.copies.fork(a.id)  # shares the first turn only
         unrelated = chats.create_conversation(title="Other")
         chats.add_message(unrelated.id, None, "user", "Hello")
         for cid in (conv.id, fork.id, unrelated.id):

@@ -225,7 +225,7 @@ def test_chat_reads_a_long_message_from_stdin_and_from_a_file(tmp_path):
     r = bw(data, "chat", "--json", *ENGINE, "-", stdin="Say hi to 苹果".encode())
     assert r.returncode == 0, r.stderr
     with ChatStore(data / CHATS_DB) as chats:
-        assert chats.path_to(json.loads(r.stdout)["user_message_id"])[-1].content == "Say hi to 苹果"
+        assert chats.branches.path_to(json.loads(r.stdout)["user_message_id"])[-1].content == "Say hi to 苹果"
     r = bw(data, "chat", "--file", tmp_path / "missing.txt")
     assert r.returncode == 1 and str(tmp_path / "missing.txt").encode() in r.stderr
     assert b"no such file" in r.stderr

@@ -645,7 +645,7 @@ def cmd_chat(args) -> int:
     system = args.system if args.system is not None else (conversation.system_prompt if conversation else "")
     # Refuse an overflowing message before anything is written: no empty "New chat" is left.
     if not engine.is_remote:  # a server checks its own context window
-        _check_fits(engine, system, chats.path_to(parent_id) if parent_id else [], args.text)
+        _check_fits(engine, system, chats.branches.path_to(parent_id) if parent_id else [], args.text)
     if conversation is None:
         conversation = chats.create_conversation(system_prompt=system)
     if args.system is not None and args.system != conversation.system_prompt:
@@ -661,7 +661,7 @@ def cmd_chat(args) -> int:
 def cmd_regenerate(args) -> int:
     chats = _open_chats(args)
     msg = chats.get_message(args.message_id)
-    if msg.role == "user" and not chats.children(msg.id, msg.conversation_id):
+    if msg.role == "user" and not chats.branches.children(msg.id, msg.conversation_id):
         parent_id = msg.id  # an unanswered message of the user's (a crash, Ctrl+C): answer it in place
     elif msg.role != "assistant" or msg.parent_id is None:
         raise ValueError(f"Message {msg.id} is a {msg.role} message that already has a reply; regenerate takes "

@@ -222,7 +222,7 @@ def _unanswered_message(data_dir: Path, since: float) -> int | None:
     from storage.chats import ChatStore
 
     with contextlib.suppress(Exception), ChatStore(path) as chats:
-        return chats.newest_unanswered_user_message(since)
+        return chats.branches.newest_unanswered_user_message(since)
     return None
 
 

@@ -2,9 +2,9 @@
 hit on its branch, delete a message with its replies (undoable from the banner), and copy
 the shown branch as Markdown.
 
-Deleting is carried out at once (``ChatStore.delete_subtree``, one transaction) and the
+Deleting is carried out at once (``ChatStore.deletion.delete_subtree``, one transaction) and the
 removed messages are kept in memory: Undo in the banner puts them back
-(``ChatStore.restore_messages``, new ids, the same text, token ids and stats, so their KV
+(``ChatStore.deletion.restore_messages``, new ids, the same text, token ids and stats, so their KV
 cache is found again). The undo lasts until the next message delete or until the window
 closes. As for a deleted chat, a worker then scrubs the deleted text out of the search
 index and the WAL.
@@ -28,7 +28,7 @@ def branch_markdown(store, conversation_id: int) -> str:
     every message fenced verbatim. Reads only the active path, not the whole tree."""
     conv = store.get_conversation(conversation_id)
     path = store.active_path(conversation_id)
-    siblings = {m.id: store.siblings(m.id) for m in path}
+    siblings = {m.id: store.branches.siblings(m.id) for m in path}
     messages = [s for m in path for s in siblings[m.id]]  # the branch counts "(branch 2/3)"
     data = {
         "title": conv.title, "system_prompt": conv.system_prompt, "active_path": [m.id for m in path],
@@ -88,7 +88,7 @@ class MessageActionsMixin:
         try:
             cid = self.store.get_message(message_id).conversation_id
             leaf = self.store.get_conversation(cid).active_leaf_id
-            removed = self.store.delete_subtree(message_id)
+            removed = self.store.deletion.delete_subtree(message_id)
         except StorageError as exc:
             self.storage_failed(exc)
             return
@@ -106,7 +106,7 @@ class MessageActionsMixin:
         if not removed:
             return
         try:
-            self.store.restore_messages(removed, self._deleted_active_leaf)
+            self.store.deletion.restore_messages(removed, self._deleted_active_leaf)
         except NotFoundError:
             self.banner.show_message("The deleted messages cannot be put back: the message they "
                                      "answered is gone too.", "error")

@@ -360,7 +360,7 @@ class Sidebar(QWidget):
 
     def duplicate(self, cid: int) -> int:
         """Copy ``cid`` with its whole tree; returns the copy's id."""
-        copy = self.store.duplicate_conversation(cid)
+        copy = self.store.copies.duplicate_conversation(cid)
         self.refresh()
         self.changed.emit()
         return copy.id
@@ -428,11 +428,11 @@ def scrub_in_background(path) -> None:
 
 def _forget_deleted(path) -> None:
     """Worker thread: merge the search index and truncate the WAL of ``chats.sqlite3``
-    (``ChatStore.forget_deleted``); a failure is logged, the next delete tries again."""
+    (``ChatStore.deletion.forget_deleted``); a failure is logged, the next delete tries again."""
     from storage.chats import ChatStore, SearchHit
 
     try:
         with ChatStore(path) as chats:
-            chats.forget_deleted()
+            chats.deletion.forget_deleted()
     except Exception:  # noqa: BLE001 - a worker thread: log, never raise into Qt
         log.warning("could not scrub deleted chats from %s", path, exc_info=True)

@@ -4,8 +4,9 @@
 returns an ``ImportSummary``; ``detect(path)`` names a file's format. One
 module per format reads it into ``SourceConversation`` records
 (``records.py``); ``tree.py`` checks and orders the tree; ``writer.py`` stores
-it; ``run.py`` handles files, zips, transactions, progress and cancelling;
-``backup.py`` writes ``export --all``.
+it; ``run.py`` handles files, zips, transactions, progress and cancelling.
+``export --all`` (the backup these files restore) is written by the CLI,
+``app/cli/import_commands.py`` ``write_export_all``.
 """
 
 from storage.importers.records import (

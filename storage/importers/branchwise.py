@@ -7,7 +7,7 @@ One conversation is the object ``app/export.py`` ``conversation_json`` writes:
       "status", "model", "created_at", "stats", "token_ids"}]}
 
 with messages in creation order (parents first). ``export --all``
-(``storage.importers.backup``) writes ``{"branchwise_export": 1, "conversations":
+(``app/cli/import_commands.py`` ``write_export_all``) writes ``{"branchwise_export": 1, "conversations":
 […]}``. Everything is kept (token ids, stats, status, pinned, sampling), so
 export → import → export gives the same JSON apart from ids.
 """
