@@ -34,10 +34,10 @@ def test_reasoning_is_stored_updated_and_copied(store: ChatStore) -> None:
     assert (m.content, m.reasoning) == ("It is 4.", "First I add two and two.")
     store.update_message(aid, reasoning="Changed.")
     assert store.get_message(aid).reasoning == "Changed."
-    copy = store.duplicate_conversation(cid)
+    copy = store.copies.duplicate_conversation(cid)
     assert [m.reasoning for m in store.active_path(copy.id)] == [None, "Changed."]
-    removed = store.delete_subtree(aid)
-    store.restore_messages(removed, active_leaf_id=aid)
+    removed = store.deletion.delete_subtree(aid)
+    store.deletion.restore_messages(removed, active_leaf_id=aid)
     assert store.active_path(cid)[-1].reasoning == "Changed."
     assert store.get_message(store.active_path(cid)[0].id).reasoning is None  # a user message: none
 
