@@ -134,6 +134,12 @@ def test_automatic_threads_leave_a_core_free(qtbot, open_window, tmp_path):
     _app_tab(dlg)
     assert dlg.threads.value() == 0
     assert dlg.threads.specialValueText() == f"automatic ({default_threads()} of {physical_cores()} cores)"
+    from engine.limits import check_threads, max_threads
+
+    # the spinner offers no count the engine refuses (engine/limits.py: cores x 4), and stops at it
+    assert dlg.threads.maximum() == max_threads() == check_threads(max_threads())
+    dlg.threads.setValue(max_threads() + 1)
+    assert dlg.threads.value() == max_threads()
     dlg.reject()
 
 

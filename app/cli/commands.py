@@ -380,7 +380,7 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     streams does not stop it; what was and was not saved is reported (``saved``)."""
     from app.cli.terminal_text import for_stream
     from app.cli.storage_commands import ConversationDeleted, DeletionWatch, Saved
-    from app.session import ConversationSession, ReplyState
+    from app.session import ConversationSession
     from engine.errors import ContextOverflowError, EngineError
     from engine.events import FinishReason
     from storage.errors import NotFoundError, StorageFullError
@@ -459,10 +459,10 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
                              "--parent ID.") from exc
         raise _overflow_error(exc.prompt_tokens, exc.n_ctx) from exc
     except KeyboardInterrupt:  # Ctrl+C, or SIGINT/SIGTERM passed on by the supervisor
-        reply_id = recorder.abandon(ReplyState.STOPPED)
-        return _stopped(args, conversation.id, parent_id, reply_id, recorder.text)
+        reply_id = _abandon(recorder)
+        return _stopped(args, conversation.id, parent_id, reply_id, recorder.text, kept=recorder.kept_text)
     except EngineError:  # keep what was streamed, marked stopped
-        recorder.abandon(ReplyState.STOPPED)
+        _abandon(recorder)
         if stream and recorder.text:  # the error line on its own line
             sys.stdout.write("\n")
             sys.stdout.flush()
@@ -478,8 +478,12 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
         thinking.answer_starts()
         msg_id = recorder.complete(result.text, result.token_ids, result.stats.to_dict(),
                                    getattr(result, "reasoning", None))
-    except StorageFullError as exc:
-        exc.saved = saved
+    except StorageFullError as exc:  # the row made at the first token keeps what was saved
+        reply_id = _abandon(recorder)
+        exc.saved, exc.turn = saved, {"conversation_id": conversation.id, "assistant_message_id": reply_id}
+        if reply_id is not None:
+            saved.problems.append(_partly_kept(conversation.id, reply_id, recorder.kept_text))
+            print(f"branchwise: {saved.problems[-1]}", file=sys.stderr)
         raise
     except NotFoundError as exc:  # deleted between the check and the save
         raise ConversationDeleted(conversation.id) from exc
@@ -537,25 +541,50 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     return 0
 
 
+def _abandon(recorder) -> int | None:
+    """End ``recorder``'s reply as stopped; on a full disk its row (if any) keeps the last
+    saved text and becomes "stopped" at the next start. Returns the row's id, or None."""
+    from app.session import ReplyState
+    from storage.errors import StorageFullError
+
+    try:
+        return recorder.abandon(ReplyState.STOPPED)
+    except StorageFullError as exc:
+        log.debug("the stopped reply's last part was not saved: %s", exc)
+        return recorder.message_id
+
+
+def _partly_kept(conversation_id: int, reply_id: int, kept: str) -> str:
+    """The line naming the message that holds the part of a reply a full disk left."""
+    return (f"only the first {len(kept):,} characters of the reply are kept, as message {reply_id} in "
+            f"conversation {conversation_id}; once there is room, get a whole reply with "
+            f"'branchwise regenerate {reply_id}'.")
+
+
 def _stopped(args, conversation_id: int, user_id: int, reply_id: int | None, text: str,
-             stats_saved: bool = False) -> int:
+             stats_saved: bool = False, kept: str | None = None) -> int:
     """After a stop (Ctrl+C, ``kill``): say what was saved and how to go on; with
-    ``--json`` one object ``{"error": "interrupted", ..., "saved": {...}}``. Returns 130
-    (143 after a SIGTERM)."""
+    ``--json`` one object ``{"error": "interrupted", ..., "saved": {...}}``. ``text`` is
+    what was generated, ``kept`` what the reply's row holds (None: all of ``text``; less
+    when a full disk refused the later saves). Returns 130 (143 after a SIGTERM)."""
     from app.cli import interrupts
     from app.cli.storage_commands import Saved
 
+    kept = text if kept is None else kept
     if not args.json and text:
         sys.stdout.write("\n")
         sys.stdout.flush()
-    kept = interrupts.what_was_kept(conversation_id, user_id, reply_id, len(text) if reply_id else None)
-    interrupts.say_at_end(f"branchwise: stopped. {kept}")
+    saved = Saved(user_message=True, reply=reply_id is not None and kept == text,
+                  stats=stats_saved and reply_id is not None and kept == text)
+    if reply_id is not None and kept != text:
+        saved.problems.append(_partly_kept(conversation_id, reply_id, kept))
+        print(f"branchwise: {saved.problems[-1]}", file=sys.stderr)
+    said = interrupts.what_was_kept(conversation_id, user_id, reply_id, len(kept) if reply_id else None)
+    interrupts.say_at_end(f"branchwise: stopped. {said}")
     if args.json:
         print(json.dumps({"error": "interrupted", "conversation_id": conversation_id, "user_message_id": user_id,
                           "assistant_message_id": reply_id, "status": "stopped", "text": text,
-                          "saved": Saved(user_message=True, reply=reply_id is not None,
-                                         stats=stats_saved and reply_id is not None).to_dict()},
-                         ensure_ascii=False))
+                          "saved": saved.to_dict()}, ensure_ascii=False))
     return 128 + interrupts.stopped_by
 
 

@@ -182,10 +182,12 @@ class Saved:
 
 def error_json(exc: BaseException) -> str:
     """The one JSON object ``--json`` prints on stdout when a command fails:
-    ``{"error": message, "saved": {...} or null}``."""
+    ``{"error": message, "saved": {...} or null}``, and after a reply that failed to save
+    (a full disk) its ``conversation_id`` and ``assistant_message_id`` (the row holding the
+    part that was kept, or null)."""
     saved = getattr(exc, "saved", None)
-    return json.dumps({"error": str(exc), "saved": saved.to_dict() if saved else None},
-                      ensure_ascii=False)
+    return json.dumps({"error": str(exc), **(getattr(exc, "turn", None) or {}),
+                       "saved": saved.to_dict() if saved else None}, ensure_ascii=False)
 
 
 def stats_text(s: dict) -> str:

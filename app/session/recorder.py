@@ -65,6 +65,15 @@ class ReplyRecorder:
     def finished(self) -> bool:
         return self.state != ReplyState.STREAMING
 
+    @property
+    def kept_text(self) -> str:
+        """The reply text its row holds now ("" before the row exists): all of ``text`` once
+        the reply is finished, else what the last successful save wrote (a full disk can
+        leave it behind ``text``)."""
+        if self.message_id is None:
+            return ""
+        return self.text if self.finished else self._saved_text
+
     def add_text(self, piece: str) -> None:
         """Append streamed text; store the row at the first text, then save every ``save_every_s``."""
         if self.finished:

@@ -28,6 +28,7 @@ from app.window.app_settings import ENGINE_FIELDS, AppSettings
 from app.window.chat_settings_form import ChatSettingsForm, spin
 from app.window.engine_client import EngineClient
 from engine.events import CacheAction, CacheEvent
+from engine.limits import max_threads
 from engine.machine import default_threads, physical_cores
 from storage.chats import Conversation
 
@@ -95,7 +96,7 @@ class SettingsDialog(QDialog):
         # -- the app
         self.n_ctx = spin(256, 262144, settings.n_ctx)
         self.n_ctx.setSingleStep(1024)
-        self.threads = spin(0, 256, settings.n_threads)
+        self.threads = spin(0, max_threads(), settings.n_threads)  # what the engine accepts (cores x 4)
         auto = default_threads()
         self.threads.setSpecialValueText(f"automatic ({auto} of {physical_cores()} cores)")
         self.threads.setToolTip("Automatic: one thread per physical core, less one, so llama.cpp's threads "
