@@ -48,6 +48,9 @@ class GenerationStats:
     checkpoint_tokens: int = 0  # position of the checkpoint restored (models with checkpoints)
     cache_note: str = ""  # why the store could not be used for this request, in words
     finish_reason: str = ""  # "stop" (end of turn), "length" (max tokens), "context", "cancelled"
+    speculative: str = "none"  # the speculative decoding used: "none", "lookup", "draft:PATH"
+    drafted_tokens: int = 0  # tokens drafted for verification (engine/speculative.py)
+    accepted_tokens: int = 0  # of those, accepted: emitted without a step of their own
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -62,6 +62,15 @@ def _non_negative(text: str) -> float:
     return value
 
 
+def _speculative(text: str) -> str:
+    from engine.speculative_setting import parse
+
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _ctx_size(text: str) -> int:
     value = _positive(text)
     if value < 256:
@@ -93,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--repack", choices=["auto", "on", "off"], default="auto",
                         help="llama.cpp's CPU weight repacking: auto (off when llama.cpp has AMX kernels, "
                              "which crash on some CPUs), on or off (env BRANCHWISE_REPACK overrides)")
+    engine.add_argument("--speculative", type=_speculative, default=defaults.speculative, metavar="none|lookup|draft:PATH",
+                        help="speculative decoding: drafts verified in one batch; lookup drafts from the "
+                             "conversation itself, draft:PATH with a small model of the same vocabulary "
+                             f"(default {defaults.speculative})")
     engine.add_argument("--max-tokens", type=_positive, help="most tokens in the reply")
     engine.add_argument("--temperature", type=_non_negative, help="0 or more; 0 is deterministic")
     engine.add_argument("--seed", type=int, help="sampling seed")
@@ -364,7 +377,8 @@ def _open_engine(args):
 
     check_model_path(args.model)
     settings = EngineSettings.for_kv_type(args.kv_type, n_ctx=args.ctx_size, n_threads=args.threads,
-                                          flash_attn=args.flash_attn, repack=args.repack)
+                                          flash_attn=args.flash_attn, repack=args.repack,
+                                          speculative=args.speculative)
     store = None
     if not args.no_cache:
         from storage.errors import StorageError
@@ -499,7 +513,8 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
         sys.stdout.write("\n")
         print(f"[conversation {conversation.id} · message {msg_id} · restored {s.restored_tokens} tokens "
               f"in {s.restore_ms:.0f} ms · prefilled {s.prefilled_tokens} in {s.prefill_ms / 1000:.2f} s · "
-              f"TTFT {s.ttft_ms:.0f} ms · {s.decode_tokens_per_s:.1f} tok/s{_cut_note(s)}]", file=sys.stderr)
+              f"TTFT {s.ttft_ms:.0f} ms · {s.decode_tokens_per_s:.1f} tok/s{_draft_note(s)}{_cut_note(s)}]",
+              file=sys.stderr)
     return 0
 
 
@@ -523,6 +538,13 @@ def _stopped(args, conversation_id: int, user_id: int, reply_id: int | None, tex
                                          stats=stats_saved and reply_id is not None).to_dict()},
                          ensure_ascii=False))
     return 128 + interrupts.stopped_by
+
+
+def _draft_note(stats) -> str:
+    from app.session.labels import draft_note
+
+    note = draft_note(stats.to_dict())
+    return f" · {note}" if note else ""
 
 
 def _cut_note(stats) -> str:
