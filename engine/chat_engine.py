@@ -50,6 +50,9 @@ class GenerationStats:
     finish_reason: str = ""  # "stop" (end of turn), "length" (max tokens), "context", "cancelled"
     reasoning_tokens: int = 0  # generated tokens of the reply's thinking (engine/reasoning.py)
     reasoning_ms: float = 0.0  # from the first generated token to the end of the thinking
+    speculative: str = "none"  # the speculative decoding used: "none", "lookup", "draft:PATH"
+    drafted_tokens: int = 0  # tokens drafted for verification (engine/speculative.py)
+    accepted_tokens: int = 0  # of those, accepted: emitted without a step of their own
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -32,11 +32,9 @@ through them: position, prefill, decode, snapshot.
 
 from __future__ import annotations
 
-import codecs
 import ctypes
 import json
 import logging
-import random
 import sys
 import threading
 import time
@@ -46,11 +44,12 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from engine import cpu, kv_codec
+from engine import kv_codec, speculative
 from engine.cache_strategy import CacheStrategy, strategy_for
 from engine.cache_strategy.base import CUT_CHUNK_BYTES, MIN_RESTORE_TOKENS
 from engine.chat_engine import ChatEngine, GenerationResult, GenerationStats, ProgressFn, TokenFn
 from engine.chat_template import ChatMessage
+from engine.decoding import decode_reply
 from engine.errors import ContextOverflowError, EngineError
 from engine.fingerprint import cached_file_digest, fingerprint
 from engine.live_context import MIN_BATCH, LiveContext, batches
@@ -154,7 +153,17 @@ class Engine:
         self.kind = self.mode.state_kind
         self.cache = strategy_for(self.mode)(self, cut_buffer)
         self.grammar = grammar_from_env()  # internal: a GBNF every reply is sampled with (tests)
-        self._steer: ReasoningSteer | None = None
+        self.steer: ReasoningSteer | None = None
+        # Speculative decoding cuts rejected drafts off the live context: only for models
+        # whose state can be cut back (dense attention).
+        setting = self.settings.speculative  # parsed by EngineSettings
+        self.speculation: speculative.Speculation | None = None
+        if setting != speculative.NONE and self.cache.cuts_back:
+            try:
+                self.speculation = speculative.Speculation(setting, self.llama, self.settings.threads)
+            except EngineError:
+                self.model.close()
+                raise
 
     # -- prompts ---------------------------------------------------------------------
 
@@ -242,12 +251,12 @@ class Engine:
             model = self.model
             closing = (model.tokenize(model.reasoning.closing_text, True)
                        if thinking_budget is not None and model.reasoning.closing_text else [])
-            steer = self._steer = ReasoningSteer(model.reasoning, model.reasoning_specials, thinking_budget, closing)
+            steer = self.steer = ReasoningSteer(model.reasoning, model.reasoning_specials, thinking_budget, closing)
             try:
                 text, ids = self._decode(sampling, stats, t0, steer.wrap(on_token, on_reasoning), cancel, grammar)
                 steer.finish()
             finally:
-                self._steer = None
+                self.steer = None
             split = steer.splitter
             reasoning = split.reasoning
             if reasoning is not None:  # else the answer is the whole reply, unchanged
@@ -303,74 +312,9 @@ class Engine:
 
     def _decode(self, sp: SamplingParams, stats: GenerationStats, t0: float, on_token, cancel,
                 grammar: str | None = None) -> tuple[str, list[int]]:
-        llama = self.llama
-        cpu.debug_crash("before-first-token")
-        llama.set_seed(sp.seed if sp.seed is not None else random.getrandbits(31))
-        sampler = llama._init_sampler(
-            top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p, temp=sp.temperature,
-            repeat_penalty=sp.repeat_penalty,
-            grammar=llama_cpp.LlamaGrammar.from_string(grammar, verbose=False) if grammar else self.grammar,
-        )
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        stop = self.model.prompts.stop_matcher()  # None unless the prompt format needs stop strings
-        ids: list[int] = []
-        parts: list[str] = []
-        n_ctx = llama.n_ctx()
-        t_first = None
-        stats.finish_reason = "length"
-        while len(ids) < sp.max_tokens:
-            if cancel is not None and cancel.is_set():
-                stats.finish_reason = "cancelled"
-                break
-            forced = self._steer.forced() if self._steer is not None else None  # a thinking budget ran out
-            token = sampler.sample(llama._ctx, -1) if forced is None else forced
-            if forced is not None:
-                sampler.accept(forced)
-            if t_first is None:
-                t_first = time.perf_counter()
-                stats.ttft_ms = (t_first - t0) * 1000
-            if self.model.is_end_of_turn(token):
-                stats.finish_reason = "stop"
-                break
-            ids.append(token)
-            delta = decoder.decode(self.model.token_bytes(token))
-            if stop is not None:  # hold back what may be a stop string's start
-                delta = stop.feed(delta)
-            parts.append(delta)
-            if on_token:
-                on_token(delta, token)
-            if stop is not None and stop.hit:
-                ids = self._end_at_stop(stop, ids)
-                stats.finish_reason = "stop"
-                break
-            if len(ids) >= sp.max_tokens:
-                break
-            if llama.n_tokens + 1 >= n_ctx:
-                stats.finish_reason = "context"
-                break
-            self.live.evaluate([token])
-        # An incomplete UTF-8 sequence at the end (a reply cut by max_tokens) is dropped,
-        # not shown as U+FFFD; the token ids keep it.
-        if stop is not None and not stop.hit and (tail := stop.flush()):
-            parts.append(tail)
-            if on_token:
-                on_token(tail, ids[-1])
-        sampler.close()
-        stats.generated_tokens = len(ids)
-        if t_first is not None and len(ids) > 1:
-            stats.decode_tokens_per_s = (len(ids) - 1) / max(time.perf_counter() - t_first, 1e-9)
-        return "".join(parts), ids
-
-    def _end_at_stop(self, stop, ids: list[int]) -> list[int]:
-        """The reply's ids once ``stop`` met a stop string: those that spell the text before
-        it (``StopMatcher.cut_ids``); the live context drops the KV of the rest."""
-        kept, n_evaluated = stop.cut_ids(ids, self.model.tokenize)
-        n = self.llama.n_tokens - (len(ids) - 1) + n_evaluated  # every id but the last was evaluated
-        if self.live.truncate(n):
-            self.llama.n_tokens = n
-        else:
-            self.live.clear()
-        return kept
+        """Sample the reply (``engine.decoding.decode_reply``: one token a step, or verified
+        drafts with speculative decoding on; ``grammar`` GBNF text constrains it)."""
+        return decode_reply(self, sp, stats, t0, on_token, cancel, grammar)
 
     # -- snapshot --------------------------------------------------------------------
 
@@ -394,6 +338,9 @@ class Engine:
             self.live.clear()
 
     def close(self) -> None:
-        """Free the model and its context."""
+        """Free the model, its context and a draft model."""
+        if self.speculation is not None:
+            self.speculation.close()
+            self.speculation = None
         self.model.close()
 

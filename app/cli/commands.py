@@ -26,6 +26,15 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command ended by Ctrl+C
 
 
+def _speculative(text: str) -> str:
+    from engine.speculative_setting import parse
+
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     from app.cli import arguments
     from app.cli.storage_commands import add_delete_parser, add_message_arguments
@@ -57,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--repack", choices=["auto", "on", "off"], default="auto",
                         help="llama.cpp's CPU weight repacking: auto (off when llama.cpp has AMX kernels, "
                              "which crash on some CPUs), on or off (env BRANCHWISE_REPACK overrides)")
+    engine.add_argument("--speculative", type=_speculative, default=defaults.speculative, metavar="none|lookup|draft:PATH",
+                        help="speculative decoding: drafts verified in one batch; lookup drafts from the "
+                             "conversation itself, draft:PATH with a small model of the same vocabulary "
+                             f"(default {defaults.speculative})")
     engine.add_argument("--max-tokens", type=arguments.sampling("max_tokens"), help="most tokens in the reply (1 to 1048576)")
     engine.add_argument("--temperature", type=arguments.sampling("temperature"), help="0 to 2; 0 is deterministic")
     engine.add_argument("--seed", type=arguments.sampling("seed"), help="sampling seed (a 64-bit integer)")
@@ -346,7 +359,8 @@ def _open_engine(args):
 
     args.model = resolve_model(args.model, _data_dir(args))  # a library name, or a path
     settings = EngineSettings.for_kv_type(args.kv_type, n_ctx=args.ctx_size, n_threads=args.threads,
-                                          flash_attn=args.flash_attn, repack=args.repack)
+                                          flash_attn=args.flash_attn, repack=args.repack,
+                                          speculative=args.speculative)
     store = None
     if not args.no_cache:
         from storage.errors import StorageError
@@ -537,7 +551,8 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
         sys.stdout.write("\n")
         print(f"[conversation {conversation.id} · message {msg_id} · restored {s.restored_tokens} tokens "
               f"in {s.restore_ms:.0f} ms · prefilled {s.prefilled_tokens} in {s.prefill_ms / 1000:.2f} s · "
-              f"TTFT {s.ttft_ms:.0f} ms · {s.decode_tokens_per_s:.1f} tok/s{_cut_note(s)}]", file=sys.stderr)
+              f"TTFT {s.ttft_ms:.0f} ms · {s.decode_tokens_per_s:.1f} tok/s{_draft_note(s)}{_cut_note(s)}]",
+              file=sys.stderr)
     return 0
 
 
@@ -586,6 +601,13 @@ def _stopped(args, conversation_id: int, user_id: int, reply_id: int | None, tex
                           "assistant_message_id": reply_id, "status": "stopped", "text": text,
                           "saved": saved.to_dict()}, ensure_ascii=False))
     return 128 + interrupts.stopped_by
+
+
+def _draft_note(stats) -> str:
+    from app.session.labels import draft_note
+
+    note = draft_note(stats.to_dict())
+    return f" · {note}" if note else ""
 
 
 def _cut_note(stats) -> str:

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 SETTINGS_FILE = "settings.json"
 MAX_RECENT_MODELS = 8
 _ENGINE = EngineSettings()  # the engine's defaults, defined once in engine/settings.py
-ENGINE_FIELDS = ("n_ctx", "n_threads", "type_k", "type_v", "repack")
+ENGINE_FIELDS = ("n_ctx", "n_threads", "type_k", "type_v", "repack", "speculative")
 """The settings that decide how a model is loaded (a change reloads it)."""
 
 
@@ -80,6 +80,8 @@ class AppSettings:
         their defaults (not saved; the window names them).
     unreadable: after ``load``, why the whole file could not be used and where it went
         ("" when it could; not saved; the window shows it).
+    speculative: speculative decoding ("none", "lookup" or "draft:PATH"; see
+        EngineSettings.speculative).
     prewarm: zero-wait turns (app/window/prewarm_controller.py): restore an opened chat and
         prefill the composer's draft in the background. Off: the engine idles between turns.
     """
@@ -89,6 +91,7 @@ class AppSettings:
     type_k: str = _ENGINE.type_k
     type_v: str = _ENGINE.type_v
     repack: str = _ENGINE.repack
+    speculative: str = _ENGINE.speculative
     budget_bytes: int = DEFAULT_BUDGET_BYTES
     theme: str = "system"
     recent_models: list[str] = field(default_factory=list)
@@ -116,7 +119,8 @@ class AppSettings:
             ValueError, TypeError: a value is invalid (an unknown KV type, a context under 256).
         """
         return EngineSettings.for_kv_type(self.type_v, type_k=self.type_k, n_ctx=self.n_ctx,
-                                          n_threads=self.n_threads, repack=self.repack)
+                                          n_threads=self.n_threads, repack=self.repack,
+                                          speculative=self.speculative)
 
     def engine_fields(self) -> dict:
         """The fields that decide how the model is loaded (``ENGINE_FIELDS``), as a dict."""

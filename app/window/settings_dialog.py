@@ -153,7 +153,14 @@ class SettingsDialog(QDialog):
                                 "starts at once. Uses the CPU between turns; never while the window is "
                                 "hidden or minimized. Replies are the same either way.")
         form2.addRow("Zero-wait turns", self.prewarm)
-        note = QLabel("Changing the context size, threads or precision reloads the model.")
+        self.speculative = QLineEdit(settings.speculative)
+        self.speculative.setPlaceholderText("none, lookup or draft:/path/to/small-model.gguf")
+        self.speculative.setToolTip("Speculative decoding: tokens are drafted and checked by the model in one "
+                                    "batch. lookup drafts from the chat itself (quotes, code edits); "
+                                    "draft:PATH uses a small model with the same vocabulary; none decodes "
+                                    "one token at a time.")
+        form2.addRow("Speculative decoding", self.speculative)
+        note = QLabel("Changing the context size, threads, precision or speculative decoding reloads the model.")
         note.setWordWrap(True)
         form2.addRow(note)
         tabs.addTab(app_tab, "App")
@@ -263,7 +270,7 @@ class SettingsDialog(QDialog):
     def app_values(self) -> dict:
         """n_ctx, n_threads, type_k, type_v, budget_bytes, api_host, api_port, api_key,
         engine_url, engine_key, engine_model, default_system_prompt, default_sampling and
-        prompt_presets as entered (an empty address is 127.0.0.1), and prewarm."""
+        prompt_presets as entered (an empty address is 127.0.0.1), prewarm and speculative."""
         type_k, type_v = self.kv.currentData()
         default_prompt, default_sampling = self.defaults_form.values()
         return {"n_ctx": self.n_ctx.value(), "n_threads": self.threads.value(),
@@ -272,7 +279,7 @@ class SettingsDialog(QDialog):
                 "type_k": type_k, "type_v": type_v, "budget_bytes": self.budget.value() * MB,
                 "api_host": self.api_host.text().strip() or "127.0.0.1", "api_port": self.api_port.value(),
                 "api_key": self.api_key.text().strip(), **self._engine_values(),
-                "prewarm": self.prewarm.isChecked()}
+                "prewarm": self.prewarm.isChecked(), "speculative": self.speculative.text().strip()}
 
     def _engine_values(self) -> dict:
         """engine_url, engine_key, engine_model: all "" for the local model file."""

@@ -73,6 +73,8 @@ def stats_line(stats: dict | None, created_at: float | None = None) -> str:
     parts = [f"{stats.get('generated_tokens', 0)} tokens"]
     if stats.get("decode_tokens_per_s"):
         parts.append(f"{stats['decode_tokens_per_s']:.0f} tok/s")
+    if stats.get("drafted_tokens"):  # speculative decoding (engine/speculative.py)
+        parts.append(f"{stats.get('accepted_tokens', 0):,}/{stats['drafted_tokens']:,} drafts")
     if stats.get("ttft_ms"):
         ttft = stats["ttft_ms"]
         parts.append(f"TTFT {ttft:.0f} ms" if ttft < 1000 else f"TTFT {ttft / 1000:.1f} s")
