@@ -11,6 +11,7 @@ import copy
 import io
 import json
 import sqlite3
+from contextlib import closing
 import threading
 import zipfile
 from pathlib import Path
@@ -669,9 +670,9 @@ def test_the_source_migration_keeps_existing_chats(db: Path, monkeypatch: pytest
     monkeypatch.setattr(chat_schema, "MIGRATIONS", before)  # a database from before this migration
     with ChatStore(db) as chats:
         c = chats.create_conversation(title="Older")
-        chats._conn.execute(  # that schema's columns (ChatStore now writes later ones too)
-            "INSERT INTO messages (conversation_id, role, content, created_at) VALUES (?, 'user', 'kept', 0)",
-            (c.id,))
+    with closing(sqlite3.connect(db)) as conn, conn:  # that schema's columns (ChatStore now writes later ones too)
+        conn.execute("INSERT INTO messages (conversation_id, role, content, created_at) VALUES (?, 'user', 'kept', 0)",
+                     (c.id,))
     monkeypatch.setattr(chat_schema, "MIGRATIONS", shipped)
     import_files([CLAUDE], db)
     assert [(t, [r[4] for r in rows]) for t, _, _, _, rows in snapshot(db)][0] == ("Older", ["kept"])

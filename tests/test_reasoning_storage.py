@@ -79,9 +79,9 @@ def test_migration_moves_the_quotes_of_earlier_imports_into_the_field(tmp_path: 
         c = chats.create_conversation(title="Ramen")
         rows = [(c.id, None, "user", "How?", "u1"), (c.id, 1, "assistant", quoted, "a1"),
                 (c.id, 1, "assistant", own, None)]  # made in Branchwise: its text is left alone
-        for row in rows:
-            chats._conn.execute("INSERT INTO messages (conversation_id, parent_id, role, content, source_id,"
-                                " created_at) VALUES (?, ?, ?, ?, ?, 0)", row)
+    with closing(sqlite3.connect(db)) as conn, conn:  # rows as an importer of schema 3 left them
+        conn.executemany("INSERT INTO messages (conversation_id, parent_id, role, content, source_id,"
+                         " created_at) VALUES (?, ?, ?, ?, ?, 0)", rows)
     monkeypatch.setattr(chat_schema, "MIGRATIONS", shipped)
     with ChatStore(db) as chats:
         got = [(m.content, m.reasoning) for m in chats.tree(c.id)]
