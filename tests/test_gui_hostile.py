@@ -15,7 +15,7 @@ from PySide6.QtCore import QEvent, QPoint, Qt, QUrl  # noqa: E402
 from PySide6.QtGui import QFont, QHelpEvent, QTextDocument  # noqa: E402
 from PySide6.QtWidgets import QApplication, QMessageBox, QToolTip  # noqa: E402
 
-from app.window.plain import TOOLTIP_CHARS, elide  # noqa: E402
+from app.window.shell.plain import TOOLTIP_CHARS, elide  # noqa: E402
 from storage.chats import ChatStore  # noqa: E402
 from storage.paths import CHATS_DB  # noqa: E402
 
@@ -167,7 +167,7 @@ def test_a_web_link_opens_only_after_a_confirmation_showing_the_full_url(qtbot, 
                                                                           monkeypatch):
     from PySide6.QtGui import QDesktopServices
 
-    from app.window.link_dialog import OpenLinkDialog
+    from app.window.flows.link_dialog import OpenLinkDialog
 
     url = "https://xn--pple-43d.com/login?next=" + "a" * 300 + "&x=<b>1</b>"
     with ChatStore(data_dir / CHATS_DB) as store:
@@ -246,7 +246,7 @@ def _menu_action(qtbot, w, cid: int, text: str) -> None:
     """Right-click ``cid``'s row in the sidebar and choose ``text`` from the menu."""
     from PySide6.QtCore import QTimer
 
-    from app.window.sidebar import ID_ROLE
+    from app.window.tree.sidebar import ID_ROLE
 
     row = next(w.sidebar.list.item(i) for i in range(w.sidebar.list.count())
                if w.sidebar.list.item(i).data(ID_ROLE) == cid)
@@ -270,7 +270,7 @@ def test_delete_and_forget_drops_the_chats_kv_blocks_after_the_undo_time(qtbot, 
     time is up the engine process deletes the rows and the chat's own KV blocks."""
     from gui_helpers import new_chat, send_and_wait
 
-    from app.window.sidebar import FORGET_NOTE
+    from app.window.tree.sidebar import FORGET_NOTE
     from storage.errors import NotFoundError
 
     w = open_window(data_dir)
@@ -301,7 +301,7 @@ def test_delete_and_forget_drops_the_chats_kv_blocks_after_the_undo_time(qtbot, 
 
 def test_model_info_shows_the_real_kv_cache_per_token(qtbot, open_window, data_dir):
     """#10.6: Model info's "KV cache per token" is the loaded model's figure, not 0 bytes."""
-    from app.window.settings_dialog import human_bytes
+    from app.window.settings.settings_dialog import human_bytes
 
     w = open_window(data_dir)
     per_token = w.facts["kv_bytes_per_token"]
@@ -316,7 +316,7 @@ def test_model_info_shows_the_real_kv_cache_per_token(qtbot, open_window, data_d
 def test_the_pin_marker_is_drawn_not_an_emoji(qtbot, window, data_dir):
     """#10.6: a pinned chat's marker is a shape the delegate draws (no emoji font needed):
     the pinned row has dark pixels left of its title where the unpinned row has none."""
-    from app.window.sidebar import PIN_DOT, PINNED_ROLE
+    from app.window.tree.sidebar import PIN_DOT, PINNED_ROLE
 
     with ChatStore(data_dir / CHATS_DB) as store:
         plain = store.create_conversation(title="Wplain")

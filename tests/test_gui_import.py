@@ -17,7 +17,7 @@ from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl  # noqa: E402
 from PySide6.QtGui import QDragEnterEvent, QDropEvent  # noqa: E402
 from PySide6.QtWidgets import QApplication, QFileDialog, QPushButton  # noqa: E402
 
-from app.window import import_dialog  # noqa: E402
+from app.window.flows import import_dialog  # noqa: E402
 from storage.importers import import_files  # noqa: E402
 from storage.importers import run as import_run  # noqa: E402
 from storage.paths import CHATS_DB  # noqa: E402

@@ -16,7 +16,7 @@ from PySide6.QtCore import QPoint, Qt, QTimer  # noqa: E402
 from PySide6.QtGui import QContextMenuEvent, QGuiApplication  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from app.window.sidebar import HIT_ROLE, SNIPPET_ROLE, SPANS_ROLE, draw_marked  # noqa: E402
+from app.window.tree.sidebar import HIT_ROLE, SNIPPET_ROLE, SPANS_ROLE, draw_marked  # noqa: E402
 from storage.chats import ChatStore  # noqa: E402
 from storage.paths import CHATS_DB  # noqa: E402
 

@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QApplication, QDialogButtonBox  # noqa: E402
 
 from gui_helpers import wait_for_tree  # noqa: E402
 
-from app.window import theme  # noqa: E402
+from app.window.shell import theme  # noqa: E402
 from storage.chats import ChatStore  # noqa: E402
 from storage.paths import CHATS_DB  # noqa: E402
 

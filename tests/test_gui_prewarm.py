@@ -1,4 +1,4 @@
-"""Zero-wait turns in the real window (app/window/prewarm_controller.py): the draft is
+"""Zero-wait turns in the real window (app/window/flows/prewarm_controller.py): the draft is
 prefilled while it sits in the composer, Enter evaluates nothing (the first token is sampled
 from the prewarm's logits),
 the status line says what was ready, the reply is the one computed without any cache; and
@@ -11,7 +11,7 @@ import os
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 from PySide6.QtCore import Qt  # noqa: E402
-from app.window.prewarm_controller import IDLE_MS, PARTIAL_MS  # noqa: E402
+from app.window.flows.prewarm_controller import IDLE_MS, PARTIAL_MS  # noqa: E402
 from gui_helpers import REPLY_TIMEOUT_MS, new_chat, send_and_wait  # noqa: E402
 
 

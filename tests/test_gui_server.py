@@ -88,7 +88,7 @@ def test_a_port_in_use_fails_with_the_servers_reason(qtbot, open_window, data_di
 
 
 def test_the_settings_dialog_sets_address_port_and_key(qtbot, open_window, data_dir):
-    from app.window.app_settings import AppSettings
+    from app.window.settings.app_settings import AppSettings
 
     w = open_window(data_dir, wait=False, start_engine=False)
     assert (w.settings.api_host, w.settings.api_port, w.settings.api_key) == ("127.0.0.1", 8080, "")

@@ -14,7 +14,7 @@ from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QDialogButtonBox  # noqa: E402
 from gui_helpers import LOAD_TIMEOUT_MS, REPLY_TIMEOUT_MS  # noqa: E402
 
-from app.window.app_settings import AppSettings  # noqa: E402
+from app.window.settings.app_settings import AppSettings  # noqa: E402
 
 
 def _ok(dlg):

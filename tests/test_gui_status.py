@@ -54,7 +54,7 @@ def test_model_name_is_the_file_name(qtbot, open_window, data_dir, model_path):
     w = open_window(data_dir)
     stem = model_path.name.removesuffix(".gguf")
     assert w.model_label.text().startswith(f"{stem} · ")
-    from app.window.model_controller import facts_text
+    from app.window.flows.model_controller import facts_text
 
     assert f"Name: {w.facts['name']}" in facts_text(w.facts)  # the Model info dialog
 

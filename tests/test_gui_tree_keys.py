@@ -16,8 +16,8 @@ from PySide6.QtWidgets import QComboBox, QLineEdit, QPlainTextEdit, QWidget  # n
 
 from gui_helpers import wait_for_tree  # noqa: E402
 
-from app.window.a11y import CONTROLS, is_internal  # noqa: E402
-from app.window.tree_panel import ROOT_ID, R  # noqa: E402
+from app.window.shell.a11y import CONTROLS, is_internal  # noqa: E402
+from app.window.tree.tree_panel import ROOT_ID, R  # noqa: E402
 from storage.chats import ChatStore  # noqa: E402
 from storage.paths import CHATS_DB  # noqa: E402
 
@@ -146,7 +146,7 @@ def test_every_control_has_an_accessible_name(qtbot, open_window, data_dir):
 def test_a_node_reads_as_text_not_as_markdown_syntax():
     from types import SimpleNamespace
 
-    from app.window.tree_panel import node_label
+    from app.window.tree.tree_panel import node_label
 
     def label(text: str) -> str:
         return node_label(SimpleNamespace(content=text, status="complete"))

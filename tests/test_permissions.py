@@ -61,8 +61,8 @@ def test_a_chat_turn_leaves_only_private_files(tmp_path, umask_022):
 
 
 def test_window_files_and_sqlite_sidecars_are_private(tmp_path, umask_022):
-    from app.window.app_settings import AppSettings
-    from app.window.gui import setup_logging
+    from app.window.settings.app_settings import AppSettings
+    from app.window.shell.gui import setup_logging
 
     data = resolve_data_dir(str(tmp_path / "w"))
     log_file = setup_logging(data)

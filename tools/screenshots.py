@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     app = QApplication.instance() or QApplication([])
     app.setApplicationName("Branchwise")
 
-    from app.window.main_window import MainWindow
+    from app.window.shell.main_window import MainWindow
 
     with tempfile.TemporaryDirectory(prefix="branchwise-shots-") as tmp:
         data = Path(tmp)

@@ -39,7 +39,7 @@ BEAT_MS = 5
 
 def measure(max_tokens: int) -> dict:
     app = QApplication.instance() or QApplication([])
-    from app.window.main_window import MainWindow
+    from app.window.shell.main_window import MainWindow
 
     with tempfile.TemporaryDirectory(prefix="branchwise-latency-") as tmp:
         data = Path(tmp)
@@ -124,7 +124,7 @@ def big_message() -> str:
 
 def measure_big() -> dict:
     app = QApplication.instance() or QApplication([])
-    from app.window.main_window import MainWindow
+    from app.window.shell.main_window import MainWindow
 
     text = big_message()
     out: dict = {"message_bytes": len(text.encode()), "message_lines": BIG_LINES}

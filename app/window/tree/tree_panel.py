@@ -28,11 +28,11 @@ from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QAccessible, QAccessibleEvent, QColor, QFont, QFontMetrics, QPainter, QPen
 from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QToolTip, QVBoxLayout, QWidget
 
-from app.window.chat_reader import ChatReader
-from app.window.plain import tooltip
-from app.window.theme import LIGHT, Colors
-from app.window.tree_layout import DX, DY, MARGIN, NODE_H, NODE_W, ROOT_ID, R, TreeLayout, TreeNode, layout_tree
-from app.window.tree_layout import read_layout as _read_layout
+from app.window.workers.chat_reader import ChatReader
+from app.window.shell.plain import tooltip
+from app.window.shell.theme import LIGHT, Colors
+from app.window.tree.tree_layout import DX, DY, MARGIN, NODE_H, NODE_W, ROOT_ID, R, TreeLayout, TreeNode, layout_tree
+from app.window.tree.tree_layout import read_layout as _read_layout
 from storage.chats import Message
 
 __all__ = ["DX", "DY", "MARGIN", "NODE_H", "NODE_W", "R", "ROOT_ID", "TreeCanvas", "TreePanel", "layout_tree"]

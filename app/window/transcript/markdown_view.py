@@ -41,7 +41,7 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import TextLexer, get_lexer_by_name, guess_lexer
 from pygments.util import ClassNotFound
 
-from app.window.theme import Colors
+from app.window.shell.theme import Colors
 
 _md = MarkdownIt("commonmark", {"html": False, "linkify": False, "breaks": True}).enable("table")
 _md.enable("strikethrough")

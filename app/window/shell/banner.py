@@ -8,7 +8,7 @@ from collections.abc import Callable
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QToolButton, QWidget
 
-from app.window.theme import LIGHT, Colors
+from app.window.shell.theme import LIGHT, Colors
 
 STYLES = {
     "error": ("#fdecea", "#8a1f11", "#4a1d1a", "#ffb4a9"),

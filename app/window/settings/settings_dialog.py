@@ -24,9 +24,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.window.app_settings import ENGINE_FIELDS, AppSettings
-from app.window.chat_settings_form import ChatSettingsForm, spin
-from app.window.engine_client import EngineClient
+from app.window.settings.app_settings import ENGINE_FIELDS, AppSettings
+from app.window.settings.chat_settings_form import ChatSettingsForm, spin
+from app.window.workers.engine_client import EngineClient
 from engine.events import CacheAction, CacheEvent
 from engine.machine import default_threads, physical_cores
 from storage.chats import Conversation

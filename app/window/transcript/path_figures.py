@@ -11,9 +11,9 @@ import logging
 from PySide6.QtCore import QObject
 
 from app.session import ConversationSession
-from app.window.engine_client import PendingRequest
-from app.window.model_controller import ModelState
-from app.window.tree_coverage import TreeCoverage
+from app.window.workers.engine_client import PendingRequest
+from app.window.flows.model_controller import ModelState
+from app.window.tree.tree_coverage import TreeCoverage
 from engine.events import CountEvent
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The main window: assembles the sidebar, transcript, composer, tree panel, banner, status
 bar and menus, and wires them to the controllers that do the work.
 
-- ``ChatController`` (transcript_controller.py): the shown conversation and its reply,
+- ``ChatController`` (transcript/chat_controller.py): the shown conversation and its reply,
   on top of ``app.session``;
 - ``ModelController`` (model_controller.py): the engine process and the model;
 - ``StatusBar`` (status_bar.py) and ``actions.py`` (every menu action, by name).
@@ -20,29 +20,29 @@ from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QApplication, QMainWindow, QSplitter, QVBoxLayout, QWidget
 
 from app.session import ReplyState
-from app.window import theme
-from app.window.a11y import name_controls
-from app.window.actions import build_menus
-from app.window.app_settings import AppSettings
-from app.window.banner import Banner
-from app.window.chat_reader import ChatReader
-from app.window.composer import Composer
-from app.window.forget_flow import ForgetFlow
-from app.window.gc_policy import GcPolicy
-from app.window.import_dialog import ImportController, ImportDropMixin
-from app.window.link_dialog import LinkConfirmMixin
-from app.window.message_actions import MessageActionsMixin
-from app.window.model_controller import ModelController
-from app.window.prewarm_controller import PrewarmController
-from app.window.server_controller import ServerActionsMixin, ServerController
-from app.window.overflow_flow import OverflowFlow
-from app.window.settings_flow import SettingsFlow
-from app.window.safe_open import SafeOpenMixin
-from app.window.sidebar import FORGET_NOTE, Sidebar
-from app.window.status_bar import StatusBar
-from app.window.transcript import TranscriptView
-from app.window.transcript_controller import ChatController
-from app.window.tree_panel import TreePanel
+from app.window.shell import theme
+from app.window.shell.a11y import name_controls
+from app.window.shell.actions import build_menus
+from app.window.settings.app_settings import AppSettings
+from app.window.shell.banner import Banner
+from app.window.workers.chat_reader import ChatReader
+from app.window.transcript.composer import Composer
+from app.window.flows.forget_flow import ForgetFlow
+from app.window.shell.gc_policy import GcPolicy
+from app.window.flows.import_dialog import ImportController, ImportDropMixin
+from app.window.flows.link_dialog import LinkConfirmMixin
+from app.window.flows.message_actions import MessageActionsMixin
+from app.window.flows.model_controller import ModelController
+from app.window.flows.prewarm_controller import PrewarmController
+from app.window.flows.server_controller import ServerActionsMixin, ServerController
+from app.window.flows.overflow_flow import OverflowFlow
+from app.window.settings.settings_flow import SettingsFlow
+from app.window.flows.safe_open import SafeOpenMixin
+from app.window.tree.sidebar import FORGET_NOTE, Sidebar
+from app.window.shell.status_bar import StatusBar
+from app.window.transcript.transcript_view import TranscriptView
+from app.window.transcript.chat_controller import ChatController
+from app.window.tree.tree_panel import TreePanel
 from storage.chats import ChatStore
 from storage.errors import NotFoundError, StorageError
 from storage.paths import CHATS_DB

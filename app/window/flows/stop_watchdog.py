@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QObject, QTimer
 
-from app.window.engine_client import STOP_HINT_S, STOP_WATCHDOG_S
+from app.window.workers.engine_client import STOP_HINT_S, STOP_WATCHDOG_S
 
 HINT_ACTION = "End engine now"
 

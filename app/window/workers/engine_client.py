@@ -6,7 +6,7 @@ thread never does) and hands every event to the UI thread through one queued sig
 Each request that expects an answer returns a ``PendingRequest``: a handle whose
 signals fire on the UI thread when its events arrive, so no caller keeps request ids.
 When the pipe reports end-of-file the child has died, and ``died`` fires with an
-``EngineExit`` that says how (``app/window/crash.py`` turns it into words).
+``EngineExit`` that says how (``app/window/flows/crash.py`` turns it into words).
 """
 
 from __future__ import annotations

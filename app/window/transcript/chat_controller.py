@@ -18,13 +18,13 @@ import logging
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.session import ConversationSession, ReplyRecorder, ReplyState
-from app.window.engine_client import PendingRequest
-from app.window.model_controller import ModelState
-from app.window.path_figures import PathFigures
-from app.window.reply_view import ReplyView
-from app.window.send_timeline import SendTimeline
-from app.window.stop_watchdog import StopWatchdog
-from app.window.unanswered import ask_unanswered
+from app.window.workers.engine_client import PendingRequest
+from app.window.flows.model_controller import ModelState
+from app.window.transcript.path_figures import PathFigures
+from app.window.transcript.reply_view import ReplyView
+from app.window.transcript.send_timeline import SendTimeline
+from app.window.flows.stop_watchdog import StopWatchdog
+from app.window.flows.unanswered import ask_unanswered
 from engine.events import DoneEvent, ErrorEvent, ErrorKind, SnapshotEvent
 from storage.errors import StorageError
 

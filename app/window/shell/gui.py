@@ -59,7 +59,7 @@ def run(data_dir: str | None, model_path: str | None, screenshot: str | None = N
         return 2
     log_path = setup_logging(folder)
 
-    from app.window.main_window import MainWindow
+    from app.window.shell.main_window import MainWindow
 
     try:
         window = MainWindow(folder, model_path)

@@ -62,7 +62,7 @@ class AppSettings:
     type_k / type_v: KV cache precision ("f16" or "q8_0").
     repack: llama.cpp's CPU weight repacking ("auto", "on", "off"; see EngineSettings.repack).
         The window sets it to "off" when the engine crashed natively while loading or before
-        its first reply and the user restarts (app/window/crash.py).
+        its first reply and the user restarts (app/window/flows/crash.py).
     budget_bytes: the prefix store's byte budget (``kvcache.sqlite3``; default
         ``storage.prefix_store.DEFAULT_BUDGET_BYTES``).
     theme: "system", "light" or "dark". recent_models: newest first (paths).
@@ -80,7 +80,7 @@ class AppSettings:
         their defaults (not saved; the window names them).
     unreadable: after ``load``, why the whole file could not be used and where it went
         ("" when it could; not saved; the window shows it).
-    prewarm: zero-wait turns (app/window/prewarm_controller.py): restore an opened chat and
+    prewarm: zero-wait turns (app/window/flows/prewarm_controller.py): restore an opened chat and
         prefill the composer's draft in the background. Off: the engine idles between turns.
     """
 

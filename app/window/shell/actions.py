@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 
-from app.window import theme
+from app.window.shell import theme
 
 SEPARATOR = None
 ACTIONS = {

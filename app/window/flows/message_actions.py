@@ -17,7 +17,7 @@ import logging
 from PySide6.QtGui import QGuiApplication
 
 from app.export import conversation_markdown
-from app.window.sidebar import scrub_in_background
+from app.window.tree.sidebar import scrub_in_background
 from storage.errors import NotFoundError, StorageError
 
 log = logging.getLogger(__name__)

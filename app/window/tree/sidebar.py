@@ -31,8 +31,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.window.chat_reader import ChatReader
-from app.window.plain import elide, tooltip
+from app.window.workers.chat_reader import ChatReader
+from app.window.shell.plain import elide, tooltip
 
 
 from storage.chats import ChatStore, SearchHit

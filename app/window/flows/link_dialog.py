@@ -12,7 +12,7 @@ from PySide6.QtCore import Qt, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QTextOption
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QPlainTextEdit, QVBoxLayout, QWidget
 
-from app.window.plain import plain_label
+from app.window.shell.plain import plain_label
 
 
 def link_host(url: str) -> str:

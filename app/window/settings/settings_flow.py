@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject
 
-from app.window.a11y import name_controls
-from app.window.app_settings import ENGINE_FIELDS, SETTINGS_FILE
-from app.window.settings_dialog import SettingsDialog
+from app.window.shell.a11y import name_controls
+from app.window.settings.app_settings import ENGINE_FIELDS, SETTINGS_FILE
+from app.window.settings.settings_dialog import SettingsDialog
 from engine.events import CacheAction
 
 RELOAD_FIELDS = (*ENGINE_FIELDS, "engine_url", "engine_key", "engine_model")

@@ -27,7 +27,7 @@ import logging
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.session import ConversationSession
-from app.window.model_controller import ModelState
+from app.window.flows.model_controller import ModelState
 from engine.chat_template import ChatMessage
 from engine.events import pack_messages
 from engine.prewarm import stable_prefix

@@ -28,12 +28,12 @@ from PySide6.QtWidgets import (
 )
 
 from app.session import is_empty_reply
-from app.window.lexer_warmup import warm_up
-from app.window.long_text import LongTextExpander, collapsed
-from app.window.message_body import MessageBody
-from app.window.markdown_view import LinkKind, classify_link, code_blocks, to_html
-from app.window.streaming_body import StreamingBody
-from app.window.theme import LIGHT, Colors
+from app.window.workers.lexer_warmup import warm_up
+from app.window.transcript.long_text import LongTextExpander, collapsed
+from app.window.transcript.message_body import MessageBody
+from app.window.transcript.markdown_view import LinkKind, classify_link, code_blocks, to_html
+from app.window.transcript.streaming_body import StreamingBody
+from app.window.shell.theme import LIGHT, Colors
 from storage.chats import Message
 
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}

@@ -98,7 +98,7 @@ class ServerController(QObject):
         if s.api_key:
             env.insert("BRANCHWISE_API_KEY", s.api_key)
         proc.setProcessEnvironment(env)
-        proc.setWorkingDirectory(str(Path(__file__).resolve().parents[2]))
+        proc.setWorkingDirectory(str(Path(__file__).resolve().parents[3]))
         proc.readyReadStandardOutput.connect(self._read_stdout)
         proc.readyReadStandardError.connect(self._read_stderr)
         proc.finished.connect(self._finished)

@@ -18,10 +18,10 @@ from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
 from app.session import model_label
-from app.window.crash import crash_name, describe_exit
-from app.window.engine_client import EngineClient, EngineExit
-from app.window.plain import menu_text, tooltip
-from app.window.settings_dialog import human_bytes
+from app.window.flows.crash import crash_name, describe_exit
+from app.window.workers.engine_client import EngineClient, EngineExit
+from app.window.shell.plain import menu_text, tooltip
+from app.window.settings.settings_dialog import human_bytes
 from engine.cpu import remember_crash
 from engine.errors import ModelLoadError
 from engine.model_file import check_gguf, default_model_path

@@ -16,9 +16,9 @@ import re
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
-from app.window.markdown_view import code_blocks, to_html
-from app.window.message_body import MessageBody
-from app.window.theme import Colors
+from app.window.transcript.markdown_view import code_blocks, to_html
+from app.window.transcript.message_body import MessageBody
+from app.window.shell.theme import Colors
 
 _FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
 

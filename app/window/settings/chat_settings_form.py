@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.window.plain import menu_text
+from app.window.shell.plain import menu_text
 from storage.chats import DEFAULT_SAMPLING
 
 NO_PRESET = "(no preset)"

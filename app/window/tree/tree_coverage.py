@@ -14,8 +14,8 @@ import logging
 from PySide6.QtCore import QObject, Signal
 
 from app.session import ConversationSession
-from app.window.engine_client import PendingRequest
-from app.window.model_controller import ModelState
+from app.window.workers.engine_client import PendingRequest
+from app.window.flows.model_controller import ModelState
 from engine.events import CoverageEvent
 
 log = logging.getLogger(__name__)

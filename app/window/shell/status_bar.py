@@ -6,7 +6,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar
 
 from app.session import reply_status_line
-from app.window.plain import plain_label
+from app.window.shell.plain import plain_label
 from engine.events import Phase
 
 OVER_COLOR = "#d0312d"  # the context figure when the chat does not fit (readable on light and dark)
