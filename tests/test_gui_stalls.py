@@ -21,7 +21,8 @@ from PySide6.QtGui import QGuiApplication  # noqa: E402
 import app.window.tree.tree_panel as tree_panel  # noqa: E402
 from app.window.tree.sidebar import SNIPPET_ROLE, SPANS_ROLE  # noqa: E402
 from app.window.shell.theme import LIGHT  # noqa: E402
-from app.window.transcript.transcript_view import NEAR_TOP_PX, MessageWidget  # noqa: E402
+from app.window.transcript.message_widget import MessageWidget  # noqa: E402
+from app.window.transcript.transcript_view import NEAR_TOP_PX  # noqa: E402
 from storage.chats import ChatStore  # noqa: E402
 from storage.paths import CHATS_DB  # noqa: E402
 
