@@ -51,12 +51,12 @@ def test_nothing_is_prewarmed_when_off_or_hidden(qtbot, open_window, data_dir):
     w = open_window(data_dir)
     new_chat(w, system_prompt="Be brief.")
     qtbot.waitUntil(lambda: w.prewarm.requests > 0)  # the shown chat's system prompt and user header
-    w.settings.prewarm = False
+    w.settings.update(prewarm=False)
     sent = w.prewarm.requests
     w.composer.input.setPlainText("Hello there, how are")
     qtbot.wait(PARTIAL_MS + IDLE_MS + 200)
     assert w.prewarm.requests == sent
-    w.settings.prewarm = True
+    w.settings.update(prewarm=True)
     w.hide()
     w.composer.input.setPlainText("Hello there, how are you")
     qtbot.wait(PARTIAL_MS + IDLE_MS + 200)

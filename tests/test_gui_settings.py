@@ -170,6 +170,6 @@ def test_an_unreadable_settings_file_is_moved_aside_and_said(qtbot, open_window,
     assert w.banner.isVisible() and w.banner.text.startswith(
         f"The settings file could not be used. {data_dir / 'settings.json'}: it could not be read (")
     assert f"it was moved to {aside}. Every setting is back to its default." in w.banner.text
-    w.save_settings()
+    w.settings.save()
     assert "unreadable" not in json.loads((data_dir / "settings.json").read_text())
     assert aside.read_text() == '{"n_ctx": 3072, "theme": "da'

@@ -24,6 +24,7 @@ from app.window.shell.plain import menu_text, tooltip
 from app.window.settings.settings_dialog import human_bytes
 from engine.cpu import remember_crash
 from engine.errors import ModelLoadError
+from engine.events import CacheAction
 from engine.model_file import check_gguf, default_model_path
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ def facts_text(f: dict) -> str:
 
 class ModelController(QObject):
     """Owns ``EngineClient`` and the model's lifecycle for ``window`` (a MainWindow: its
-    ``settings``, ``banner``, ``status`` and ``save_settings`` are used).
+    ``settings``, ``banner`` and ``status`` are used).
 
     Signals: ready(facts), failed(message), died(message).
     """
@@ -81,6 +82,12 @@ class ModelController(QObject):
         self.client.loaded.connect(self._loaded)
         self.client.load_failed.connect(self._load_failed)
         self.client.died.connect(self._died)
+        window.settings.changed.connect(self._settings_changed)
+
+    def _settings_changed(self, names: frozenset[str]) -> None:
+        """A new prefix-store budget goes to the engine at once (the others apply at the next load)."""
+        if "budget_bytes" in names and self.client.is_running():
+            self.client.cache(CacheAction.SET_BUDGET, self.window.settings.budget_bytes)
 
     @property
     def log_file(self) -> Path:
@@ -166,7 +173,6 @@ class ModelController(QObject):
             self.good_path = facts.get("path") or self.path
             self.good_engine = w.settings.engine_fields()
             w.settings.remember_model(self.good_path)
-            w.save_settings()
             params = facts.get("parameters") or 0
             size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.0f}M"
             w.status.model_label.setText(f"{model_label(self.good_path, facts)} · {size}")
@@ -214,9 +220,7 @@ class ModelController(QObject):
                 or (self.path == self.good_path and w.settings.engine_fields() == self.good_engine)):
             return False
         changed = [k for k, v in self.good_engine.items() if getattr(w.settings, k) != v]
-        for k, v in self.good_engine.items():
-            setattr(w.settings, k, v)
-        w.save_settings()
+        w.settings.update(**self.good_engine)
         self._falling_back, self.facts, self.after_load = True, None, None
         said = message.strip() if message.strip().endswith(".") else message.strip() + "."
         if "could not be loaded" not in said:
@@ -250,8 +254,7 @@ class ModelController(QObject):
             if report.safe_restart:
                 remember_crash(w.data_dir, crash_name(exit_info.exitcode) or "a crash")
                 if w.settings.repack == "on":  # "auto" follows the remembered crash (engine/cpu.py)
-                    w.settings.repack = "off"
-                    w.save_settings()
+                    w.settings.update(repack="off")
             w.restart_engine()
 
         w.banner.show_message(report.message, "error", [("Restart engine", restart)])

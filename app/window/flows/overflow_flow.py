@@ -247,8 +247,7 @@ class OverflowFlow(QObject):
             if button is branch:
                 w.chat.branch_dropping_oldest(user_id, n_ctx, costs)
             elif button is raise_b:
-                w.settings.n_ctx = c.raise_to
-                w.save_settings()
+                w.settings.update(n_ctx=c.raise_to)
                 w.model.after_load = lambda: w.chat.start_reply(user_id)
                 w.model.reload()
 

@@ -13,7 +13,6 @@ from PySide6.QtCore import QObject
 from app.window.shell.a11y import name_controls
 from app.window.settings.app_settings import ENGINE_FIELDS, SETTINGS_FILE
 from app.window.settings.settings_dialog import SettingsDialog
-from engine.events import CacheAction
 
 RELOAD_FIELDS = (*ENGINE_FIELDS, "engine_url", "engine_key", "engine_model")
 """Settings whose change reloads the model."""
@@ -43,7 +42,7 @@ class SettingsFlow(QObject):
         w = self.w
         cid = w.chat.conversation_id
         conv = w.store.get_conversation(cid) if cid else None
-        dlg = SettingsDialog(conv, w.settings, w.data_dir, w.client, w, new_chat=w.chat.new_chat_settings(),
+        dlg = SettingsDialog(conv, w.settings.values, w.data_dir, w.client, w, new_chat=w.chat.new_chat_settings(),
                              trained_context=int((w.model.facts or {}).get("context_length") or 0))
         w.settings_dialog = dlg
         name_controls(dlg)
@@ -61,14 +60,6 @@ class SettingsFlow(QObject):
             w.store.set_sampling(conv.id, sampling)
         elif dlg.chat_changed():  # else the new chat follows the defaults, changed or not
             w.chat.set_new_chat_settings(prompt, sampling)
-        values = dlg.app_values()
-        reload_needed = any(getattr(w.settings, k) != values[k] for k in RELOAD_FIELDS if k in values)
-        budget_changed = values["budget_bytes"] != w.settings.budget_bytes
-        for k, v in values.items():
-            setattr(w.settings, k, v)
-        w.settings.reset_fields = []
-        w.save_settings()
-        if budget_changed and w.client.is_running():
-            w.client.cache(CacheAction.SET_BUDGET, values["budget_bytes"])
-        if reload_needed and not w.chat.streaming:
+        changed = w.settings.update(**dlg.app_values(), reset_fields=[])  # the budget: ModelController
+        if changed & set(RELOAD_FIELDS) and not w.chat.streaming:
             w.model.reload()

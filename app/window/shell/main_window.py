@@ -23,7 +23,6 @@ from app.session import ReplyState
 from app.window.shell import theme
 from app.window.shell.a11y import name_controls
 from app.window.shell.actions import build_menus
-from app.window.settings.app_settings import AppSettings
 from app.window.shell.banner import Banner
 from app.window.workers.chat_reader import ChatReader
 from app.window.transcript.composer import Composer
@@ -37,6 +36,7 @@ from app.window.flows.prewarm_controller import PrewarmController
 from app.window.flows.server_controller import ServerActionsMixin, ServerController
 from app.window.flows.overflow_flow import OverflowFlow
 from app.window.settings.settings_flow import SettingsFlow
+from app.window.settings.settings_model import SettingsModel
 from app.window.flows.safe_open import SafeOpenMixin
 from app.window.tree.sidebar import FORGET_NOTE, Sidebar
 from app.window.shell.status_bar import StatusBar
@@ -81,7 +81,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self.store = ChatStore(self.data_dir / CHATS_DB)
         interrupted = self.store.mark_interrupted_streams()
-        self.settings = AppSettings.load(self.data_dir)
+        self.settings = SettingsModel(self.data_dir, parent=self)
         self._data_version = self.store.data_version()  # to notice other processes' writes
         self.use_cache = use_cache
         self.colors = theme.apply(QApplication.instance(), self.settings.theme)
@@ -105,6 +105,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         self.overflow_flow = OverflowFlow(self)
         self.gc_policy = GcPolicy(self)  # no full garbage collection in the middle of a redraw
         self._connect()
+        self.settings.changed.connect(self._settings_changed)
         self.menu_actions = build_menus(self)
         self.menu_actions["toggle_tree"].setChecked(self.settings.show_tree)
         self.api_server.state_changed.connect(self._api_state_changed)
@@ -343,19 +344,21 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
     # -- view, settings and theme -----------------------------------------------------------
 
     def toggle_tree(self) -> None:
-        self.tree.setVisible(not self.tree.isVisible())
-        self.menu_actions["toggle_tree"].setChecked(self.tree.isVisible())
-        self.settings.show_tree = self.tree.isVisible()
-        self.save_settings()
-        self.chat.figures.refresh_coverage()
+        self.settings.update(show_tree=not self.tree.isVisible())
+
+    def _settings_changed(self, names: frozenset[str]) -> None:
+        if "show_tree" in names:
+            self.tree.setVisible(self.settings.show_tree)
+            self.menu_actions["toggle_tree"].setChecked(self.tree.isVisible())
+            self.chat.figures.refresh_coverage()
+        if "theme" in names:
+            self._apply_theme()
 
     def open_settings(self) -> None:
         self.settings_flow.open()
 
     def set_theme(self, name: str) -> None:
-        self.settings.theme = name
-        self.save_settings()
-        self._apply_theme()
+        self.settings.update(theme=name)
 
     def _apply_theme(self) -> None:
         self.colors = theme.apply(QApplication.instance(), self.settings.theme)
@@ -366,12 +369,6 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
     def _system_scheme_changed(self, *_args) -> None:
         if self.settings.theme == "system":
             self._apply_theme()
-
-    def save_settings(self) -> None:
-        try:
-            self.settings.save(self.data_dir)
-        except OSError as exc:
-            log.warning("could not save settings: %s", exc)
 
     # -- closing -------------------------------------------------------------------------
 
@@ -385,7 +382,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         self.importer.shutdown()
         self.api_server.shutdown()
         self.chat.shutdown()
-        self.save_settings()
+        self.settings.save()
         self.reader.close()
         self.transcript.stop_building()  # a scroll event after this must not read the closed store
         self.store.close()
