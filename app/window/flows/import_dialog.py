@@ -1,7 +1,7 @@
 """File → Import… and files dropped on the window: chats from other apps, on a worker thread.
 
-``ImportController.start(paths)`` runs ``storage.importers.import_files`` on a worker
-thread (its own SQLite connection), shows a progress dialog only when the import lasts
+``ImportController.start(paths)`` runs ``storage.importers.import_files`` as a task of the
+window's ``Workers`` (its own thread and SQLite connection), shows a progress dialog only when the import lasts
 over ``SHOW_PROGRESS_MS``, then a summary dialog (``summary_text``) and refreshes the
 sidebar. The importer holds the chat database's write lock for the whole of each file,
 so while an import runs the window keeps a message the user sends (``hold_send``) and
@@ -13,7 +13,6 @@ reply ends.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtWidgets import QFileDialog, QLabel, QMessageBox, QProgressDialog, QWidget
 
+from app.window.workers.tasks import SHUTDOWN_S, Task
 from storage.errors import StorageError
 from storage.importers.records import FileStatus, ImportProgress, ImportSummary
 
@@ -88,7 +88,6 @@ class ImportController(QObject):
     progressed = Signal(object)
     finished = Signal(object)
     failed = Signal(str)
-    _done = Signal(object, str)  # (summary or None, error message), from the worker thread
 
     def __init__(self, window: QWidget):
         super().__init__(window)
@@ -97,8 +96,7 @@ class ImportController(QObject):
         self.progress_dialog: QProgressDialog | None = None
         self.progress_label: QLabel | None = None
         self.summary_box: QMessageBox | None = None
-        self._thread: threading.Thread | None = None
-        self._cancel = threading.Event()
+        self._task: Task | None = None
         self._held: list[Callable[[], None]] = []
         self._waiting: list[Path] | None = None  # paths to import once the streaming reply ends
         window.chat.reply_finished.connect(self._reply_finished)
@@ -107,7 +105,6 @@ class ImportController(QObject):
         self._show_timer.timeout.connect(self._show_progress)
         self._last: ImportProgress | None = None
         self.progressed.connect(self._on_progress)
-        self._done.connect(self._on_done)
 
     @property
     def running(self) -> bool:
@@ -136,13 +133,15 @@ class ImportController(QObject):
             self._waiting = list(paths)
             self.w.banner.show_message("The import starts when this reply finishes.", "info")
             return True
-        self.state = ImportState.RUNNING
-        self._cancel.clear()
-        self._last = None
-        db_path = self.w.store.path
-        self._thread = threading.Thread(target=self._run, args=(list(paths), db_path),
-                                        name="branchwise-import", daemon=True)
-        self._thread.start()
+        from storage.importers import import_files
+
+        db_path, paths = self.w.store.path, list(paths)
+        task = self.w.workers.start(lambda t: import_files(paths, db_path, progress=t.report, cancel=t.cancelled),
+                                    name="branchwise-import", progress=self.progressed.emit,
+                                    success=lambda summary: self._on_done(summary, ""), failure=self._failed)
+        if task is None:  # the window is closing
+            return False
+        self.state, self._task, self._last = ImportState.RUNNING, task, None
         self._show_timer.start(SHOW_PROGRESS_MS)
         return True
 
@@ -155,7 +154,8 @@ class ImportController(QObject):
 
     def cancel(self) -> None:
         """Ask the worker to stop; the file being read is rolled back."""
-        self._cancel.set()
+        if self._task is not None:
+            self._task.cancel()
 
     def hold_send(self, text: str) -> bool:
         """While an import runs, keep ``text`` to send when it finishes; False when idle."""
@@ -175,30 +175,24 @@ class ImportController(QObject):
         return True
 
     def shutdown(self) -> None:
-        """Cancel a running import and wait for its worker (it rolls back the current file)."""
+        """Cancel a running import and wait for it (it rolls back the current file), at most
+        ``SHUTDOWN_S``: it holds the database's write lock, which closing the window needs."""
         self._waiting = None
         self._show_timer.stop()
-        if self._thread is not None:
-            self._cancel.set()
-            self._thread.join()
-            self._thread = None
+        if self._task is not None:
+            self._task.drop()
+            self._task.wait(SHUTDOWN_S)
+            self._task = None
         self._close_progress()
 
-    # -- the worker thread --------------------------------------------------------------
-
-    def _run(self, paths: list[Path], db_path: Path) -> None:
-        from storage.importers import import_files
-
-        try:
-            summary = import_files(paths, db_path, progress=self.progressed.emit, cancel=self._cancel)
-        except StorageError as exc:
-            self._done.emit(None, str(exc))
-        except Exception as exc:  # noqa: BLE001 - shown as words, logged with the traceback
-            log.exception("import failed")
-            self._done.emit(None, f"The import stopped on an unexpected error ({type(exc).__name__}: {exc}); "
-                                  "nothing from the file being read was saved. The log has the details.")
-        else:
-            self._done.emit(summary, "")
+    def _failed(self, exc: Exception) -> None:
+        """The import could not run (the task's failure, on the UI thread)."""
+        if isinstance(exc, StorageError):
+            self._on_done(None, str(exc))
+            return
+        log.error("import failed", exc_info=exc)
+        self._on_done(None, f"The import stopped on an unexpected error ({type(exc).__name__}: {exc}); "
+                            "nothing from the file being read was saved. The log has the details.")
 
     # -- back on the UI thread ----------------------------------------------------------
 
@@ -239,9 +233,7 @@ class ImportController(QObject):
 
     def _on_done(self, summary: ImportSummary | None, error: str) -> None:
         self._show_timer.stop()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._task = None
         self.state = ImportState.IDLE
         self._close_progress()
         if summary is None:

@@ -6,7 +6,7 @@ Deleting is carried out at once (``ChatStore.delete_subtree``, one transaction) 
 removed messages are kept in memory: Undo in the banner puts them back
 (``ChatStore.restore_messages``, new ids, the same text, token ids and stats, so their KV
 cache is found again). The undo lasts until the next message delete or until the window
-closes. As for a deleted chat, a worker then scrubs the deleted text out of the search
+closes. As for a deleted chat, a task then scrubs the deleted text out of the search
 index and the WAL.
 """
 
@@ -17,7 +17,7 @@ import logging
 from PySide6.QtGui import QGuiApplication
 
 from app.export import conversation_markdown
-from app.window.tree.sidebar import scrub_in_background
+from app.window.workers.scrub import scrub_deleted
 from storage.errors import NotFoundError, StorageError
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class MessageActionsMixin:
             self.storage_failed(exc)
             return
         self._deleted_messages, self._deleted_active_leaf = removed, leaf
-        scrub_in_background(self.store.path)  # Undo puts back the copies held here
+        scrub_deleted(self.workers, self.store.path)  # Undo puts back the copies held here
         self.chat.render()
         self.chat.figures.refresh_coverage()
         n = len(removed)

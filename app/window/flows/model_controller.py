@@ -69,7 +69,7 @@ class ModelController(QObject):
     def __init__(self, window, explicit_model: str | None):
         super().__init__(window)
         self.window = window
-        self.client = EngineClient(window.data_dir, window.logs_dir / "engine.log", self)
+        self.client = EngineClient(window.data_dir, window.logs_dir / "engine.log", self, window.workers)
         self.state = ModelState.NONE
         self.facts: dict | None = None
         self.path: str | None = None  # the model asked for

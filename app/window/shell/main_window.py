@@ -25,6 +25,7 @@ from app.window.shell.a11y import name_controls
 from app.window.shell.actions import build_menus
 from app.window.shell.banner import Banner
 from app.window.workers.chat_reader import ChatReader
+from app.window.workers.tasks import SHUTDOWN_S, Workers
 from app.window.transcript.composer import Composer
 from app.window.flows.forget_flow import ForgetFlow
 from app.window.shell.gc_policy import GcPolicy
@@ -125,8 +126,9 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
     # -- building ------------------------------------------------------------------------
 
     def _build_ui(self) -> None:
-        self.reader = ChatReader(self.data_dir / CHATS_DB, self)  # reads big things off the UI thread
-        self.sidebar = Sidebar(self.store, self.reader)
+        self.workers = Workers(self)  # every thread of the window (workers/tasks.py)
+        self.reader = ChatReader(self.data_dir / CHATS_DB, self.workers, self)  # reads big things off the UI thread
+        self.sidebar = Sidebar(self.store, self.workers, self.reader)
         self.banner = Banner()
         self.transcript = TranscriptView()
         self.composer = Composer()
@@ -386,6 +388,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         self.reader.close()
         self.transcript.stop_building()  # a scroll event after this must not read the closed store
         self.store.close()
+        self.workers.shutdown(SHUTDOWN_S)  # the chat reader, a scrub: each ends, or is named in the log
         self.gc_policy.release()
 
     def changeEvent(self, event) -> None:  # noqa: N802 - Qt override

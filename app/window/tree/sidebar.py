@@ -11,7 +11,6 @@ the window closes (``commit_delete``).
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
 from PySide6.QtCore import QPointF, QRect, QSize, Qt, QTimer, Signal
@@ -31,10 +30,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.window.workers.chat_reader import ChatReader
 from app.window.shell.plain import elide, tooltip
-
-
+from app.window.workers.chat_reader import ChatReader
+from app.window.workers.scrub import scrub_deleted
+from app.window.workers.tasks import Workers
 from storage.chats import ChatStore, SearchHit
 from storage.errors import NotFoundError, StorageError
 
@@ -206,9 +205,11 @@ class Sidebar(QWidget):
     changed = Signal()
     forget_requested = Signal(int)
 
-    def __init__(self, store: ChatStore, reader: ChatReader | None = None, parent: QWidget | None = None):
+    def __init__(self, store: ChatStore, workers: Workers, reader: ChatReader | None = None,
+                 parent: QWidget | None = None):
         super().__init__(parent)
         self.store = store
+        self.workers = workers  # scrubs deleted text (``workers/scrub.py``)
         self.reader = reader  # searches off the UI thread (without one: on it)
         self.current_id: int | None = None
         self.busy_id: int | None = None
@@ -403,8 +404,8 @@ class Sidebar(QWidget):
         self.delete_rows(cid)
 
     def delete_rows(self, cid: int) -> None:
-        """Delete ``cid``'s rows now (milliseconds) and scrub the search index and WAL on a
-        worker thread; emits ``delete_committed``. A storage error is logged, never raised."""
+        """Delete ``cid``'s rows now (milliseconds) and scrub the search index and WAL off the
+        UI thread (``scrub_deleted``); emits ``delete_committed``. A storage error is logged, never raised."""
         try:
             self.store.delete_conversation(cid, forget=False)  # the rows: milliseconds
         except NotFoundError:
@@ -413,25 +414,5 @@ class Sidebar(QWidget):
             log.error("could not delete chat %s: %s", cid, exc)
             self.refresh()
             return
-        scrub_in_background(self.store.path)
+        scrub_deleted(self.workers, self.store.path)
         self.delete_committed.emit(cid)
-
-
-def scrub_in_background(path) -> None:
-    """Scrub deleted text out of the search index and the WAL of ``chats.sqlite3`` at
-    ``path``. That takes time in proportion to the whole database (seconds for 10,000
-    messages): a worker thread does it on a connection of its own, so the UI thread never
-    waits for it."""
-    threading.Thread(target=_forget_deleted, args=(path,), daemon=True, name="forget-deleted").start()
-
-
-def _forget_deleted(path) -> None:
-    """Worker thread: merge the search index and truncate the WAL of ``chats.sqlite3``
-    (``ChatStore.forget_deleted``); a failure is logged, the next delete tries again."""
-    from storage.chats import ChatStore, SearchHit
-
-    try:
-        with ChatStore(path) as chats:
-            chats.forget_deleted()
-    except Exception:  # noqa: BLE001 - a worker thread: log, never raise into Qt
-        log.warning("could not scrub deleted chats from %s", path, exc_info=True)

@@ -3,8 +3,9 @@
 The UI thread never does work in proportion to a conversation (a 10,000-message branch
 takes a quarter of a second to read and lay out). Such work is a *job*: a function of a
 ``ChatStore`` that runs on one worker thread with a connection of its own (WAL mode: it
-sees every committed change, and never waits for the UI thread's lock). Its result comes
-back on the UI thread through a queued signal.
+sees every committed change, and never waits for the UI thread's lock). The thread is a
+task of the window's ``Workers`` (tasks.py): its results come back on the UI thread as the
+task's progress, and the window's close waits for it with the others.
 
 Jobs have a *key* ("tree", "search", ...): a newer job with the same key supersedes an
 older one, which is skipped if it has not started and whose result is dropped if it has.
@@ -19,8 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject
 
+from app.window.workers.tasks import Task, Workers
 from storage.chats import ChatStore
 
 log = logging.getLogger(__name__)
@@ -33,21 +35,20 @@ class ChatReader(QObject):
 
     ``submit(key, job, done, failed=None)``: ``job(store)`` runs on the worker; ``done(result)``
     (or ``failed(exception)``, else a log line) is called on the UI thread, unless a newer job
-    with the same key was submitted meanwhile. The thread starts with the first job; ``close()``
-    ends it (waiting for a running job) and closes its connection."""
+    with the same key was submitted meanwhile. The thread (a task of ``workers``) starts with
+    the first job; ``close()`` ends it after the job it runs (``Workers.shutdown`` waits for
+    that) and it closes its connection."""
 
-    _finished = Signal(str, int, bool, object)  # key, generation, ok, result or exception
-
-    def __init__(self, path: Path, parent: QObject | None = None):
+    def __init__(self, path: Path, workers: Workers, parent: QObject | None = None):
         super().__init__(parent)
         self.path = Path(path)
+        self._workers = workers
         self._jobs: queue.Queue = queue.Queue()
-        self._thread: threading.Thread | None = None
+        self._task: Task | None = None
         self._latest: dict[str, int] = {}  # key -> generation of the newest job
         self._callbacks: dict[str, tuple[Callable[[Any], None], Callable[[Exception], None] | None]] = {}
         self._lock = threading.Lock()
         self.closed = False
-        self._finished.connect(self._deliver)  # emitted on the worker: queued to this thread
 
     def submit(self, key: str, job: Callable[[ChatStore], Any], done: Callable[[Any], None],
                failed: Callable[[Exception], None] | None = None) -> int:
@@ -58,9 +59,11 @@ class ChatReader(QObject):
             generation = self._latest.get(key, 0) + 1
             self._latest[key] = generation
         self._callbacks[key] = (done, failed)
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, daemon=True, name="chat-reader")
-            self._thread.start()
+        if self._task is None:
+            self._task = self._workers.start(self._run, name="chat-reader", progress=self._deliver)
+            if self._task is None:  # the window is closing
+                self._callbacks.pop(key, None)
+                return 0
         self._jobs.put((key, generation, job))
         return generation
 
@@ -75,20 +78,21 @@ class ChatReader(QObject):
         self._callbacks.pop(key, None)
 
     def close(self) -> None:
-        """End the worker thread (after the job it runs) and close its connection."""
+        """Ask the worker thread to end after the job it runs (closing its connection);
+        results not yet delivered are dropped. ``Workers.shutdown`` waits for it."""
         if self.closed:
             return
         self.closed = True
         self._callbacks.clear()
-        if self._thread is not None:
+        if self._task is not None:
+            self._task.drop()
             self._jobs.put(_STOP)
-            self._thread.join(timeout=30)
 
     def _current(self, key: str, generation: int) -> bool:
         with self._lock:
             return self._latest.get(key) == generation
 
-    def _run(self) -> None:
+    def _run(self, task: Task) -> None:
         store: ChatStore | None = None
         try:
             while (item := self._jobs.get()) is not _STOP:
@@ -102,12 +106,13 @@ class ChatReader(QObject):
                 except Exception as exc:  # noqa: BLE001 - a worker thread: reported, never raised
                     result, ok = exc, False
                 if self._current(key, generation) and not self.closed:
-                    self._finished.emit(key, generation, ok, result)
+                    task.report((key, generation, ok, result))
         finally:
             if store is not None:
                 store.close()
 
-    def _deliver(self, key: str, generation: int, ok: bool, result: object) -> None:
+    def _deliver(self, item: tuple[str, int, bool, object]) -> None:
+        key, generation, ok, result = item
         if self.closed or not self._current(key, generation) or key not in self._callbacks:
             return
         done, failed = self._callbacks.pop(key)

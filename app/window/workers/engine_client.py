@@ -1,8 +1,8 @@
 """The window's handle on the engine child process, as Qt signals.
 
 ``engine.worker.EngineProcess`` speaks the typed requests and events of
-``engine/events.py`` over a pipe. Here a reader thread waits on that pipe (so the UI
-thread never does) and hands every event to the UI thread through one queued signal.
+``engine/events.py`` over a pipe. Here a reader task (``workers/tasks.py``) waits on that
+pipe (so the UI thread never does) and reports every event, which arrives on the UI thread.
 Each request that expects an answer returns a ``PendingRequest``: a handle whose
 signals fire on the UI thread when its events arrive, so no caller keeps request ids.
 When the pipe reports end-of-file the child has died, and ``died`` fires with an
@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import itertools
 import logging
-import threading
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Qt, Signal, Slot
+from PySide6.QtCore import QObject, Signal
 
+from app.window.workers.tasks import Task, Workers
 from engine import events as ev
 from engine.chat_template import ChatMessage
 from engine.worker import EngineProcess
@@ -42,7 +42,7 @@ class PendingRequest(QObject):
     CoverageEvent, CacheEvent); ``snapshot(SnapshotEvent)`` after a reply's KV was stored;
     ``failed(ErrorEvent)``. ``finished`` is True once nothing more will arrive.
     ``first_token_read_at``: ``time.perf_counter()`` when the reader thread read the first
-    token from the pipe (None before), for the send timeline (``send_timeline.py``)."""
+    token from the pipe (None before), for the send timeline (``transcript/send_timeline.py``)."""
 
     token = Signal(str)
     progress = Signal(str, int, int)
@@ -103,6 +103,8 @@ class EngineClient(QObject):
         token(id, text): every piece of streamed text of every reply (a public hook for tools).
         event(event): every event (engine/events.py), for tools and tests.
         died(EngineExit): the engine process ended without being asked to.
+
+    ``workers``: where the reader task runs (the window's ``Workers``; None: a pool of its own).
     """
 
     load_progress = Signal(int, int)
@@ -112,38 +114,34 @@ class EngineClient(QObject):
     event = Signal(object)
     died = Signal(object)
 
-    _incoming = Signal(object)
-
-    def __init__(self, data_dir: Path, log_file: Path | None = None, parent: QObject | None = None):
+    def __init__(self, data_dir: Path, log_file: Path | None = None, parent: QObject | None = None,
+                 workers: Workers | None = None):
         super().__init__(parent)
         self.data_dir = Path(data_dir)
         self.log_file = log_file
+        self._workers = workers if workers is not None else Workers(self)
         self._proc: EngineProcess | None = None
-        self._reader: threading.Thread | None = None
-        self._stopping = threading.Event()
+        self._reader: Task | None = None
         self._ids = itertools.count(1)
         self._dead_reported = False
         self._unresponsive = False
         self._pending: dict[int, PendingRequest] = {}
         self._loading = False
         self._replies_done = 0  # replies finished by this process (a crash before the first one is telling)
-        self._incoming.connect(self._dispatch, Qt.ConnectionType.QueuedConnection)
 
     # -- lifetime ------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the child process and its reader thread (returns at once)."""
+        """Start the child process and its reader task (returns at once)."""
         self.stop()
-        self._stopping.clear()
         self._dead_reported = False
         self._unresponsive = False
         self._replies_done = 0
         self._proc = EngineProcess(self.data_dir, self.log_file)
         self._proc.start()
         proc = self._proc
-        self._reader = threading.Thread(target=self._read_loop, args=(proc,),
-                                        name="engine-events", daemon=True)
-        self._reader.start()
+        self._reader = self._workers.start(lambda task: self._read_loop(proc, task), name="engine-events",
+                                           progress=self._dispatch)
         log.info("engine process started, pid %s", proc.pid)
 
     def is_running(self) -> bool:
@@ -172,18 +170,17 @@ class EngineClient(QObject):
         self._drop_pending()
         if proc is None:
             return
-        self._stopping.set()
+        if reader is not None:
+            reader.drop()  # events that arrive from now on are not delivered
         requests = ([ev.CancelRequest(cancel.id)] if cancel is not None else []) + [ev.ShutdownRequest()]
         for request in requests:
             try:
                 proc.send(request)
             except (OSError, EOFError, ValueError, AssertionError):
                 break
-        if reader is not None:
-            reader.join(STOP_TIMEOUT_S)  # the reader ends at end-of-file, i.e. when the child exits
-            if reader.is_alive():
-                proc.kill()
-                reader.join(2)
+        if reader is not None and not reader.wait(STOP_TIMEOUT_S):  # it ends at end-of-file: the child exited
+            proc.kill()
+            reader.wait(2)
         proc.stop(timeout=2)
         self._proc = None
         self._reader = None
@@ -282,20 +279,20 @@ class EngineClient(QObject):
         return self._track(lambda rid: ev.CacheRequest(rid, ev.CacheAction.FORGET, None,
                                                        int(conversation_id), str(chats_path)))
 
-    # -- the reader thread ---------------------------------------------------------------
+    # -- the reader task -----------------------------------------------------------------
 
-    def _read_loop(self, proc: EngineProcess) -> None:
+    @staticmethod
+    def _read_loop(proc: EngineProcess, task: Task) -> None:
+        """On the reader's thread: report (event, perf_counter when read) for every event, and
+        None at end of file (the child is gone), until then or until the task is dropped."""
         while True:
             try:
                 event = proc.recv(timeout=0.25)
             except (EOFError, OSError, ValueError, AssertionError):
-                if not self._stopping.is_set():
-                    self._incoming.emit(None)  # end of file: the child is gone
+                task.report(None)  # nothing is delivered once dropped (``stop``)
                 return
-            if event is None:
-                continue
-            if not self._stopping.is_set():
-                self._incoming.emit((event, time.perf_counter()))
+            if event is not None:
+                task.report((event, time.perf_counter()))
 
     def _drop_pending(self) -> None:
         """Forget every request in flight (the process that would answer them is gone)."""
@@ -314,8 +311,8 @@ class EngineClient(QObject):
             code = self._proc.exitcode
             self._proc.close()
             self._proc = None
-        if self._reader is not None and self._reader is not threading.current_thread():
-            self._reader.join(1)
+        if self._reader is not None:
+            self._reader.wait(1)
             self._reader = None
         generating = any(h.is_reply for h in self._pending.values())
         exit_info = EngineExit(code, during_load=self._loading,
@@ -326,7 +323,6 @@ class EngineClient(QObject):
         log.warning("engine process ended, exit code %s", code)
         self.died.emit(exit_info)
 
-    @Slot(object)
     def _dispatch(self, item) -> None:
         """``item``: None (end of file: the child is gone) or (event, perf_counter when read)."""
         if item is None:

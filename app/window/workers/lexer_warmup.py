@@ -4,15 +4,15 @@ The first use of a Pygments lexer compiles its regular expressions (the Python l
 took 160-350 ms on a busy 2-core machine), and the first ``guess_lexer`` imports every
 lexer module. On the UI thread that was a stall the first time a chat with code opened or
 a reply streamed its first code block. ``warm_up`` does it once per process on a daemon
-thread; a language not in ``COMMON`` still compiles on first use.
+thread (``tasks.run_detached``: no window waits for it); a language not in ``COMMON`` still
+compiles on first use.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 
-log = logging.getLogger(__name__)
+from app.window.workers.tasks import run_detached
 
 COMMON = ("python", "bash", "javascript", "typescript", "json", "c", "cpp", "rust", "go", "java",
           "html", "css", "sql", "yaml", "toml", "diff")
@@ -28,17 +28,15 @@ def warm_up() -> threading.Thread:
     global _thread
     with _lock:
         if _thread is None:
-            _thread = threading.Thread(target=_compile, daemon=True, name="lexer-warm-up")
-            _thread.start()
+            _thread = run_detached(_compile, "lexer-warm-up")
         return _thread
 
 
 def _compile() -> None:
+    """On the thread: compile ``COMMON``'s lexers; an error is logged (``run_detached``) and
+    the UI thread compiles on first use instead."""
     from pygments.lexers import get_lexer_by_name, guess_lexer
 
-    try:
-        for name in COMMON:
-            get_lexer_by_name(name)  # a lexer's regular expressions compile on first instantiation
-        guess_lexer("#!/bin/sh\necho warm\n")  # imports every lexer module
-    except Exception:  # noqa: BLE001 - a worker thread: the UI thread compiles on first use instead
-        log.warning("could not compile the code lexers ahead", exc_info=True)
+    for name in COMMON:
+        get_lexer_by_name(name)  # a lexer's regular expressions compile on first instantiation
+    guess_lexer("#!/bin/sh\necho warm\n")  # imports every lexer module
