@@ -132,7 +132,7 @@ def test_hostile_text_is_plain_in_every_widget(qtbot, window, data_dir, text):
     doc = rendered(label.toolTip())
     assert_plain_document(doc)
     assert shown_text(doc).startswith(elide(f"Name: {text}", TOOLTIP_CHARS)[:200])
-    w.show_model_info()
+    w.model.show_info()
     box = next(b for b in w.findChildren(QMessageBox) if b.windowTitle() == "Model info")
     assert box.textFormat() == Qt.TextFormat.PlainText
     assert box.text().splitlines()[0] == f"Name: {text}"
@@ -185,22 +185,22 @@ def test_a_web_link_opens_only_after_a_confirmation_showing_the_full_url(qtbot, 
     # such links, were they clicked, do nothing at all
     for href in ("file:///etc/passwd", "javascript:alert(1)", "//host/share/x.png", "relative/a.html"):
         body.linkActivated.emit(href)
-        assert w.link_dialog is None and w.findChildren(OpenLinkDialog) == []
+        assert w.links.dialog is None and w.findChildren(OpenLinkDialog) == []
     assert opened == []
 
     # the web link: a dialog with the whole URL and the encoded host; Cancel opens nothing
     body.linkActivated.emit(hrefs[0])
-    dlg = w.link_dialog
+    dlg = w.links.dialog
     assert isinstance(dlg, OpenLinkDialog) and dlg.isVisible()
     assert dlg.url_view.toPlainText() == hrefs[0]  # what the browser would get, whole
     assert "xn--pple-43d.com" in dlg.question.text()
     assert dlg.question.textFormat() == Qt.TextFormat.PlainText
     qtbot.mouseClick(dlg.cancel_button, Qt.MouseButton.LeftButton)
-    assert opened == [] and w.link_dialog is None
+    assert opened == [] and w.links.dialog is None
 
     # again, and Open: the browser gets exactly that URL
     body.linkActivated.emit(hrefs[0])
-    qtbot.mouseClick(w.link_dialog.open_button, Qt.MouseButton.LeftButton)
+    qtbot.mouseClick(w.links.dialog.open_button, Qt.MouseButton.LeftButton)
     assert len(opened) == 1
     assert QUrl(opened[0]) == QUrl(url)
 
@@ -226,7 +226,7 @@ def test_a_chat_error_banner_goes_when_another_chat_is_shown(qtbot, window, data
     assert not w.banner.isVisible()
     # a model error is about the app, not a chat: it stays through a switch
     w.model._load_failed("bad file")
-    w.new_chat()
+    w.navigator.new_chat()
     assert w.banner.isVisible() and w.banner.text == "The model could not be loaded. bad file"
 
 
@@ -307,7 +307,7 @@ def test_model_info_shows_the_real_kv_cache_per_token(qtbot, open_window, data_d
     per_token = w.facts["kv_bytes_per_token"]
     # the default model, SmolLM2-135M: 30 layers x 3 KV heads x 64 x (K + V) x 2 bytes (f16)
     assert per_token == 30 * 3 * 64 * 2 * 2
-    w.show_model_info()
+    w.model.show_info()
     box = next(b for b in w.findChildren(QMessageBox) if b.windowTitle() == "Model info")
     assert f"KV cache per token: {human_bytes(per_token)}" in box.text().splitlines()
     box.close()

@@ -159,7 +159,7 @@ def test_progress_shows_and_a_send_during_the_import_waits_for_it(qtbot, open_wi
 
     forked = []
     monkeypatch.setattr(w.chat, "fork", forked.append)
-    w.fork(1234)  # a fork (as the transcript's Fork button asks) is held too, after the send
+    w.commands.fork(1234)  # a fork (as the transcript's Fork button asks) is held too, after the send
     assert "the fork will be made as soon as it finishes" in w.banner.text
     assert forked == []
 

@@ -36,8 +36,8 @@ def test_a_draft_prefilled_while_typing_leaves_nothing_for_enter(qtbot, open_win
     assert warm.stats["prefilled_tokens"] == 0
     assert warm.stats["prepared_tokens"] == warm.stats["prompt_tokens"] == ready["target_tokens"]
     assert 0 < warm.stats["typed_tokens"] < warm.stats["prepared_tokens"]
-    assert f"prefilled while you typed: {warm.stats['typed_tokens']:,} tokens" in w.stats_label.text()
-    assert "nothing left to prefill" in w.stats_label.text()
+    assert f"prefilled while you typed: {warm.stats['typed_tokens']:,} tokens" in w.status.stats_label.text()
+    assert "nothing left to prefill" in w.status.stats_label.text()
 
     w.use_cache = False  # the same prompt from scratch gives the same reply (temperature 0)
     with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS) as blocker:

@@ -133,14 +133,14 @@ def test_every_control_has_an_accessible_name(qtbot, open_window, data_dir):
     assert _unnamed(w) == []
     assert bubble.buttons["prev"].accessibleName() == "Previous version"
     w.open_settings()
-    dialog = w.settings_dialog
+    dialog = w.settings_flow.dialog
     qtbot.waitExposed(dialog)
     assert _unnamed(dialog) == []
     dialog.reject()
-    w.confirm_link("https://example.com/a?b=1")
-    qtbot.waitExposed(w.link_dialog)
-    assert _unnamed(w.link_dialog) == []
-    w.link_dialog.reject()
+    w.links.confirm("https://example.com/a?b=1")
+    qtbot.waitExposed(w.links.dialog)
+    assert _unnamed(w.links.dialog) == []
+    w.links.dialog.reject()
 
 
 def test_a_node_reads_as_text_not_as_markdown_syntax():

@@ -135,7 +135,7 @@ def _send(w, type_it: bool, cps: float, beats: list) -> dict:
     stats["window_ttft_ms"] = round((painted - t_enter[0]) * 1000, 1) if painted else None
     stats["window_token_ms"] = round((first[0] - t_enter[0]) * 1000, 1) if first else None
     stats["breakdown"] = w.chat.timeline.breakdown(reply.stats)
-    stats["status_line"] = w.stats_label.text()
+    stats["status_line"] = w.status.stats_label.text()
     typing, after = beats[: at_enter[0]], beats[at_enter[0]:]
     stats["typing_max_stall_ms"] = round(max(typing), 1) if typing else 0.0
     stats["typing_stalls_over_50ms"] = sum(b > 50 for b in typing)

@@ -10,19 +10,29 @@ carries the pending delete out before the engine stops), so Undo never needs a b
 
 from __future__ import annotations
 
-from PySide6.QtCore import QObject
+from PySide6.QtCore import QObject, Signal
 
+from app.window.flows.model_controller import ModelController, ModelState
+from app.window.shell.banner import Banner
+from app.window.shell.lifetime import Lifetime
+from app.window.tree.sidebar import Sidebar
+from storage.chats import ChatStore
 from storage.errors import StorageError
 
 
 class ForgetFlow(QObject):
-    """Carries out Delete and forget for ``window`` (a MainWindow: its ``store``, ``model``,
-    ``client``, ``sidebar``, ``banner`` and ``forgotten(conversation_id, blocks)`` signal).
-    ``pending`` is the engine request in flight (None when there is none)."""
+    """Carries out Delete and forget of chats in ``store`` with ``model``'s engine, for the
+    ``sidebar`` (its rows and list), saying what happened in ``banner`` (unless ``lifetime``
+    is closed). ``pending`` is the engine request in flight (None when there is none).
 
-    def __init__(self, window):
-        super().__init__(window)
-        self.w = window
+    Signal ``forgotten(conversation_id, blocks)``: done, ``blocks`` KV blocks dropped."""
+
+    forgotten = Signal(int, int)
+
+    def __init__(self, *, store: ChatStore, model: ModelController, sidebar: Sidebar, banner: Banner,
+                 lifetime: Lifetime, parent: QObject | None = None):
+        super().__init__(parent)
+        self.store, self.model, self.sidebar, self.banner, self.lifetime = store, model, sidebar, banner, lifetime
         self.pending = None
 
     def forget(self, cid: int) -> None:
@@ -31,16 +41,16 @@ class ForgetFlow(QObject):
         thread. Without a loaded model the rows are deleted here and the banner says the
         KV blocks stay until evicted."""
         try:
-            title = self.w.store.get_conversation(cid).title
+            title = self.store.get_conversation(cid).title
         except StorageError:
             title = "the chat"
-        handle = None
-        if self.w.model.state == "ready" and self.w.client.is_running():
-            handle = self.w.client.forget(cid, str(self.w.store.path))
+        handle, client = None, self.model.client
+        if self.model.state == ModelState.READY and client.is_running():
+            handle = client.forget(cid, str(self.store.path))
         if handle is None:
-            self.w.sidebar.delete_rows(cid)
-            if not self.w.closed:
-                self.w.banner.show_message(
+            self.sidebar.delete_rows(cid)
+            if not self.lifetime.closed:
+                self.banner.show_message(
                     f"Deleted “{title}”. No model is loaded, so its KV blocks could not be matched: "
                     "they stay in kvcache.sqlite3 until the cache budget evicts them or you clear "
                     "the cache.", "info")
@@ -51,15 +61,15 @@ class ForgetFlow(QObject):
 
     def _forgotten(self, cid: int, title: str, dropped: int) -> None:
         self.pending = None
-        self.w.sidebar.refresh()
-        self.w.sidebar.delete_committed.emit(cid)
-        self.w.banner.show_message(
+        self.sidebar.refresh()
+        self.sidebar.delete_committed.emit(cid)
+        self.banner.show_message(
             f"Deleted and forgot “{title}”: {dropped:,} KV block{' it alone used was' if dropped == 1 else 's it alone used were'} "
             "removed from kvcache.sqlite3. Blocks it shares with other chats stay.", "info")
-        self.w.forgotten.emit(cid, dropped)
+        self.forgotten.emit(cid, dropped)
 
     def _forget_failed(self, title: str, message: str) -> None:
         self.pending = None
-        self.w.sidebar.refresh()
-        self.w.banner.show_message(f"“{title}” could not be deleted and forgotten: {message}", "error")
+        self.sidebar.refresh()
+        self.banner.show_message(f"“{title}” could not be deleted and forgotten: {message}", "error")
 

@@ -4,7 +4,8 @@
 window's ``Workers`` (its own thread and SQLite connection), shows a progress dialog only when the import lasts
 over ``SHOW_PROGRESS_MS``, then a summary dialog (``summary_text``) and refreshes the
 sidebar. The importer holds the chat database's write lock for the whole of each file,
-so while an import runs the window keeps a message the user sends (``hold_send``) and
+so while an import runs the window keeps a message the user sends (``hold``; the
+window's ``ChatCommands`` asks it before each change) and
 sends it when the import has finished, instead of waiting on the lock on the UI thread;
 and an import asked for while a reply streams (which writes as it goes) starts when the
 reply ends.
@@ -16,13 +17,20 @@ import logging
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtWidgets import QFileDialog, QLabel, QMessageBox, QProgressDialog, QWidget
 
-from app.window.workers.tasks import SHUTDOWN_S, Task
+from app.window.shell.banner import Banner
+from app.window.shell.lifetime import Lifetime
+from app.window.tree.sidebar import Sidebar
+from app.window.workers.tasks import SHUTDOWN_S, Task, Workers
 from storage.errors import StorageError
 from storage.importers.records import FileStatus, ImportProgress, ImportSummary
+
+if TYPE_CHECKING:
+    from app.window.transcript.chat_controller import ChatController
 
 log = logging.getLogger(__name__)
 
@@ -77,21 +85,27 @@ def summary_text(summary: ImportSummary) -> tuple[str, str]:
 
 
 class ImportController(QObject):
-    """Runs imports for the window ``w`` (a MainWindow: ``store``, ``sidebar``, ``banner``).
+    """Runs imports into the chat database at ``db_path`` as tasks of ``workers``: after a
+    reply of ``chat`` ends when one streams, refreshing ``sidebar``, saying what happens in
+    ``banner`` and opening its dialogs over ``parent`` (nothing once ``lifetime`` is closed).
 
-    Signals: ``progressed(ImportProgress)`` (queued from the worker),
+    Signals: ``progressed(ImportProgress)`` (from the worker, on the UI thread),
     ``finished(ImportSummary)`` after the summary dialog is shown, ``failed(str)`` when the
-    import could not run at all (the database stayed locked, the disk is full).
+    import could not run at all (the database stayed locked, the disk is full),
+    ``show_requested(conversation id)``: the first chat imported, to be shown.
     Attributes for tests: ``state``, ``progress_dialog`` (and its ``progress_label``), ``summary_box``.
     """
 
     progressed = Signal(object)
     finished = Signal(object)
     failed = Signal(str)
+    show_requested = Signal(int)
 
-    def __init__(self, window: QWidget):
-        super().__init__(window)
-        self.w = window
+    def __init__(self, *, db_path: Path, workers: Workers, chat: ChatController, sidebar: Sidebar, banner: Banner,
+                 lifetime: Lifetime, parent: QWidget):
+        super().__init__(parent)
+        self.db_path, self.workers, self.chat, self.sidebar, self.banner = Path(db_path), workers, chat, sidebar, banner
+        self.lifetime, self.parent_widget = lifetime, parent
         self.state = ImportState.IDLE
         self.progress_dialog: QProgressDialog | None = None
         self.progress_label: QLabel | None = None
@@ -99,7 +113,7 @@ class ImportController(QObject):
         self._task: Task | None = None
         self._held: list[Callable[[], None]] = []
         self._waiting: list[Path] | None = None  # paths to import once the streaming reply ends
-        window.chat.reply_finished.connect(self._reply_finished)
+        chat.reply_finished.connect(self._reply_finished)
         self._show_timer = QTimer(self)
         self._show_timer.setSingleShot(True)
         self._show_timer.timeout.connect(self._show_progress)
@@ -112,31 +126,31 @@ class ImportController(QObject):
 
     def open_dialog(self) -> None:
         """Ask for export files (.json, .jsonl, .zip) and import them."""
-        paths, _ = QFileDialog.getOpenFileNames(self.w, "Import chats", str(Path.home()), FILE_FILTER)
+        paths, _ = QFileDialog.getOpenFileNames(self.parent_widget, "Import chats", str(Path.home()), FILE_FILTER)
         if paths:
             self.start([Path(p) for p in paths])
 
     def open_folder_dialog(self) -> None:
         """Ask for a folder of export files (LM Studio keeps one file per chat) and import it."""
-        folder = QFileDialog.getExistingDirectory(self.w, "Import a folder of chats", str(Path.home()))
+        folder = QFileDialog.getExistingDirectory(self.parent_widget, "Import a folder of chats", str(Path.home()))
         if folder:
             self.start([Path(folder)])
 
     def start(self, paths: list[Path]) -> bool:
         """Import ``paths`` (files or folders) on a worker thread; False if one is already running."""
         if self.running:
-            self.w.banner.show_message("An import is already running; wait for it to finish.", "info")
+            self.banner.show_message("An import is already running; wait for it to finish.", "info")
             return False
         if not paths:
             return False
-        if self.w.chat.streaming:  # the reply writes as it streams; the import would hold the lock
+        if self.chat.streaming:  # the reply writes as it streams; the import would hold the lock
             self._waiting = list(paths)
-            self.w.banner.show_message("The import starts when this reply finishes.", "info")
+            self.banner.show_message("The import starts when this reply finishes.", "info")
             return True
         from storage.importers import import_files
 
-        db_path, paths = self.w.store.path, list(paths)
-        task = self.w.workers.start(lambda t: import_files(paths, db_path, progress=t.report, cancel=t.cancelled),
+        db_path, paths = self.db_path, list(paths)
+        task = self.workers.start(lambda t: import_files(paths, db_path, progress=t.report, cancel=t.cancelled),
                                     name="branchwise-import", progress=self.progressed.emit,
                                     success=lambda summary: self._on_done(summary, ""), failure=self._failed)
         if task is None:  # the window is closing
@@ -147,19 +161,15 @@ class ImportController(QObject):
 
     def _reply_finished(self, _message_id: int) -> None:
         paths, self._waiting = self._waiting, None
-        if paths and not self.w.closed:
-            if self.w.banner.isVisible() and self.w.banner.text.startswith("The import starts when"):
-                self.w.banner.hide()
+        if paths and not self.lifetime.closed:
+            if self.banner.isVisible() and self.banner.text.startswith("The import starts when"):
+                self.banner.hide()
             self.start(paths)
 
     def cancel(self) -> None:
         """Ask the worker to stop; the file being read is rolled back."""
         if self._task is not None:
             self._task.cancel()
-
-    def hold_send(self, text: str) -> bool:
-        """While an import runs, keep ``text`` to send when it finishes; False when idle."""
-        return self.hold(lambda: self.w.chat.send(text), "your message will be sent")
 
     def hold(self, action: Callable[[], None], what: str) -> bool:
         """While an import runs, keep ``action`` (a change to the chats: a send, an edit, a
@@ -169,7 +179,7 @@ class ImportController(QObject):
         if not self.running:
             return False
         self._held.append(action)
-        self.w.banner.show_message(
+        self.banner.show_message(
             f"An import is writing to the chat database; {what} as soon as it finishes.", "info",
             [("Cancel import", self.cancel)])
         return True
@@ -208,7 +218,7 @@ class ImportController(QObject):
     def _show_progress(self) -> None:
         if not self.running:
             return
-        dlg = QProgressDialog("", "Cancel", 0, 1000, self.w)
+        dlg = QProgressDialog("", "Cancel", 0, 1000, self.parent_widget)
         label = QLabel("Importing…")
         label.setTextFormat(Qt.TextFormat.PlainText)  # it shows file names
         dlg.setLabel(label)
@@ -237,28 +247,28 @@ class ImportController(QObject):
         self.state = ImportState.IDLE
         self._close_progress()
         if summary is None:
-            self.w.banner.show_message(f"Import failed: {error}", "error")
+            self.banner.show_message(f"Import failed: {error}", "error")
             self.failed.emit(error)
         else:
             self._refresh(summary)
             self._show_summary(summary)
         held, self._held = self._held, []
-        if held and self.w.banner.isVisible() and self.w.banner.button("Cancel import") is not None:
-            self.w.banner.hide()
+        if held and self.banner.isVisible() and self.banner.button("Cancel import") is not None:
+            self.banner.hide()
         for action in held:
             action()
         if summary is not None:
             self.finished.emit(summary)
 
     def _refresh(self, summary: ImportSummary) -> None:
-        self.w.sidebar.refresh()
+        self.sidebar.refresh()
         ids = [i for f in summary.files if f.status == FileStatus.IMPORTED for i in f.conversation_ids]
-        if ids and not self.w.chat.streaming:
-            self.w.show_conversation(ids[0])
+        if ids and not self.chat.streaming:
+            self.show_requested.emit(ids[0])
 
     def _show_summary(self, summary: ImportSummary) -> None:
         text, details = summary_text(summary)
-        box = QMessageBox(self.w)
+        box = QMessageBox(self.parent_widget)
         box.setWindowTitle("Import chats")
         box.setTextFormat(Qt.TextFormat.PlainText)
         box.setIcon(QMessageBox.Icon.Warning if summary.failed else QMessageBox.Icon.Information)
@@ -290,22 +300,17 @@ def droppable_paths(urls) -> list[Path]:
     return out
 
 
-class ImportDropMixin:
-    """MainWindow's import actions and drag-and-drop: File → Import… and files dropped on
-    the window go to ``self.importer`` (an :class:`ImportController`)."""
+def accept_drag(event) -> None:
+    """A drag entering the window (its ``dragEnterEvent``): accepted when it carries files an
+    import may read."""
+    if event.mimeData().hasUrls() and droppable_paths(event.mimeData().urls()):
+        event.acceptProposedAction()
 
-    def import_chats(self) -> None:
-        self.importer.open_dialog()
 
-    def import_folder(self) -> None:
-        self.importer.open_folder_dialog()
-
-    def dragEnterEvent(self, event) -> None:  # noqa: N802 - Qt override
-        if event.mimeData().hasUrls() and droppable_paths(event.mimeData().urls()):
-            event.acceptProposedAction()
-
-    def dropEvent(self, event) -> None:  # noqa: N802 - Qt override
-        paths = droppable_paths(event.mimeData().urls()) if event.mimeData().hasUrls() else []
-        if paths:
-            event.acceptProposedAction()
-            self.importer.start(paths)
+def dropped_paths(event) -> list[Path]:
+    """The importable paths of a drop on the window (its ``dropEvent``), accepting it when
+    there are any."""
+    paths = droppable_paths(event.mimeData().urls()) if event.mimeData().hasUrls() else []
+    if paths:
+        event.acceptProposedAction()
+    return paths

@@ -8,7 +8,7 @@ domain is visible). Only ``LinkKind.EXTERNAL`` links (http and https) reach it.
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, QUrl, Signal
+from PySide6.QtCore import QObject, Qt, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QTextOption
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QPlainTextEdit, QVBoxLayout, QWidget
 
@@ -61,14 +61,20 @@ class OpenLinkDialog(QDialog):
         self.opened.emit(self.url)
 
 
-class LinkConfirmMixin:
-    """MainWindow's answer to a click on a message's http(s) link: an :class:`OpenLinkDialog`
-    showing the full URL (one at a time, kept in ``self.link_dialog``); only Open opens it."""
+class LinkOpener(QObject):
+    """The answer to a click on a message's http(s) link: an :class:`OpenLinkDialog` over
+    ``parent`` showing the full URL (one at a time, kept in ``dialog``); only Open opens it."""
 
-    def confirm_link(self, url: str) -> None:
-        if self.link_dialog is not None:
-            self.link_dialog.close()
-        self.link_dialog = dlg = OpenLinkDialog(url, self)
+    def __init__(self, parent: QWidget):
+        super().__init__(parent)
+        self.parent_widget = parent
+        self.dialog: OpenLinkDialog | None = None
+
+    def confirm(self, url: str) -> None:
+        """Ask before ``url`` opens in the browser (closing a dialog still open for another)."""
+        if self.dialog is not None:
+            self.dialog.close()
+        self.dialog = dlg = OpenLinkDialog(url, self.parent_widget)
         dlg.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dlg.finished.connect(lambda _r: setattr(self, "link_dialog", None))
+        dlg.finished.connect(lambda _r: setattr(self, "dialog", None))
         dlg.open()

@@ -1,6 +1,6 @@
-"""What the window does with one message or the shown branch, beside sending: open a search
-hit on its branch, delete a message with its replies (undoable from the banner), and copy
-the shown branch as Markdown.
+"""What the window does with one message or the shown branch, beside sending: delete a
+message with its replies (undoable from the banner) and copy the shown branch as Markdown
+(``MessageActions``).
 
 Deleting is carried out at once (``ChatStore.delete_subtree``, one transaction) and the
 removed messages are kept in memory: Undo in the banner puts them back
@@ -13,12 +13,21 @@ index and the WAL.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
+from PySide6.QtCore import QObject
 from PySide6.QtGui import QGuiApplication
 
 from app.export import conversation_markdown
+from app.window.shell.banner import Banner
+from app.window.shell.status_bar import StatusBar
 from app.window.workers.scrub import scrub_deleted
+from app.window.workers.tasks import Workers
+from storage.chats import ChatStore
 from storage.errors import NotFoundError, StorageError
+
+if TYPE_CHECKING:
+    from app.window.transcript.chat_controller import ChatController
 
 log = logging.getLogger(__name__)
 
@@ -38,64 +47,35 @@ def branch_markdown(store, conversation_id: int) -> str:
     return conversation_markdown(data, left_out_note=False)
 
 
-class MessageActionsMixin:
-    """MainWindow's message actions (see the module docstring). Needs ``store``, ``chat``
-    (ChatController), ``transcript``, ``banner`` and ``show_conversation``."""
+class MessageActions(QObject):
+    """The message actions (see the module docstring) on ``store``, for ``chat``'s shown
+    branch; ``banner`` offers Undo, ``status`` confirms a copy, ``workers`` scrubs."""
 
-    _deleted_messages: tuple = ()  # what Undo puts back (set per window by delete_message)
-    _deleted_active_leaf: int | None = None
-
-    def changed_elsewhere(self, text: str) -> bool:
-        """Before sending ``text``: when the shown chat's branch no longer ends where it did
-        when it was drawn (another process added to it or moved it), a message sent now would
-        land under messages the user has not seen. Then redraw, put ``text`` back in the box,
-        say so, and return True."""
-        cid, shown = self.chat.conversation_id, self.chat.shown_leaf
-        if cid is None or shown is None or shown[0] != cid:
-            return False
-        try:
-            if self.store.get_conversation(cid).active_leaf_id == shown[1]:
-                return False
-        except StorageError:
-            return False
-        self.show_external_changes()
-        self.chat.render()
-        self.composer.set_text(text)
-        self.banner.show_message(
-            "This chat was changed elsewhere (the command line or another Branchwise window) and is now shown as "
-            "it is. Your message is still in the box: send it again to add it at the end.", "info", chat_id=cid)
-        return True
-
-    def open_search_hit(self, conversation_id: int, message_id: int) -> None:
-        """Show the branch that holds ``message_id`` (down to its newest leaf), scrolled to
-        that message, highlighted."""
-        if self.chat.streaming and self.chat.conversation_id == conversation_id:
-            self.show_conversation(conversation_id)
-        else:
-            try:
-                self.chat.session.select(message_id)
-            except StorageError as exc:
-                log.warning("could not open search hit %s: %s", message_id, exc)
-            self.show_conversation(conversation_id)
-        self.transcript.reveal(message_id)
+    def __init__(self, *, store: ChatStore, chat: ChatController, banner: Banner, status: StatusBar,
+                 workers: Workers, parent: QObject | None = None):
+        super().__init__(parent)
+        self.store, self.chat, self.banner, self.status, self.workers = store, chat, banner, status, workers
+        self._deleted_messages: tuple = ()  # what Undo puts back
+        self._deleted_active_leaf: int | None = None
 
     def delete_message(self, message_id: int) -> None:
         """Delete ``message_id`` and every reply under it; the banner offers Undo."""
-        if self.chat.streaming:
+        chat = self.chat
+        if chat.streaming:
             self.banner.show_message("Wait for the reply to finish (or stop it) before deleting a message.",
-                                     "info", chat_id=self.chat.conversation_id)
+                                     "info", chat_id=chat.conversation_id)
             return
         try:
             cid = self.store.get_message(message_id).conversation_id
             leaf = self.store.get_conversation(cid).active_leaf_id
             removed = self.store.delete_subtree(message_id)
         except StorageError as exc:
-            self.storage_failed(exc)
+            self.banner.storage_failed(exc)
             return
         self._deleted_messages, self._deleted_active_leaf = removed, leaf
         scrub_deleted(self.workers, self.store.path)  # Undo puts back the copies held here
-        self.chat.render()
-        self.chat.figures.refresh_coverage()
+        chat.render()
+        chat.figures.refresh_coverage()
         n = len(removed)
         what = "1 message" if n == 1 else f"{n:,} messages"
         self.banner.show_message(f"Deleted {what}.", "info", [("Undo", self.undo_message_delete)], chat_id=cid)
@@ -112,7 +92,7 @@ class MessageActionsMixin:
                                      "answered is gone too.", "error")
             return
         except StorageError as exc:
-            self.storage_failed(exc)
+            self.banner.storage_failed(exc)
             return
         if self.chat.conversation_id == removed[0].conversation_id:
             self.chat.render()
@@ -124,4 +104,4 @@ class MessageActionsMixin:
         if cid is None:
             return
         QGuiApplication.clipboard().setText(branch_markdown(self.store, cid))
-        self.statusBar().showMessage("Copied this branch as Markdown.", 4000)
+        self.status.flash("Copied this branch as Markdown.", 4000)

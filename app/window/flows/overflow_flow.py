@@ -13,15 +13,19 @@ count that raced a settings change) gets the same dialog.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QObject, Qt
-from PySide6.QtWidgets import QMessageBox
+from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtWidgets import QMessageBox, QWidget
 
 from app.session.overflow import OverflowChoices, largest_context, overflow_choices
 from engine.events import CountEvent, FinishReason
 from engine.machine import memory_bytes
 from storage.chats import DEFAULT_SAMPLING
 from storage.errors import StorageError
+
+if TYPE_CHECKING:
+    from app.window.transcript.chat_controller import ChatController
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +34,19 @@ SEND_MARGIN_TOKENS = 64
 
 
 class OverflowFlow(QObject):
-    """For ``window`` (a MainWindow): ``check_send`` before a message is stored, ``stored``
-    after the engine refused a stored one. ``window.overflow_box`` is the dialog while shown."""
+    """For ``chat`` (the ChatController that owns it; its ``store``, ``settings``, ``model``,
+    ``composer``, ``status`` and ``banner`` are used): ``check_send`` before a message is
+    stored, ``stored`` after the engine refused a stored one. ``box`` is the dialog while
+    shown, over ``parent``. Signal ``settings_requested()``: the user asked for Settings."""
 
-    def __init__(self, window):
-        super().__init__(window)
-        self.w = window
+    settings_requested = Signal()
+
+    def __init__(self, chat: ChatController, parent: QWidget):
+        super().__init__(chat)
+        self.chat, self.parent_widget = chat, parent
+        self.store, self.settings, self.model = chat.store, chat.settings, chat.model
+        self.composer, self.status, self.banner = chat.composer, chat.status, chat.banner
+        self.box: QMessageBox | None = None
         self.checking = None  # the count request of a message being sent
         self.stopped = False  # Esc or Stop was pressed while counting
         self._sending: tuple = ()  # (conversation id, text, new chat settings) being counted
@@ -45,20 +56,19 @@ class OverflowFlow(QObject):
     def check_send(self, cid: int | None, text: str, new_chat: tuple[str, dict] | None) -> None:
         """Count the prompt with ``text`` under the active leaf of ``cid`` (None: a new chat
         with ``new_chat``'s settings); store and answer it when it fits."""
-        w = self.w
         system = new_chat[0] if cid is None and new_chat else ""
         if self._surely_fits(cid, text, system):  # no round trip to the engine before the reply
-            w.chat.store_and_reply(cid, text, new_chat)
+            self.chat.store_and_reply(cid, text, new_chat)
             return
         try:
-            messages, ids = w.chat.session.prompt_for_send(cid, text, system)
+            messages, ids = self.chat.session.prompt_for_send(cid, text, system)
         except StorageError as exc:
-            w.composer.set_text(text)
-            w.storage_failed(exc)
+            self.composer.set_text(text)
+            self.banner.storage_failed(exc)
             return
-        handle = w.client.count(messages)
+        handle = self.model.client.count(messages)
         if handle is None:  # the engine is gone: keep the text
-            w.composer.set_text(text)
+            self.composer.set_text(text)
             return
         self.checking, self._sending = handle, (cid, text, new_chat)
         self._busy(True, len(text))
@@ -72,19 +82,18 @@ class OverflowFlow(QObject):
         least one byte (byte-level BPE, SentencePiece with byte fallback); the margin covers
         the template's role headers and a leading-space marker. Should a template add more,
         the engine still refuses the stored prompt and ``stored`` offers the same choices."""
-        w = self.w
         if cid is None:
             known = len(system.encode("utf-8"))
         else:
-            counted = w.chat.figures.counted_path
+            counted = self.chat.figures.counted_path
             try:
-                leaf = w.store.get_conversation(cid).active_leaf_id
+                leaf = self.store.get_conversation(cid).active_leaf_id
             except StorageError:
                 return False
             if counted is None or counted[:2] != (cid, leaf):
                 return False
             known = counted[2]
-        return known + len(text.encode("utf-8")) + SEND_MARGIN_TOKENS < w.chat.figures.n_ctx()
+        return known + len(text.encode("utf-8")) + SEND_MARGIN_TOKENS < self.chat.figures.n_ctx()
 
     def engine_gone(self) -> None:
         """The engine died while counting: the message is kept, unanswered (Retry answers it
@@ -94,10 +103,10 @@ class OverflowFlow(QObject):
         self.checking = None
         self._busy(False)
         cid, text, new_chat = self._sending
-        if (user_id := self.w.chat.store(cid, text, new_chat)) is not None:
+        if (user_id := self.chat.store_message(cid, text, new_chat)) is not None:
             if self.stopped:  # Stop had been pressed (the watchdog ended the engine)
                 self._stopped_reply(user_id)
-            self.w.chat.render()
+            self.chat.render()
 
     def stop(self) -> None:
         """Esc or Stop while counting: the message is stored unanswered (with Retry) when it
@@ -106,43 +115,42 @@ class OverflowFlow(QObject):
             self.stopped = True
 
     def _busy(self, busy: bool, chars: int = 0) -> None:
-        w = self.w
         if not busy:
-            w.chat.watchdog.settle()
-        w.composer.set_streaming(busy)  # Stop (and Esc) stop the send
+            self.chat.watchdog.settle()
+        self.composer.set_streaming(busy)  # Stop (and Esc) stop the send
         if busy:
             self.stopped = False
-            w.status.stats_label.setText(f"Counting tokens ({chars:,} characters)…" if chars > 20_000
-                                         else "Counting tokens…")
+            self.status.stats_label.setText(f"Counting tokens ({chars:,} characters)…" if chars > 20_000
+                                            else "Counting tokens…")
         else:
-            w.status.stats_label.setText("")
-            w.composer.input.setFocus()
+            self.status.stats_label.setText("")
+            self.composer.input.setFocus()
 
     def _counted(self, handle, cid, text, new_chat, messages, ids, event: CountEvent) -> None:
         if handle is not self.checking:
             return
-        n_ctx = event.n_ctx or self.w.chat.figures.n_ctx()
+        n_ctx = event.n_ctx or self.chat.figures.n_ctx()
         fits = event.prompt_tokens + 1 <= n_ctx or not event.n_ctx  # a remote engine counts nothing
         if fits or self.stopped:
             self.checking = None
             self._busy(False)
             if not self.stopped:
-                self.w.chat.store_and_reply(cid, text, new_chat)
+                self.chat.store_and_reply(cid, text, new_chat)
                 return
             reply_id = None
             if not fits:
-                self.w.composer.set_text(text)
-            elif (user_id := self.w.chat.store(cid, text, new_chat)) is not None:
+                self.composer.set_text(text)
+            elif (user_id := self.chat.store_message(cid, text, new_chat)) is not None:
                 reply_id = self._stopped_reply(user_id)
-                self.w.chat.render()  # "Stopped before the first token", with Retry
-            self.w.chat.reply_finished.emit(reply_id or 0)
+                self.chat.render()  # "Stopped before the first token", with Retry
+            self.chat.reply_finished.emit(reply_id or 0)
             return
-        self.w.status.set_context(event.prompt_tokens, n_ctx)
-        per = self.w.client.count(messages, per_message=True)
+        self.status.set_context(event.prompt_tokens, n_ctx)
+        per = self.model.client.count(messages, per_message=True)
         if per is None:
             self.checking = None
             self._busy(False)
-            self.w.composer.set_text(text)
+            self.composer.set_text(text)
             return
         self.checking = per
         per.done.connect(lambda e: self._counted_each(per, cid, text, new_chat, ids, e))
@@ -152,10 +160,10 @@ class OverflowFlow(QObject):
         """Esc before the first token, here while counting: the same empty STOPPED reply the
         engine's "cancelled" answer leaves (``ReplyRecorder.complete``)."""
         try:
-            reply = self.w.chat.session.start_reply(user_id, self.w.model.label)
+            reply = self.chat.session.start_reply(user_id, self.model.label)
             return reply.complete("", None, {"finish_reason": FinishReason.CANCELLED})
         except StorageError as exc:
-            self.w.storage_failed(exc)
+            self.banner.storage_failed(exc)
             return None
 
     def _counted_each(self, handle, cid, text, new_chat, ids, event: CountEvent) -> None:
@@ -164,7 +172,7 @@ class OverflowFlow(QObject):
         self.checking = None
         self._busy(False)
         sampling = new_chat[1] if cid is None and new_chat else self._sampling(cid)
-        self._dialog(list(event.message_tokens), ids, event.n_ctx or self.w.chat.figures.n_ctx(), sampling,
+        self._dialog(list(event.message_tokens), ids, event.n_ctx or self.chat.figures.n_ctx(), sampling,
                      unsent=(cid, text, new_chat))
 
     def _count_failed(self, handle, cid, text, new_chat, event) -> None:
@@ -173,20 +181,19 @@ class OverflowFlow(QObject):
         self.checking = None
         self._busy(False)
         log.info("count before sending failed (%s); sending without it", event.message)
-        self.w.chat.store_and_reply(cid, text, new_chat)  # the engine checks again while generating
+        self.chat.store_and_reply(cid, text, new_chat)  # the engine checks again while generating
 
     # -- after the engine refused a stored message --------------------------------------------
 
     def stored(self, user_message_id: int, n_ctx: int) -> None:
         """The engine found the prompt for the stored ``user_message_id`` too long."""
-        w = self.w
         try:
-            messages, ids = w.chat.session.prompt_with_ids(user_message_id)
-            sampling = self._sampling(w.store.get_message(user_message_id).conversation_id)
+            messages, ids = self.chat.session.prompt_with_ids(user_message_id)
+            sampling = self._sampling(self.store.get_message(user_message_id).conversation_id)
         except StorageError as exc:
-            w.storage_failed(exc)
+            self.banner.storage_failed(exc)
             return
-        handle = w.client.count(messages, per_message=True)
+        handle = self.model.client.count(messages, per_message=True)
         if handle is None:
             return
         handle.done.connect(lambda e: self._dialog(list(e.message_tokens), ids, e.n_ctx or n_ctx, sampling,
@@ -196,31 +203,30 @@ class OverflowFlow(QObject):
 
     def _sampling(self, cid: int | None) -> dict:
         try:
-            return dict(self.w.store.get_conversation(cid).sampling) if cid is not None else {}
+            return dict(self.store.get_conversation(cid).sampling) if cid is not None else {}
         except StorageError:
             return {}
 
     def limits(self, n_ctx: int) -> tuple[int, int, int]:
         """(largest context, trained context, the memory's limit) in tokens (0: unknown)."""
-        facts = self.w.model.facts or {}
+        facts = self.model.facts or {}
         trained, kvb = int(facts.get("context_length") or 0), int(facts.get("kv_bytes_per_token") or 0)
         available = memory_bytes()[1]
         return (largest_context(trained, kvb, n_ctx, available), trained,
                 largest_context(0, kvb, n_ctx, available))
 
     def _dialog(self, tokens: list[int], ids: list, n_ctx: int, sampling: dict, unsent=None, stored=None) -> None:
-        w = self.w
         if not tokens:
             if unsent:
-                w.composer.set_text(unsent[1])
+                self.composer.set_text(unsent[1])
             return
         max_tokens = int(sampling.get("max_tokens") or DEFAULT_SAMPLING["max_tokens"])
         largest, trained, by_memory = self.limits(n_ctx)
         has_system = len(ids) > 1 and ids[0] is None  # the new message (last) has no id either
         c = overflow_choices(tokens, has_system, n_ctx, max_tokens, largest)
         costs = {mid: t for mid, t in zip(ids, tokens) if mid is not None}
-        w.status.set_context(c.prompt_tokens, n_ctx)
-        box = QMessageBox(w)
+        self.status.set_context(c.prompt_tokens, n_ctx)
+        box = QMessageBox(self.parent_widget)
         box.setIcon(QMessageBox.Icon.Warning)
         box.setTextFormat(Qt.TextFormat.PlainText)
         box.setWindowTitle("This message is too long" if unsent else "This chat is too long")
@@ -234,26 +240,38 @@ class OverflowFlow(QObject):
         box.setEscapeButton(back)
 
         def chosen(button) -> None:
-            w.overflow_box = None
+            self.box = None
             if button is back or button is None:
                 if unsent:
-                    w.composer.set_text(unsent[1])
+                    self.composer.set_text(unsent[1])
                 return
             user_id = stored
             if unsent:
-                user_id = w.chat.store(*unsent)
+                user_id = self.chat.store_message(*unsent)
                 if user_id is None:
                     return
             if button is branch:
-                w.chat.branch_dropping_oldest(user_id, n_ctx, costs)
+                self.branch_dropping_oldest(user_id, n_ctx, costs)
             elif button is raise_b:
-                w.settings.update(n_ctx=c.raise_to)
-                w.model.after_load = lambda: w.chat.start_reply(user_id)
-                w.model.reload()
+                self.settings.update(n_ctx=c.raise_to)
+                self.model.after_load = lambda: self.chat.start_reply(user_id)
+                self.model.reload()
 
         box.buttonClicked.connect(chosen)
-        w.overflow_box = box
+        self.box = box
         box.open()
+
+    def branch_dropping_oldest(self, user_message_id: int, n_ctx: int, costs: dict[int, int] | None = None) -> None:
+        """"Continue on a new branch" (``ConversationSession.branch_dropping_oldest``) and answer."""
+        chat = self.chat
+        new_parent = chat.session.branch_dropping_oldest(user_message_id, n_ctx, costs)
+        if new_parent is None:
+            self.banner.show_message("The newest message alone does not fit the context window; raise the "
+                                     "context size in Settings or shorten the message.", "error",
+                                     [("Settings…", self.settings_requested.emit)], chat_id=chat.conversation_id)
+            return
+        chat.render()
+        chat.start_reply(new_parent)
 
     @staticmethod
     def _advice(c: OverflowChoices, trained: int, by_memory: int, unsent: bool) -> str:

@@ -24,14 +24,25 @@ from __future__ import annotations
 
 import logging
 
+from typing import TYPE_CHECKING
+
 from PySide6.QtCore import QObject, QTimer, Signal
+from PySide6.QtWidgets import QWidget
 
 from app.session import ConversationSession
-from app.window.flows.model_controller import ModelState
+from app.window.flows.model_controller import ModelController, ModelState
+from app.window.settings.settings_model import SettingsModel
+from app.window.shell.lifetime import Lifetime
+from app.window.transcript.composer import Composer
+from app.window.transcript.transcript_view import TranscriptView
+from app.window.workers.chat_reader import ChatReader
 from engine.chat_template import ChatMessage
 from engine.events import pack_messages
 from engine.prewarm import stable_prefix
 from storage.errors import StorageError
+
+if TYPE_CHECKING:
+    from app.window.transcript.chat_controller import ChatController
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +51,22 @@ IDLE_MS = 30  # after each keystroke (a burst, a paste or auto-repeat coalesced)
 
 
 class PrewarmController(QObject):
-    """Prewarms for ``window`` (a MainWindow). Signal ``answered(result dict)`` for each
-    prewarm the engine finished or dropped (engine.prewarm.PrewarmResult; tools and tests)."""
+    """Prewarms of ``chat``'s shown path on ``model``'s engine, from what ``composer`` and
+    ``transcript`` (its inline editors, its Regenerate buttons) report; the path is read with
+    ``reader``. Nothing is asked while ``window`` is hidden or minimized, ``lifetime`` is
+    closed, ``settings.prewarm`` is off or ``use_cache`` is False.
+
+    Signal ``answered(result dict)`` for each prewarm the engine finished or dropped
+    (engine.prewarm.PrewarmResult; tools and tests)."""
 
     answered = Signal(dict)
 
-    def __init__(self, window):
+    def __init__(self, *, chat: ChatController, model: ModelController, settings: SettingsModel,
+                 composer: Composer, transcript: TranscriptView, reader: ChatReader, lifetime: Lifetime,
+                 window: QWidget, use_cache: bool = True):
         super().__init__(window)
-        self.w = window
+        self.chat, self.model, self.settings, self.reader, self.lifetime = chat, model, settings, reader, lifetime
+        self.composer, self.transcript, self.visible_in, self.use_cache = composer, transcript, window, use_cache
         # the shown path's messages as (pickled bytes, how many), read on the reader thread
         self._path: tuple[bytes, int] | None = None
         self._reading: object | None = None  # the read of the current path in flight (a token)
@@ -63,21 +82,21 @@ class PrewarmController(QObject):
         self.idle.timeout.connect(lambda: self._draft(complete=True))
 
     def connect(self) -> None:
-        w = self.w
-        w.composer.input.textChanged.connect(self.draft_changed)
-        w.composer.send_requested.connect(lambda _text: self._stop_timers())
-        w.transcript.edit_changed.connect(self.edit_changed)
-        w.transcript.edit_ended.connect(self.edit_ended)
-        w.transcript.regenerate_hovered.connect(self.regenerate_hovered)
+        """Follow the composer's and the transcript's signals (after the window's own)."""
+        self.composer.input.textChanged.connect(self.draft_changed)
+        self.composer.send_requested.connect(lambda _text: self._stop_timers())
+        self.transcript.edit_changed.connect(self.edit_changed)
+        self.transcript.edit_ended.connect(self.edit_ended)
+        self.transcript.regenerate_hovered.connect(self.regenerate_hovered)
 
     # -- when to ask ---------------------------------------------------------------------
 
     def active(self) -> bool:
         """Whether a prewarm may be asked for now (see the module docstring)."""
-        w = self.w
-        return bool(w.settings.prewarm and w.use_cache and not w.closed and w.model.state == ModelState.READY
-                    and not (w.model.facts or {}).get("remote") and not w.chat.streaming
-                    and w.isVisible() and not w.isMinimized())
+        model = self.model
+        return bool(self.settings.prewarm and self.use_cache and not self.lifetime.closed
+                    and model.state == ModelState.READY and not (model.facts or {}).get("remote")
+                    and not self.chat.streaming and self.visible_in.isVisible() and not self.visible_in.isMinimized())
 
     def path_changed(self) -> None:
         """The shown path changed (or a reply ended): prewarm it, with the draft if any."""
@@ -105,7 +124,7 @@ class PrewarmController(QObject):
         """An inline editor on ``message_id`` opened or changed: prewarm up to its parent."""
         if self._editing != message_id:
             try:
-                self._edit_path = self.w.chat.session.prompt_before(message_id)
+                self._edit_path = self.chat.session.prompt_before(message_id)
             except StorageError as exc:
                 log.info("no prewarm for the edit: %s", exc)
                 return
@@ -126,7 +145,7 @@ class PrewarmController(QObject):
             return
         self._hovered = message_id
         try:
-            session = self.w.chat.session
+            session = self.chat.session
             messages = session.prompt(session.regenerate_target(message_id))
         except (StorageError, ValueError) as exc:
             log.info("no prewarm for regenerate: %s", exc)
@@ -140,7 +159,7 @@ class PrewarmController(QObject):
         self.idle.stop()
 
     def _text(self) -> str:
-        return self._edit_text if self._editing is not None else self.w.composer.text()
+        return self._edit_text if self._editing is not None else self.composer.text()
 
     def _messages(self) -> tuple[list[ChatMessage] | bytes, int] | None:
         """The path the draft goes under, as ``(messages or their pickled bytes, count)``;
@@ -153,11 +172,11 @@ class PrewarmController(QObject):
         return self._path
 
     def _read_path(self) -> None:
-        cid = self.w.chat.conversation_id
+        cid = self.chat.conversation_id
         if cid is None:
             self._path = (pack_messages([]), 0)
             return
-        if self._reading is not None or self.w.reader.closed:
+        if self._reading is not None or self.reader.closed:
             return
         token = self._reading = object()
 
@@ -178,7 +197,7 @@ class PrewarmController(QObject):
                 self._reading = None
             log.info("no prewarm: %s", exc)
 
-        self.w.reader.submit("prewarm-path", job, done, failed)
+        self.reader.submit("prewarm-path", job, done, failed)
 
     def _draft(self, complete: bool) -> None:
         if not self.active():
@@ -203,7 +222,7 @@ class PrewarmController(QObject):
         empty = not (len(messages) if count is None else count)
         if key == self._last or (empty and draft is not None and not draft.strip()):
             return
-        handle = self.w.client.prewarm(messages, draft, complete)
+        handle = self.model.client.prewarm(messages, draft, complete)
         if handle is None:
             return
         self._last = key

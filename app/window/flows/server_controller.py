@@ -23,6 +23,11 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, Signal
 
+from app.window.flows.model_controller import ModelController
+from app.window.settings.settings_model import SettingsModel
+from app.window.shell.banner import Banner
+from app.window.shell.status_bar import StatusBar
+
 log = logging.getLogger(__name__)
 
 STOP_GRACE_MS = 5_000
@@ -42,8 +47,8 @@ class ApiState(StrEnum):
 
 
 class ServerController(QObject):
-    """Starts and stops the API server for the window ``w`` (a MainWindow: ``settings``,
-    ``data_dir``, ``model``, ``banner``, ``status``).
+    """Starts and stops the API server on ``data_dir`` with ``settings`` and ``model``'s model
+    file; reports in ``banner`` and ``status``.
 
     Attributes: ``state`` (ApiState), ``url`` (the ``.../v1`` base URL while running, else
     ""), ``error`` (why it failed, in words). Signals: ``state_changed(str)``.
@@ -51,9 +56,11 @@ class ServerController(QObject):
 
     state_changed = Signal(str)
 
-    def __init__(self, window):
-        super().__init__(window)
-        self.w = window
+    def __init__(self, *, settings: SettingsModel, model: ModelController, banner: Banner, status: StatusBar,
+                 data_dir: Path, parent: QObject | None = None):
+        super().__init__(parent)
+        self.settings, self.model, self.banner, self.status = settings, model, banner, status
+        self.data_dir = Path(data_dir)
         self.state = ApiState.STOPPED
         self.url = ""
         self.error = ""
@@ -70,10 +77,10 @@ class ServerController(QObject):
     def argv(self) -> list[str]:
         """The child's arguments (after the Python executable): the window's model file,
         context size and data folder, and the host and port of the settings."""
-        s = self.w.settings
-        args = ["-m", "app.cli", "serve", "--json", "--data-dir", str(self.w.data_dir),
+        s = self.settings
+        args = ["-m", "app.cli", "serve", "--json", "--data-dir", str(self.data_dir),
                 "--host", s.api_host, "--port", str(s.api_port), "--ctx-size", str(s.n_ctx)]
-        model = self.w.model.good_path or self.w.model.path
+        model = self.model.good_path or self.model.path
         if model:
             args += ["--model", str(model)]
         if s.n_threads:
@@ -85,7 +92,7 @@ class ServerController(QObject):
         ``state_changed`` and, on failure, a banner."""
         if self.state in (ApiState.STARTING, ApiState.RUNNING, ApiState.STOPPING):
             return
-        s = self.w.settings
+        s = self.settings
         from app.serve.server import is_loopback  # the server module loads only when used
 
         if not is_loopback(s.api_host) and not s.api_key:
@@ -174,11 +181,11 @@ class ServerController(QObject):
         self.error = message
         self.url = ""
         self._set(ApiState.FAILED)
-        self.w.banner.show_message(message, "error")
+        self.banner.show_message(message, "error")
 
     def _set(self, state: ApiState) -> None:
         self.state = state
-        self.w.status.set_api(state, self.url)
+        self.status.set_api(state, self.url)
         self.state_changed.emit(str(state))
 
 
@@ -187,17 +194,3 @@ def _last_line(text: str) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return lines[-1][:500] if lines else ""
 
-
-class ServerActionsMixin:
-    """MainWindow's Server menu: start and stop ``self.api_server`` (a
-    :class:`ServerController`), each action enabled only when it can work."""
-
-    def start_api_server(self) -> None:
-        self.api_server.start()
-
-    def stop_api_server(self) -> None:
-        self.api_server.stop()
-
-    def _api_state_changed(self, state: str) -> None:
-        self.menu_actions["start_api_server"].setEnabled(state in ("stopped", "failed"))
-        self.menu_actions["stop_api_server"].setEnabled(state in ("starting", "running"))

@@ -10,19 +10,21 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QObject, QTimer
 
-from app.window.workers.engine_client import STOP_HINT_S, STOP_WATCHDOG_S
+from app.window.shell.banner import Banner
+from app.window.workers.engine_client import STOP_HINT_S, STOP_WATCHDOG_S, EngineClient
 
 HINT_ACTION = "End engine now"
 
 
 class StopWatchdog(QObject):
-    """For ``window`` (a MainWindow: its ``banner`` and ``client``). ``waiting()`` tells
+    """Offers in ``banner`` to end ``client``'s engine, then ends it. ``waiting()`` tells
     whether Stop is still unanswered; ``start()`` when Stop is pressed, ``settle()`` when
     the engine answered. ``hint`` and ``deadline`` are the two timers (tests shorten them)."""
 
-    def __init__(self, window, waiting: Callable[[], bool]):
-        super().__init__(window)
-        self.w = window
+    def __init__(self, banner: Banner, client: EngineClient, waiting: Callable[[], bool],
+                 parent: QObject | None = None):
+        super().__init__(parent)
+        self.banner, self.client = banner, client
         self.waiting = waiting
         self.hint = QTimer(self, singleShot=True, interval=int(STOP_HINT_S * 1000))
         self.hint.timeout.connect(self._offer)
@@ -40,14 +42,14 @@ class StopWatchdog(QObject):
         self.deadline.stop()
         if self._offered:
             self._offered = False
-            if self.w.banner.button(HINT_ACTION) is not None:
-                self.w.banner.hide()
+            if self.banner.button(HINT_ACTION) is not None:
+                self.banner.hide()
 
     def _offer(self) -> None:
         if not self.waiting():
             return
         self._offered = True
-        self.w.banner.show_message(
+        self.banner.show_message(
             "The engine finishes its current step before it stops; on a busy machine that can take a while. "
             f"It will be ended after {STOP_WATCHDOG_S:g} seconds.", "info", [(HINT_ACTION, self.force_stop)])
 
@@ -55,4 +57,4 @@ class StopWatchdog(QObject):
         """End an engine that has not answered Stop: its process is killed, the reply is
         saved as stopped when the death is reported, and ModelController starts a new one."""
         if self.waiting():
-            self.w.client.kill_unresponsive()
+            self.client.kill_unresponsive()

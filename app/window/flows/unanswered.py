@@ -11,22 +11,31 @@ silently.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QMessageBox
+from PySide6.QtWidgets import QMessageBox, QWidget
+
+from app.window.transcript.composer import Composer
+from storage.chats import ChatStore, Message
+
+if TYPE_CHECKING:
+    from app.window.transcript.chat_controller import ChatController
 
 QUOTE_CHARS = 120
 """The longest quote of the unanswered message shown in the question (characters)."""
 
 
-def ask_unanswered(window, pending, text: str, chat) -> QMessageBox:
-    """Open (not modal-block) the question for sending ``text`` under the unanswered user
-    message ``pending`` (a ``storage.chats.Message``) in ``window``; ``chat`` is the
-    ChatController that carries out the choice. Returns the box (tests click its buttons:
-    ``box.answer``, ``box.replace``)."""
+def ask_unanswered(parent: QWidget, store: ChatStore, composer: Composer, pending: Message, text: str,
+                   chat: ChatController) -> QMessageBox:
+    """Open (not modal-block) over ``parent`` the question for sending ``text`` under the
+    unanswered user message ``pending`` of ``store``; ``chat`` carries out the choice (and
+    holds the box as ``unanswered_box`` while it is shown), ``composer`` gets the text back.
+    Returns the box (tests click its buttons: ``box.answer``, ``box.replace``)."""
     quote = " ".join(pending.content.split())
     if len(quote) > QUOTE_CHARS:
         quote = quote[: QUOTE_CHARS - 1] + "…"
-    box = QMessageBox(window)
+    box = QMessageBox(parent)
     box.setIcon(QMessageBox.Icon.Question)
     box.setTextFormat(Qt.TextFormat.PlainText)  # the quote is the user's text
     box.setWindowTitle("Your last message has no reply")
@@ -37,14 +46,14 @@ def ask_unanswered(window, pending, text: str, chat) -> QMessageBox:
     box.replace = box.addButton("Replace it", QMessageBox.ButtonRole.ActionRole)
     box.addButton(QMessageBox.StandardButton.Cancel)
     box.setDefaultButton(box.answer)
-    leaf_id = window.store.get_conversation(pending.conversation_id).active_leaf_id
+    leaf_id = store.get_conversation(pending.conversation_id).active_leaf_id
 
     def chosen(button) -> None:
-        window.unanswered_box = None
+        chat.unanswered_box = None
         if button is box.replace:
             chat.edit(pending.id, text)
             return
-        window.composer.set_text(text)
+        composer.set_text(text)
         if button is box.answer:
             chat.regenerate(leaf_id)  # the empty stopped reply is replaced, or the question answered
 

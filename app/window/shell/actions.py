@@ -1,13 +1,17 @@
 """The window's menus and actions, declared once by name.
 
 ``ACTIONS`` lists every action: (menu, name, text, shortcut, checkable). ``build_menus``
-creates them on a window and connects each to the window's method of the same name,
-so a shortcut, a menu entry and the method it runs are read in one place.
+creates them on a window and connects each to the handler of the same name (the window
+passes its flows' methods: ``MainWindow._menu_handlers``), so a shortcut, a menu entry and
+what it runs are read in two places side by side.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
+from PySide6.QtWidgets import QMainWindow
 
 from app.window.shell import theme
 
@@ -48,11 +52,17 @@ ACTIONS = {
 }
 
 
-def build_menus(window) -> dict[str, QAction]:
-    """Create the menu bar of ``window`` from ``ACTIONS``; returns the actions by name.
+def build_menus(window: QMainWindow, handlers: Mapping[str, Callable], theme_name: str) -> dict[str, QAction]:
+    """Create the menu bar of ``window`` from ``ACTIONS``, each action calling
+    ``handlers[name]()``; returns the actions by name.
 
-    ``recent_models`` becomes ``window.recent_menu`` (filled by ``window.fill_recent``
-    when shown); ``theme`` a group of checkable themes calling ``window.set_theme``."""
+    ``recent_models`` is a submenu passed to ``handlers["recent_models"](menu)`` each time it
+    is shown (to fill it); ``theme`` a group of checkable themes calling
+    ``handlers["theme"](name)``, ``theme_name`` checked.
+
+    Raises:
+        KeyError: ``handlers`` lacks one of the names.
+    """
     actions: dict[str, QAction] = {}
     bar = window.menuBar()
     for title, entries in ACTIONS.items():
@@ -63,27 +73,28 @@ def build_menus(window) -> dict[str, QAction]:
                 continue
             name, text, shortcut, checkable = entry
             if name == "recent_models":
-                window.recent_menu = menu.addMenu(text)
-                window.recent_menu.aboutToShow.connect(window.fill_recent)
+                recent = menu.addMenu(text)
+                fill = handlers[name]
+                recent.aboutToShow.connect(lambda m=recent, f=fill: f(m))
                 continue
             if name == "theme":
-                _theme_menu(window, menu.addMenu(text))
+                _theme_menu(window, menu.addMenu(text), handlers[name], theme_name)
                 continue
             action = QAction(text, window)
             if shortcut:
                 action.setShortcut(QKeySequence(shortcut))
             action.setCheckable(checkable)
-            action.triggered.connect(lambda _checked=False, n=name: getattr(window, n)())
+            action.triggered.connect(lambda _checked=False, run=handlers[name]: run())
             menu.addAction(action)
             actions[name] = action
     return actions
 
 
-def _theme_menu(window, menu) -> None:
+def _theme_menu(window: QMainWindow, menu, set_theme: Callable[[str], None], current: str) -> None:
     group = QActionGroup(window)
     for name in theme.THEMES:
         action = QAction(name.capitalize(), window, checkable=True)
-        action.setChecked(name == window.settings.theme)
-        action.triggered.connect(lambda _checked=False, n=name: window.set_theme(n))
+        action.setChecked(name == current)
+        action.triggered.connect(lambda _checked=False, n=name: set_theme(n))
         group.addAction(action)
         menu.addAction(action)

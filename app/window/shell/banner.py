@@ -3,12 +3,15 @@ optional action buttons (for example "Restart engine"), instead of modal dialogs
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QToolButton, QWidget
 
 from app.window.shell.theme import LIGHT, Colors
+
+log = logging.getLogger(__name__)
 
 STYLES = {
     "error": ("#fdecea", "#8a1f11", "#4a1d1a", "#ffb4a9"),
@@ -76,6 +79,11 @@ class Banner(QFrame):
         self.restyle(self.colors)
         self.show()
         self.shown.emit(text)
+
+    def storage_failed(self, exc: Exception) -> None:
+        """Say that ``exc`` (a StorageError) kept something from being saved; it is logged too."""
+        log.error("storage error: %s", exc)
+        self.show_message(f"Branchwise could not save to its database: {exc}", "error")
 
     def restyle(self, colors: Colors) -> None:
         self.colors = colors

@@ -1,13 +1,18 @@
-"""The main window: assembles the sidebar, transcript, composer, tree panel, banner, status
-bar and menus, and wires them to the controllers that do the work.
+"""The main window: builds the widgets (sidebar, transcript, composer, tree panel, banner,
+status bar, menus), creates the flows that do the work, each with the collaborators it
+uses, and connects them by their signals.
 
 - ``ChatController`` (transcript/chat_controller.py): the shown conversation and its reply,
-  on top of ``app.session``;
-- ``ModelController`` (model_controller.py): the engine process and the model;
-- ``StatusBar`` (status_bar.py) and ``actions.py`` (every menu action, by name).
+  on top of ``app.session``; ``ChatCommands`` (flows/commands.py) is what the composer, the
+  bubbles and the menus ask of it;
+- ``Navigator`` (flows/navigator.py): which chat is shown, and changes made elsewhere;
+- ``ModelController`` (flows/model_controller.py): the engine process and the model;
+- ``SettingsModel`` (settings/settings_model.py) and ``Look`` (shell/look.py): the settings
+  and what follows them (the theme, the tree panel);
+- ``Workers`` (workers/tasks.py): every thread of the window, ended by ``shutdown``.
 
-This class keeps only the glue: signals to slots, settings, theme, the sidebar's delete
-and undo, and closing.
+This class keeps only the assembly, the Qt events of the window itself (activation, close,
+drag and drop) and the hooks tests and tools use.
 """
 
 from __future__ import annotations
@@ -16,43 +21,40 @@ import logging
 from pathlib import Path
 
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
-from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import QApplication, QMainWindow, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QMainWindow, QSplitter, QVBoxLayout, QWidget
 
-from app.session import ReplyState
-from app.window.shell import theme
+from app.window.flows.commands import ChatCommands
+from app.window.flows.forget_flow import ForgetFlow
+from app.window.flows.import_dialog import ImportController, accept_drag, dropped_paths
+from app.window.flows.link_dialog import LinkOpener
+from app.window.flows.message_actions import MessageActions
+from app.window.flows.model_controller import ModelController
+from app.window.flows.navigator import Navigator
+from app.window.flows.prewarm_controller import PrewarmController
+from app.window.flows.server_controller import ApiState, ServerController
+from app.window.settings.settings_flow import SettingsFlow
+from app.window.settings.settings_model import SettingsModel
 from app.window.shell.a11y import name_controls
 from app.window.shell.actions import build_menus
 from app.window.shell.banner import Banner
+from app.window.shell.gc_policy import GcPolicy
+from app.window.shell.lifetime import Lifetime
+from app.window.shell.look import Look
+from app.window.shell.status_bar import StatusBar
+from app.window.transcript.chat_controller import ChatController
+from app.window.transcript.composer import Composer
+from app.window.transcript.transcript_view import TranscriptView
+from app.window.tree.sidebar import Sidebar
+from app.window.tree.tree_panel import TreePanel
 from app.window.workers.chat_reader import ChatReader
 from app.window.workers.tasks import SHUTDOWN_S, Workers
-from app.window.transcript.composer import Composer
-from app.window.flows.forget_flow import ForgetFlow
-from app.window.shell.gc_policy import GcPolicy
-from app.window.flows.import_dialog import ImportController, ImportDropMixin
-from app.window.flows.link_dialog import LinkConfirmMixin
-from app.window.flows.message_actions import MessageActionsMixin
-from app.window.flows.model_controller import ModelController
-from app.window.flows.prewarm_controller import PrewarmController
-from app.window.flows.server_controller import ServerActionsMixin, ServerController
-from app.window.flows.overflow_flow import OverflowFlow
-from app.window.settings.settings_flow import SettingsFlow
-from app.window.settings.settings_model import SettingsModel
-from app.window.flows.safe_open import SafeOpenMixin
-from app.window.tree.sidebar import FORGET_NOTE, Sidebar
-from app.window.shell.status_bar import StatusBar
-from app.window.transcript.transcript_view import TranscriptView
-from app.window.transcript.chat_controller import ChatController
-from app.window.tree.tree_panel import TreePanel
 from storage.chats import ChatStore
-from storage.errors import NotFoundError, StorageError
 from storage.paths import CHATS_DB
 
 log = logging.getLogger(__name__)
 
 
-class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageActionsMixin, SafeOpenMixin,
-                 QMainWindow):
+class MainWindow(QMainWindow):
     """The Branchwise window on ``data_dir``.
 
     Args:
@@ -62,9 +64,12 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         start_engine: False leaves the engine process unstarted (tests of the bare window).
 
     Public hooks (tests and tools/): the signals model_ready(facts), model_failed(message),
-    reply_finished(message id or 0), engine_died(message), coverage_ready(); ``chat`` (the
-    ChatController: ``figures.coverage_pending``, ``flush_timer``, ``timeline``), ``model`` (ModelController),
-    ``status`` (StatusBar) and ``client`` (EngineClient).
+    reply_finished(message id or 0), engine_died(message), coverage_ready(),
+    forgotten(conversation id, KV blocks dropped); the widgets (``sidebar``, ``transcript``,
+    ``composer``, ``tree``, ``banner``, ``status``), the settings (``settings``, ``look``) and
+    the flows (``chat``: ``figures.coverage_pending``, ``flush_timer``, ``timeline``;
+    ``commands``, ``navigator``, ``model``, ``client``, ``importer``, ``api_server``,
+    ``forget_flow``, ``prewarm``, ``settings_flow``, ``overflow_flow``, ``messages``, ``links``).
     """
 
     model_ready = Signal(dict)
@@ -83,45 +88,29 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         self.store = ChatStore(self.data_dir / CHATS_DB)
         interrupted = self.store.mark_interrupted_streams()
         self.settings = SettingsModel(self.data_dir, parent=self)
-        self._data_version = self.store.data_version()  # to notice other processes' writes
         self.use_cache = use_cache
-        self.colors = theme.apply(QApplication.instance(), self.settings.theme)
-        self.closed = False
-        self.overflow_box = None
-        self.unanswered_box = None  # "Your last message has no reply" while it is shown
-        self.link_dialog = None  # the "Open link?" dialog while it is shown
-        self.settings_dialog = None
-        self._undo_text = ""  # the banner text that offers to undo a delete
-
+        self.lifetime = Lifetime()
+        self.look = Look(self.settings, self)  # applies the theme before any widget is built
         self._build_ui()
-        self.banner.restyle(self.colors)  # a dark theme from the settings, before any message
+        self.banner.restyle(self.look.colors)  # a dark theme from the settings, before any message
         self.status = StatusBar(self.statusBar())
-        self.model = ModelController(self, model_path)
-        self.chat = ChatController(self)
-        self.importer = ImportController(self)
-        self.api_server = ServerController(self)
-        self.forget_flow = ForgetFlow(self)
-        self.prewarm = PrewarmController(self)
-        self.settings_flow = SettingsFlow(self)
-        self.overflow_flow = OverflowFlow(self)
+        self._build_flows(model_path)
         self.gc_policy = GcPolicy(self)  # no full garbage collection in the middle of a redraw
         self._connect()
-        self.settings.changed.connect(self._settings_changed)
-        self.menu_actions = build_menus(self)
+        self.menu_actions = build_menus(self, self._menu_handlers(), self.settings.theme)
         self.menu_actions["toggle_tree"].setChecked(self.settings.show_tree)
-        self.api_server.state_changed.connect(self._api_state_changed)
         self._api_state_changed(self.api_server.state)
         self.resize(1180, 760)
         self.setAcceptDrops(True)
         self.sidebar.refresh()
-        self._open_newest()
+        self.navigator.open_newest()
         if interrupted:
             self.banner.show_message(
                 f"{interrupted} reply{'s were' if interrupted > 1 else ' was'} cut short when Branchwise "
                 "last closed; the partial text is kept and marked as stopped.", "info")
         self.settings_flow.report_reset_fields()
         if start_engine:
-            QTimer.singleShot(0, self.start_engine)
+            QTimer.singleShot(0, self, lambda: None if self.lifetime.closed else self.model.start())
 
     # -- building ------------------------------------------------------------------------
 
@@ -140,7 +129,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         lay.addWidget(self.transcript, 1)
         lay.addWidget(self.composer)
         self.tree = TreePanel(self.reader)
-        self.tree.setVisible(self.settings.show_tree)
+        self.look.follow_tree(self.tree)
         split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(self.sidebar)
         split.addWidget(center)
@@ -152,41 +141,113 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         self.setCentralWidget(split)
         name_controls(self)  # the composer's box and button, and what has no name of its own
 
+    def _build_flows(self, model_path: str | None) -> None:
+        """The flows, each given the collaborators it uses (see their docstrings)."""
+        store, settings, banner, status, lifetime = self.store, self.settings, self.banner, self.status, self.lifetime
+        self.model = ModelController(settings=settings, banner=banner, status=status, workers=self.workers,
+                                     data_dir=self.data_dir, logs_dir=self.logs_dir, parent=self,
+                                     explicit_model=model_path)
+        self.chat = chat = ChatController(
+            store=store, settings=settings, model=self.model, reader=self.reader, look=self.look, lifetime=lifetime,
+            transcript=self.transcript, tree=self.tree, composer=self.composer, status=status, banner=banner,
+            parent=self, use_cache=self.use_cache)
+        self.overflow_flow = chat.overflow
+        self.navigator = Navigator(store=store, chat=chat, sidebar=self.sidebar, banner=banner,
+                                   transcript=self.transcript, composer=self.composer, lifetime=lifetime, parent=self)
+        self.importer = ImportController(db_path=store.path, workers=self.workers, chat=chat, sidebar=self.sidebar,
+                                         banner=banner, lifetime=lifetime, parent=self)
+        self.commands = ChatCommands(chat=chat, importer=self.importer, transcript=self.transcript, model=self.model,
+                                     parent=self)
+        self.api_server = ServerController(settings=settings, model=self.model, banner=banner, status=status,
+                                           data_dir=self.data_dir, parent=self)
+        self.forget_flow = ForgetFlow(store=store, model=self.model, sidebar=self.sidebar, banner=banner,
+                                      lifetime=lifetime, parent=self)
+        self.prewarm = PrewarmController(chat=chat, model=self.model, settings=settings, composer=self.composer,
+                                         transcript=self.transcript, reader=self.reader, lifetime=lifetime,
+                                         window=self, use_cache=self.use_cache)
+        self.settings_flow = SettingsFlow(settings=settings, store=store, chat=chat, model=self.model, banner=banner,
+                                          parent=self)
+        self.messages = MessageActions(store=store, chat=chat, banner=banner, status=status, workers=self.workers,
+                                       parent=self)
+        self.links = LinkOpener(self)
+
     def _connect(self) -> None:
-        chat, model = self.chat, self.model
-        self.sidebar.selected.connect(self.show_conversation)
-        self.sidebar.hit_opened.connect(self.open_search_hit)
-        self.sidebar.new_chat.connect(self.new_chat)
-        self.sidebar.deleted.connect(self._conversation_deleted)
-        self.sidebar.restored.connect(self.show_conversation)
-        self.sidebar.delete_committed.connect(self._delete_committed)
-        self.sidebar.forget_requested.connect(self.forget_flow.forget)
-        self.sidebar.changed.connect(self.refresh_title)
-        self.transcript.sibling_requested.connect(chat.switch_sibling)
-        self.transcript.edit_saved.connect(self.edit_message)
-        self.transcript.regenerate_requested.connect(self.regenerate)
-        self.transcript.fork_requested.connect(self.fork)
-        self.transcript.link_requested.connect(self.confirm_link)
-        self.transcript.delete_requested.connect(self.delete_message)
-        self.transcript.copy_conversation_requested.connect(self.copy_conversation_markdown)
-        self.composer.send_requested.connect(self.send_message)
+        chat, nav, commands, sidebar, transcript = self.chat, self.navigator, self.commands, self.sidebar, self.transcript
+        sidebar.selected.connect(self.show_conversation)
+        sidebar.hit_opened.connect(nav.open_search_hit)
+        sidebar.new_chat.connect(nav.new_chat)
+        sidebar.deleted.connect(nav.conversation_deleted)
+        sidebar.restored.connect(self.show_conversation)
+        sidebar.delete_committed.connect(nav.delete_committed)
+        sidebar.forget_requested.connect(self.forget_flow.forget)
+        sidebar.changed.connect(chat.refresh_title)
+        transcript.sibling_requested.connect(chat.switch_sibling)
+        transcript.edit_saved.connect(commands.edit)
+        transcript.regenerate_requested.connect(commands.regenerate)
+        transcript.fork_requested.connect(commands.fork)
+        transcript.link_requested.connect(self.links.confirm)
+        transcript.delete_requested.connect(self.messages.delete_message)
+        transcript.copy_conversation_requested.connect(self.messages.copy_conversation_markdown)
+        self.composer.send_requested.connect(commands.send)
         self.composer.stop_requested.connect(chat.stop)
         self.tree.node_clicked.connect(chat.select)
         chat.reply_finished.connect(self.reply_finished)
         chat.coverage_ready.connect(self.coverage_ready)
         chat.path_shown.connect(self.prewarm.path_changed)
+        chat.current_changed.connect(sidebar.set_current)
+        chat.busy_changed.connect(lambda cid: setattr(sidebar, "busy_id", cid))
+        chat.chats_changed.connect(sidebar.refresh)
+        chat.title_changed.connect(self.setWindowTitle)
+        chat.changed_elsewhere.connect(nav.changed_elsewhere)
+        chat.unshowable.connect(nav.chat_unshowable)
         self.prewarm.connect()
-        model.ready.connect(self._model_ready)
-        model.failed.connect(self.model_failed)
-        model.died.connect(self._engine_died)
-        hints = QGuiApplication.styleHints()
-        if hasattr(hints, "colorSchemeChanged"):
-            hints.colorSchemeChanged.connect(self._system_scheme_changed)
+        for flow in (self.model, chat.overflow):
+            flow.settings_requested.connect(self.open_settings)
+        self.model.ready.connect(self._model_ready)
+        self.model.failed.connect(self.model_failed)
+        self.model.died.connect(lambda message: (chat.engine_gone(), self.engine_died.emit(message)))
+        self.importer.show_requested.connect(self.show_conversation)
+        self.forget_flow.forgotten.connect(self.forgotten)
+        self.api_server.state_changed.connect(self._api_state_changed)
+        self.look.restyled.connect(self.banner.restyle)
+        self.look.restyled.connect(lambda _colors: (chat.render(), chat.figures.refresh_coverage()))
+        self.look.tree_shown.connect(lambda shown: (self.menu_actions["toggle_tree"].setChecked(shown),
+                                                    chat.figures.refresh_coverage()))
 
-    # -- what tests, tools and the controllers read ----------------------------------------
+    def _menu_handlers(self) -> dict:
+        """What each action of ``actions.ACTIONS`` runs, by name."""
+        chat, commands, model, importer = self.chat, self.commands, self.model, self.importer
+        return {
+            "new_chat": self.navigator.new_chat, "open_model_dialog": model.open_dialog,
+            "recent_models": model.fill_recent, "show_model_info": model.show_info,
+            "restart_engine": commands.restart_engine, "import_chats": importer.open_dialog,
+            "import_folder": importer.open_folder_dialog, "open_settings": self.open_settings, "close": self.close,
+            "focus_search": self.sidebar.focus_search, "regenerate_last": commands.regenerate_last,
+            "edit_last": commands.edit_last, "stop_reply": chat.stop, "fork_last": commands.fork_last,
+            "copy_conversation_markdown": self.messages.copy_conversation_markdown,
+            "start_api_server": self.api_server.start, "stop_api_server": self.api_server.stop,
+            "toggle_tree": self.look.toggle_tree, "theme": self.look.set_theme,
+        }
+
+    def _api_state_changed(self, state: str) -> None:
+        """The Server menu: each action enabled only when it can work."""
+        self.menu_actions["start_api_server"].setEnabled(state in (ApiState.STOPPED, ApiState.FAILED))
+        self.menu_actions["stop_api_server"].setEnabled(state in (ApiState.STARTING, ApiState.RUNNING))
+
+    def _model_ready(self, facts: dict) -> None:
+        figures = self.chat.figures
+        if self.chat.conversation_id is None:
+            figures.update_context_label()
+        figures.request_context_count()
+        self.prewarm.path_changed()
+        self.model_ready.emit(facts)
+        figures.refresh_coverage()
+
+    # -- what tests and tools use most ---------------------------------------------------------
 
     @property
     def client(self):
+        """The ``EngineClient`` (``model.client``)."""
         return self.model.client
 
     @property
@@ -201,187 +262,32 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
     def conversation_id(self) -> int | None:
         return self.chat.conversation_id
 
-    @property
-    def context_used(self) -> int:
-        return self.status.context_used
-
-    @property
-    def stats_label(self):
-        return self.status.stats_label
-
-    @property
-    def context_label(self):
-        return self.status.context_label
-
-    @property
-    def model_label(self):
-        return self.status.model_label
-
-    # -- the engine and the model (ModelController) ---------------------------------------
-
-    def start_engine(self) -> None:
-        if not self.closed:
-            self.model.start()
-
-    def restart_engine(self) -> None:
-        if self.chat.streaming:
-            self.chat.abandon(ReplyState.STOPPED)
-        self.model.restart()
-
-    def load_model(self, path: str | None) -> None:
-        self.model.load(path)
-
-    def open_model_dialog(self) -> None:
-        self.model.open_dialog()
-
-    def fill_recent(self) -> None:
-        self.model.fill_recent(self.recent_menu)
-
-    def show_model_info(self) -> None:
-        self.model.show_info()
-
-    def _model_ready(self, facts: dict) -> None:
-        if self.chat.conversation_id is None:
-            self.chat.figures.update_context_label()
-        self.chat.figures.request_context_count()
-        self.prewarm.path_changed()
-        self.model_ready.emit(facts)
-        self.chat.figures.refresh_coverage()
-
-    def _engine_died(self, message: str) -> None:
-        self.chat.engine_gone()
-        self.engine_died.emit(message)
-
-    # -- conversations (ChatController) ---------------------------------------------------
-
-    def new_chat(self) -> None:
-        """Show an empty chat; it is created when the first message is sent."""
-        self.show_conversation(None)
-        self.composer.input.setFocus()
-
-    def render(self) -> None:
-        self.chat.render()
+    def show_conversation(self, conversation_id: int | None) -> bool:
+        """Show ``conversation_id`` (None: the new-chat page); False when it cannot be
+        (``Navigator.show_conversation``)."""
+        return self.navigator.show_conversation(conversation_id)
 
     def send_message(self, text: str) -> None:
-        """Send ``text``; while an import holds the database's write lock, it is sent after
-        (so are edits, regenerations and forks: ``ImportController.hold``)."""
-        if not self.importer.hold_send(text):
-            self.chat.send(text)
-
-    def edit_message(self, message_id: int, text: str) -> None:
-        if not self.importer.hold(lambda: self.chat.edit(message_id, text), "your edit will be sent"):
-            self.chat.edit(message_id, text)
-
-    def regenerate(self, message_id: int) -> None:
-        if not self.importer.hold(lambda: self.chat.regenerate(message_id), "the reply will be regenerated"):
-            self.chat.regenerate(message_id)
-
-    def switch_sibling(self, message_id: int, delta: int) -> None:
-        self.chat.switch_sibling(message_id, delta)
-
-    def select_node(self, message_id: int) -> None:
-        self.chat.select(message_id)
-
-    def fork(self, message_id: int) -> None:
-        if not self.importer.hold(lambda: self.chat.fork(message_id), "the fork will be made"):
-            self.chat.fork(message_id)
-
-    def stop_reply(self) -> None:
-        self.chat.stop()
-
-    def regenerate_last(self) -> None:
-        mid = self.chat.last_message_id()
-        if mid is not None:
-            self.regenerate(mid)
-
-    def fork_last(self) -> None:
-        mid = self.chat.last_message_id()
-        if mid is not None:
-            self.fork(mid)
-
-    def edit_last(self) -> None:
-        if self.chat.streaming:
-            return
-        w = next((w for w in reversed(self.transcript.widgets) if w.role == "user" and w.message), None)
-        if w is not None:
-            w.begin_edit()
-
-    def focus_search(self) -> None:
-        self.sidebar.focus_search()
-
-    def refresh_coverage(self) -> None:
-        self.chat.figures.refresh_coverage()
-
-    def refresh_title(self) -> None:
-        title = "Branchwise"
-        if self.chat.conversation_id is not None:
-            try:
-                title = f"{self.store.get_conversation(self.chat.conversation_id).title} — Branchwise"
-            except StorageError:
-                pass
-        self.setWindowTitle(title)
-
-    def storage_failed(self, exc: Exception) -> None:
-        log.error("storage error: %s", exc)
-        self.banner.show_message(f"Branchwise could not save to its database: {exc}", "error")
-
-    def _conversation_deleted(self, cid: int) -> None:
-        """The sidebar hid ``cid`` (its delete is pending): move away from it, offer Undo."""
-        try:
-            title = self.store.get_conversation(cid).title
-        except StorageError:
-            title = "the chat"
-        if cid == self.chat.conversation_id:
-            ids = self.sidebar.ids()
-            self.show_conversation(ids[0] if ids else None)
-        self._undo_text = f"Deleted “{title}”."
-        if self.sidebar.pending_forget:
-            self._undo_text += f" When Undo goes, it is forgotten: {FORGET_NOTE}"
-        self.banner.show_message(self._undo_text, "info", [("Undo", self.sidebar.undo_delete)])
-
-    def _delete_committed(self, _cid: int) -> None:
-        if self.banner.isVisible() and self.banner.text == self._undo_text:
-            self.banner.hide()
-
-    # -- view, settings and theme -----------------------------------------------------------
-
-    def toggle_tree(self) -> None:
-        self.settings.update(show_tree=not self.tree.isVisible())
-
-    def _settings_changed(self, names: frozenset[str]) -> None:
-        if "show_tree" in names:
-            self.tree.setVisible(self.settings.show_tree)
-            self.menu_actions["toggle_tree"].setChecked(self.tree.isVisible())
-            self.chat.figures.refresh_coverage()
-        if "theme" in names:
-            self._apply_theme()
+        """As Enter in the composer does (``ChatCommands.send``)."""
+        self.commands.send(text)
 
     def open_settings(self) -> None:
         self.settings_flow.open()
 
-    def set_theme(self, name: str) -> None:
-        self.settings.update(theme=name)
+    def load_model(self, path: str | None) -> None:
+        """Load the GGUF at ``path`` (None: the embedded default model)."""
+        self.model.load(path)
 
-    def _apply_theme(self) -> None:
-        self.colors = theme.apply(QApplication.instance(), self.settings.theme)
-        self.banner.restyle(self.colors)
-        self.chat.render()
-        self.chat.figures.refresh_coverage()
-
-    def _system_scheme_changed(self, *_args) -> None:
-        if self.settings.theme == "system":
-            self._apply_theme()
-
-    # -- closing -------------------------------------------------------------------------
+    # -- the window's own events, and closing ------------------------------------------------
 
     def shutdown(self) -> None:
-        """Save a reply in progress as "stopped", stop the engine and close the database.
-        Safe to call twice."""
-        if self.closed:
+        """Save a reply in progress as "stopped", stop the engine, close the database and end
+        the window's threads (within ``SHUTDOWN_S``). Safe to call twice."""
+        if self.lifetime.closed:
             return
-        self.closed = True
+        self.lifetime.close()
         self.sidebar.commit_delete()  # before the engine stops: it carries out a Delete and forget
-        self.importer.shutdown()
+        self.importer.shutdown()  # before anything writes: the import holds the write lock
         self.api_server.shutdown()
         self.chat.shutdown()
         self.settings.save()
@@ -393,30 +299,17 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
 
     def changeEvent(self, event) -> None:  # noqa: N802 - Qt override
         super().changeEvent(event)
-        if event.type() == QEvent.Type.ActivationChange and self.isActiveWindow() and not self.closed:
-            self.show_external_changes()
-
-    def show_external_changes(self) -> bool:
-        """Coming back to the window, or sending: if another process (the CLI, a second
-        window) or a worker wrote to the chats since, redraw the sidebar and the shown
-        branch. Returns True when it did."""
-        try:
-            version = self.store.data_version()
-        except StorageError:
-            return False
-        seen, self._data_version = self._data_version, version
-        if version == seen or self.chat.streaming:
-            return False
-        self.sidebar.refresh()
-        cid = self.chat.conversation_id
-        if cid is not None:
-            try:
-                self.store.get_conversation(cid)
-            except NotFoundError:  # deleted by the other process
-                cid = None
-            self.show_conversation(cid)
-        return True
+        if event.type() == QEvent.Type.ActivationChange and self.isActiveWindow() and not self.lifetime.closed:
+            self.navigator.show_external_changes()
 
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt override
         self.shutdown()
         super().closeEvent(event)
+
+    def dragEnterEvent(self, event) -> None:  # noqa: N802 - Qt override
+        accept_drag(event)
+
+    def dropEvent(self, event) -> None:  # noqa: N802 - Qt override
+        paths = dropped_paths(event)
+        if paths:
+            self.importer.start(paths)

@@ -22,6 +22,7 @@ class StatusBar:
     """
 
     def __init__(self, bar: QStatusBar):
+        self.bar = bar
         self.stats_label = QLabel()
         self.stats_label.setObjectName("reply_stats")
         self.progress = QProgressBar()
@@ -44,6 +45,10 @@ class StatusBar:
         bar.addPermanentWidget(self.api_label)
         bar.addPermanentWidget(self.context_label)
         bar.addPermanentWidget(self.model_label)
+
+    def flash(self, text: str, ms: int) -> None:
+        """Show ``text`` on the left of the bar for ``ms`` milliseconds (a confirmation)."""
+        self.bar.showMessage(text, ms)
 
     def set_api(self, state: str, url: str) -> None:
         """The API server's indicator: "API: <url>" while running, "API: starting…" /

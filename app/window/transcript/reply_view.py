@@ -15,21 +15,26 @@ changed.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from PySide6.QtCore import QObject, QTimer
 
 from storage.errors import StorageError
+
+if TYPE_CHECKING:
+    from app.window.transcript.chat_controller import ChatController
 
 FLUSH_MS = 40
 
 
 class ReplyView(QObject):
-    """The drawing side of ``chat`` (a ChatController on a MainWindow). ``flush_timer``
+    """The drawing side of ``chat``: on its ``transcript``, from its ``store``. ``flush_timer``
     runs while text waits to be shown (``FLUSH_MS`` after the last flush)."""
 
-    def __init__(self, chat):
+    def __init__(self, chat: ChatController):
         super().__init__(chat)
         self.chat = chat
-        self.w = chat.w
+        self.transcript, self.store = chat.transcript, chat.store
         self._dirty = False
         self.flush_timer = QTimer(self, singleShot=True, interval=FLUSH_MS)
         self.flush_timer.timeout.connect(self._tick)
@@ -39,34 +44,34 @@ class ReplyView(QObject):
     def show_sent(self, user) -> bool:
         """Draw the sent message ``user`` (a Message) and the reply's empty bubble below the
         bubbles shown, when they show its parent last; False (nothing drawn) otherwise."""
-        w, chat = self.w, self.chat
-        shown = w.transcript.path
+        chat, transcript = self.chat, self.transcript
+        shown = transcript.path
         parent = shown[-1] if shown else None
         if (chat.conversation_id != user.conversation_id or chat.shown_leaf != (user.conversation_id, user.parent_id)
                 or (parent.id if parent else None) != user.parent_id or (parent is not None and parent.role == "user")
-                or w.transcript.pending is not None):
+                or transcript.pending is not None):
             return False
         try:
             position = chat.session.sibling_positions([user])[user.id]
         except StorageError:
             return False
-        w.transcript.set_busy(True)
-        if w.transcript.append(user, position) is None:
+        transcript.set_busy(True)
+        if transcript.append(user, position) is None:
             return False
         self._pending()
         chat.shown_leaf = (user.conversation_id, user.id)
         chat.load_tree(user.conversation_id, user.id)  # read and laid out off the UI thread
-        w.refresh_title()
+        chat.refresh_title()
         return True
 
     def _pending(self):
-        pending = self.w.transcript.start_pending()
+        pending = self.transcript.start_pending()
         self.chat.timeline.watch_paint(pending.stream)  # the streamed text is drawn there, not in .body
         return pending
 
     def pending_drawn(self) -> None:
         """``ChatController.render`` drew the transcript whole with the reply's bubble."""
-        pending = self.w.transcript.pending
+        pending = self.transcript.pending
         if pending is not None:
             self.chat.timeline.watch_paint(pending.stream)
 
@@ -86,7 +91,7 @@ class ReplyView(QObject):
             self.flush_timer.start()
 
     def _flush(self) -> None:
-        chat, pending = self.chat, self.w.transcript.pending
+        chat, pending = self.chat, self.transcript.pending
         r = chat.reply
         self._dirty = False
         if r is None or pending is None or r.conversation_id != chat.conversation_id:
@@ -106,19 +111,19 @@ class ReplyView(QObject):
     def show_saved(self, message_id: int) -> bool:
         """Put the saved reply ``message_id`` in the place of the streaming bubble, when that
         bubble is shown under the reply's parent; False (nothing drawn) otherwise."""
-        w, chat = self.w, self.chat
-        shown = w.transcript.path
+        chat, transcript = self.chat, self.transcript
+        shown = transcript.path
         try:
-            message = w.store.get_message(message_id)
-            if (w.transcript.pending is None or not shown or shown[-1].id != message.parent_id
+            message = self.store.get_message(message_id)
+            if (transcript.pending is None or not shown or shown[-1].id != message.parent_id
                     or chat.conversation_id != message.conversation_id):
                 return False
             position = chat.session.sibling_positions([message])[message.id]
         except StorageError:
             return False
-        w.transcript.set_busy(False)
-        w.transcript.replace_pending(message, position)
+        transcript.set_busy(False)
+        transcript.replace_pending(message, position)
         chat.load_tree(message.conversation_id, message.id)
-        w.refresh_title()
-        chat.shown_idle(w.transcript.path)  # the path with the reply (not read again)
+        chat.refresh_title()
+        chat.shown_idle(transcript.path)  # the path with the reply (not read again)
         return True

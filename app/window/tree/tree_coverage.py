@@ -11,25 +11,33 @@ from __future__ import annotations
 
 import logging
 
+from typing import TYPE_CHECKING
+
 from PySide6.QtCore import QObject, Signal
 
 from app.session import ConversationSession
+from app.window.flows.model_controller import ModelController, ModelState
+from app.window.tree.tree_panel import TreePanel
+from app.window.workers.chat_reader import ChatReader
 from app.window.workers.engine_client import PendingRequest
-from app.window.flows.model_controller import ModelState
 from engine.events import CoverageEvent
+
+if TYPE_CHECKING:
+    from app.window.transcript.chat_controller import ChatController
 
 log = logging.getLogger(__name__)
 
 
 class TreeCoverage(QObject):
-    """The coverage of the tree shown in ``window`` (a MainWindow), whose ``chat`` names the
-    conversation. Signal ``ready()``: the bars were updated."""
+    """The coverage of the tree of ``chat``'s conversation, drawn on ``tree``, asked of
+    ``model``'s engine with the prompts ``reader`` builds. Signal ``ready()``: the bars were
+    updated."""
 
     ready = Signal()
 
-    def __init__(self, window):
-        super().__init__(window)
-        self.w = window
+    def __init__(self, chat: ChatController, tree: TreePanel, model: ModelController, reader: ChatReader):
+        super().__init__(chat)
+        self.chat, self.tree, self.model, self.reader = chat, tree, model, reader
         self._reading: int | None = None  # the conversation whose prompts the worker builds
         self._request: PendingRequest | None = None
         self._ids: list[int] = []
@@ -42,17 +50,17 @@ class TreeCoverage(QObject):
     def refresh(self) -> None:
         """Ask again, for the conversation shown, unless the panel is hidden, no model is
         ready or a request is in flight."""
-        w, cid = self.w, self.w.chat.conversation_id
-        if (not w.tree.isVisible() or cid is None or w.model.state != ModelState.READY or self.pending
-                or w.reader.closed):
+        cid = self.chat.conversation_id
+        if (not self.tree.isVisible() or cid is None or self.model.state != ModelState.READY or self.pending
+                or self.reader.closed):
             return
-        self._reading, client = cid, w.client
+        self._reading, client = cid, self.model.client
 
         def job(store):  # on the worker: read the paths and pickle the request
             ids, paths = ConversationSession(store).coverage_paths(cid)
             return ids, (client.pack_coverage(paths) if paths else None)
 
-        w.reader.submit("coverage", job, lambda result: self._ask(cid, client, *result), self._read_failed)
+        self.reader.submit("coverage", job, lambda result: self._ask(cid, client, *result), self._read_failed)
 
     def _read_failed(self, exc: Exception) -> None:
         self._reading = None
@@ -60,10 +68,10 @@ class TreeCoverage(QObject):
 
     def _ask(self, cid: int, client, ids: list[int], packed: tuple[int, bytes] | None) -> None:
         self._reading = None
-        if cid != self.w.chat.conversation_id:  # another chat was opened meanwhile
+        if cid != self.chat.conversation_id:  # another chat was opened meanwhile
             self.refresh()
             return
-        if packed is None or self.w.model.state != ModelState.READY or client is not self.w.client:
+        if packed is None or self.model.state != ModelState.READY or client is not self.model.client:
             return
         handle = client.send_packed(packed)
         if handle is not None:
@@ -73,7 +81,7 @@ class TreeCoverage(QObject):
 
     def _covered(self, event: CoverageEvent) -> None:
         self._request = None
-        self.w.tree.set_coverage({mid: (int(r[0]), int(r[1])) for mid, r in zip(self._ids, event.results)})
+        self.tree.set_coverage({mid: (int(r[0]), int(r[1])) for mid, r in zip(self._ids, event.results)})
         self.ready.emit()
 
     def engine_gone(self) -> None:
