@@ -39,7 +39,7 @@ def test_a_draft_prefilled_while_typing_leaves_nothing_for_enter(qtbot, open_win
     assert f"prefilled while you typed: {warm.stats['typed_tokens']:,} tokens" in w.status.stats_label.text()
     assert "nothing left to prefill" in w.status.stats_label.text()
 
-    w.use_cache = False  # the same prompt from scratch gives the same reply (temperature 0)
+    w.chat.use_cache = False  # the same prompt from scratch gives the same reply (temperature 0)
     with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS) as blocker:
         qtbot.mouseClick(w.transcript.widgets[-1].buttons["regenerate"], Qt.MouseButton.LeftButton)
     fresh = w.store.get_message(blocker.args[0])

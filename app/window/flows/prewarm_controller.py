@@ -54,7 +54,8 @@ class PrewarmController(QObject):
     """Prewarms of ``chat``'s shown path on ``model``'s engine, from what ``composer`` and
     ``transcript`` (its inline editors, its Regenerate buttons) report; the path is read with
     ``reader``. Nothing is asked while ``window`` is hidden or minimized, ``lifetime`` is
-    closed, ``settings.prewarm`` is off or ``use_cache`` is False.
+    closed, ``settings.prewarm`` is off or the chat generates without the cache
+    (``chat.use_cache``).
 
     Signal ``answered(result dict)`` for each prewarm the engine finished or dropped
     (engine.prewarm.PrewarmResult; tools and tests)."""
@@ -63,10 +64,10 @@ class PrewarmController(QObject):
 
     def __init__(self, *, chat: ChatController, model: ModelController, settings: SettingsModel,
                  composer: Composer, transcript: TranscriptView, reader: ChatReader, lifetime: Lifetime,
-                 window: QWidget, use_cache: bool = True):
+                 window: QWidget):
         super().__init__(window)
         self.chat, self.model, self.settings, self.reader, self.lifetime = chat, model, settings, reader, lifetime
-        self.composer, self.transcript, self.visible_in, self.use_cache = composer, transcript, window, use_cache
+        self.composer, self.transcript, self.visible_in = composer, transcript, window
         # the shown path's messages as (pickled bytes, how many), read on the reader thread
         self._path: tuple[bytes, int] | None = None
         self._reading: object | None = None  # the read of the current path in flight (a token)
@@ -94,7 +95,7 @@ class PrewarmController(QObject):
     def active(self) -> bool:
         """Whether a prewarm may be asked for now (see the module docstring)."""
         model = self.model
-        return bool(self.settings.prewarm and self.use_cache and not self.lifetime.closed
+        return bool(self.settings.prewarm and self.chat.use_cache and not self.lifetime.closed
                     and model.state == ModelState.READY and not (model.facts or {}).get("remote")
                     and not self.chat.streaming and self.visible_in.isVisible() and not self.visible_in.isMinimized())
 

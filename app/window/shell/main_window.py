@@ -60,7 +60,8 @@ class MainWindow(QMainWindow):
     Args:
         data_dir: the data folder (``chats.sqlite3``, ``kvcache.sqlite3``, ``settings.json``, ``logs/``).
         model_path: a GGUF to load instead of the last used / default model.
-        use_cache: False generates without the prefix store (for comparisons).
+        use_cache: False generates without the prefix store (for comparisons; later, set
+            ``chat.use_cache``).
         start_engine: False leaves the engine process unstarted (tests of the bare window).
 
     Public hooks (tests and tools/): the signals model_ready(facts), model_failed(message),
@@ -88,13 +89,12 @@ class MainWindow(QMainWindow):
         self.store = ChatStore(self.data_dir / CHATS_DB)
         interrupted = self.store.mark_interrupted_streams()
         self.settings = SettingsModel(self.data_dir, parent=self)
-        self.use_cache = use_cache
         self.lifetime = Lifetime()
         self.look = Look(self.settings, self)  # applies the theme before any widget is built
         self._build_ui()
         self.banner.restyle(self.look.colors)  # a dark theme from the settings, before any message
         self.status = StatusBar(self.statusBar())
-        self._build_flows(model_path)
+        self._build_flows(model_path, use_cache)
         self.gc_policy = GcPolicy(self)  # no full garbage collection in the middle of a redraw
         self._connect()
         self.menu_actions = build_menus(self, self._menu_handlers(), self.settings.theme)
@@ -141,7 +141,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(split)
         name_controls(self)  # the composer's box and button, and what has no name of its own
 
-    def _build_flows(self, model_path: str | None) -> None:
+    def _build_flows(self, model_path: str | None, use_cache: bool) -> None:
         """The flows, each given the collaborators it uses (see their docstrings)."""
         store, settings, banner, status, lifetime = self.store, self.settings, self.banner, self.status, self.lifetime
         self.model = ModelController(settings=settings, banner=banner, status=status, workers=self.workers,
@@ -150,7 +150,7 @@ class MainWindow(QMainWindow):
         self.chat = chat = ChatController(
             store=store, settings=settings, model=self.model, reader=self.reader, look=self.look, lifetime=lifetime,
             transcript=self.transcript, tree=self.tree, composer=self.composer, status=status, banner=banner,
-            parent=self, use_cache=self.use_cache)
+            parent=self, use_cache=use_cache)
         self.overflow_flow = chat.overflow
         self.navigator = Navigator(store=store, chat=chat, sidebar=self.sidebar, banner=banner,
                                    transcript=self.transcript, composer=self.composer, lifetime=lifetime, parent=self)
@@ -164,7 +164,7 @@ class MainWindow(QMainWindow):
                                       lifetime=lifetime, parent=self)
         self.prewarm = PrewarmController(chat=chat, model=self.model, settings=settings, composer=self.composer,
                                          transcript=self.transcript, reader=self.reader, lifetime=lifetime,
-                                         window=self, use_cache=self.use_cache)
+                                         window=self)
         self.settings_flow = SettingsFlow(settings=settings, store=store, chat=chat, model=self.model, banner=banner,
                                           parent=self)
         self.messages = MessageActions(store=store, chat=chat, banner=banner, status=status, workers=self.workers,
