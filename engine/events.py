@@ -1,6 +1,6 @@
 """What the window and the engine process say to each other: typed requests and events.
 
-The window (``app/window/engine_client.py``) and the engine process
+The window (``app/window/workers/engine_client.py``) and the engine process
 (``engine/worker.py``) exchange these dataclasses over a ``multiprocessing`` pipe
 (pickled; both processes import this module, so neither builds or parses a dict).
 Every request that expects an answer carries an ``id`` (a positive int chosen by the

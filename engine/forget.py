@@ -22,7 +22,7 @@ until ``branchwise cache clear``. The same model under another KV type or flash
 attention setting is matched (same tokens, other fingerprint).
 
 Undo: the window keeps a delete undoable by deferring ``ChatStore.delete_conversation``
-until the undo time has passed (``app/window/sidebar.py``); forgetting belongs to that same
+until the undo time has passed (``app/window/tree/sidebar.py``); forgetting belongs to that same
 moment, after the undo window, so Undo never needs a block back.
 
 Nothing here recurses over the message tree: paths are followed through a dict of

@@ -38,7 +38,7 @@ def test_send_streams_reply_and_persists(qtbot, open_window, data_dir):
     assert reply.content.strip()
     assert len(reply.token_ids) == reply.stats["generated_tokens"] <= 24
     assert w.transcript.widgets[-1].text == reply.content
-    assert "prefilled" in w.stats_label.text()
+    assert "prefilled" in w.status.stats_label.text()
     assert w.store.get_conversation(cid).title == "Name three colours."
     # the snapshot's figures arrive after the reply and are stored with it (issue #8: they were 0)
     qtbot.waitUntil(lambda: w.store.get_message(mid).stats["snapshot_ms"] > 0, timeout=REPLY_TIMEOUT_MS)

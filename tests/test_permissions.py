@@ -63,8 +63,8 @@ def test_a_chat_turn_leaves_only_private_files(tmp_path, umask_022):
 
 
 def test_window_files_and_sqlite_sidecars_are_private(tmp_path, umask_022):
-    from app.window.app_settings import AppSettings
-    from app.window.gui import setup_logging
+    from app.window.settings.app_settings import AppSettings
+    from app.window.shell.gui import setup_logging
 
     data = resolve_data_dir(str(tmp_path / "w"))
     log_file = setup_logging(data)
@@ -197,7 +197,7 @@ def test_a_data_folder_the_user_also_keeps_files_in_changes_only_ours(tmp_path, 
 
 
 def test_the_window_asks_before_using_a_folder_of_other_files(tmp_path):
-    from app.window.gui import open_data_dir
+    from app.window.shell.gui import open_data_dir
 
     tree = _user_tree(tmp_path / "docs")
     before = _all_modes(tree)

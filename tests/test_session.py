@@ -165,7 +165,7 @@ def test_one_model_label_rule_for_cli_and_window(tmp_path):
 
 def test_one_budget_default():
     """Drift 3: app_settings said 2 GiB, the prefix store and the README 4 GiB."""
-    from app.window.app_settings import AppSettings
+    from app.window.settings.app_settings import AppSettings
     from storage.prefix_store import DEFAULT_BUDGET_BYTES, PrefixStore
 
     assert DEFAULT_BUDGET_BYTES == 4 * 1024**3
@@ -181,7 +181,7 @@ def test_one_set_of_sampling_and_engine_defaults():
     from dataclasses import asdict
 
     from app.cli.commands import build_parser
-    from app.window.app_settings import AppSettings
+    from app.window.settings.app_settings import AppSettings
     from engine.settings import EngineSettings, SamplingParams
     from storage.chat_records import DEFAULT_SAMPLING
 

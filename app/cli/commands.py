@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_self_test()
         if args.command in (None, "gui"):
-            from app.window.gui import run
+            from app.window.shell.gui import run
 
             if args.screenshot:
                 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")

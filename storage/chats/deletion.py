@@ -35,7 +35,7 @@ class Deletion(Part):
 
         Undo: this method is final. The window makes a delete undoable by hiding
         the conversation and calling this only when the undo time has passed
-        (``app/window/sidebar.py``), so Undo never needs anything back from here. The KV
+        (``app/window/tree/sidebar.py``), so Undo never needs anything back from here. The KV
         blocks of the conversation live in the other database: see
         ``engine.forget`` (``branchwise conversations delete`` does both).
 
