@@ -156,8 +156,10 @@ class DraftModel:
         if why:
             raise DraftModelError(f"The draft model {p} cannot draft for this model: {why}.")
         try:
-            self.llama = llama_cpp.Llama(str(p), n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=threads,
-                                         n_threads_batch=threads, verbose=False)
+            from engine.cpu import load_llama  # under the machine's repack decision, as every load
+
+            self.llama, _ = load_llama(p, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=threads,
+                                       n_threads_batch=threads, verbose=False)
         except (ValueError, RuntimeError, OSError) as exc:
             raise DraftModelError(f"The draft model {p} cannot be loaded ({exc}).") from exc
         self.path = p
