@@ -24,9 +24,11 @@ Routes: ``POST /v1/chat/completions`` (streaming as server-sent events, and not)
 Served conversations are not written to chats.sqlite3: the client owns its history
 (it resends it with every request) and Branchwise's chat list stays the user's own.
 
-The window starts and stops the same class in-process: :meth:`ApiServer.start` runs
-uvicorn on a thread, :meth:`ApiServer.stop` ends it, :attr:`ApiServer.state` is a
-:class:`ServerState` and ``on_state`` reports every change (from a server thread).
+The window runs this server as a child process (``branchwise serve --json`` started by
+``app/window/flows/server_controller.py`` through a ``QProcess``), not in its own process:
+:meth:`ApiServer.start` runs uvicorn on a thread, :meth:`ApiServer.stop` ends it,
+:attr:`ApiServer.state` is a :class:`ServerState` and ``on_state`` reports every change
+(from a server thread).
 """
 
 from __future__ import annotations
