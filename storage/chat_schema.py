@@ -206,7 +206,14 @@ def _migration_import_sources(conn: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: list[Migration] = [_migration_1, _migration_2, _migration_import_sources]
+def _migration_attachments(conn: sqlite3.Connection) -> None:
+    """Attached files, stored once by SHA-256, their passages and search (``storage.attachments``)."""
+    from storage.attachments import migration_attachments
+
+    migration_attachments(conn)
+
+
+MIGRATIONS: list[Migration] = [_migration_1, _migration_2, _migration_import_sources, _migration_attachments]
 """Ordered migrations; ``MIGRATIONS[i]`` moves the schema from version i to i + 1."""
 
 
