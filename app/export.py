@@ -37,7 +37,7 @@ def conversation_json(chats, conversation_id: int) -> dict:
     """
     c = chats.get_conversation(conversation_id)
     active = [m.id for m in chats.active_path(c.id)]
-    return {
+    data = {
         "id": c.id, "title": c.title, "system_prompt": c.system_prompt, "sampling": c.sampling,
         "pinned": c.pinned, "created_at": c.created_at, "updated_at": c.updated_at,
         "active_leaf_id": c.active_leaf_id, "active_path": active,
@@ -48,6 +48,19 @@ def conversation_json(chats, conversation_id: int) -> dict:
             for m in chats.tree(c.id)
         ],
     }
+    _add_attachments(chats, data["messages"])
+    return data
+
+
+def _add_attachments(chats, messages: list[dict]) -> None:
+    """Give each message with attached files an ``"attachments"`` list (their extracted
+    text as passages; ``storage.attachments.exported``), which the Branchwise import restores."""
+    from storage.attachments import exported, for_chats
+
+    found = for_chats(chats).of_messages([m["id"] for m in messages if m["role"] == "user"])
+    for m in messages:
+        if m["id"] in found:
+            m["attachments"] = [exported(a) for a in found[m["id"]]]
 
 
 def conversation_markdown(data: dict, active_only: bool = True, left_out_note: bool = True) -> str:

@@ -334,3 +334,56 @@ def _snippet(text: str, term: str, width: int = 160) -> str:
     start = max(0, at - width // 3) if at >= 0 else 0
     piece = flat[start:start + width]
     return ("…" if start else "") + piece + ("…" if start + width < len(flat) else "")
+
+
+# -- export and import (Branchwise's own JSON) ------------------------------------------------
+
+
+def exported(a: StoredAttachment) -> dict:
+    """One attachment as the JSON export holds it: name, sha256, kind, paged, size, images,
+    ``passages`` ([number, page, text], the whole extracted text) and ``sent`` (the passage
+    numbers in the prompt, or None for the whole text). The original bytes stay out."""
+    return {"name": a.name, "sha256": a.sha256, "kind": a.kind, "paged": a.paged, "size": a.size,
+            "images": a.images, "passages": [[p.number, p.page, p.text] for p in a.passages],
+            "sent": None if a.sent is None else list(a.sent)}
+
+
+def import_exported(conn: sqlite3.Connection, message_id: int, items: list) -> None:
+    """Store the exported attachments ``items`` (``exported``'s dicts) of a message being
+    imported, on ``conn`` inside the import's transaction: a file already stored is shared.
+
+    Raises:
+        ValueError: an item is not of ``exported``'s shape (the message names what).
+    """
+    if not isinstance(items, list):
+        raise ValueError("its attachments are not a list")
+    for position, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ValueError(f"attachment #{position + 1} is not an object")
+        sha, name, kind = item.get("sha256"), item.get("name"), item.get("kind")
+        passages = item.get("passages")
+        if not (isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
+            raise ValueError(f"attachment #{position + 1} has no SHA-256")
+        if not isinstance(name, str) or not isinstance(kind, str) or not isinstance(passages, list):
+            raise ValueError(f"attachment #{position + 1} has no name, kind or passages")
+        rows = []
+        for p in passages:
+            if not (isinstance(p, list) and len(p) == 3 and isinstance(p[0], int)
+                    and (p[1] is None or isinstance(p[1], int)) and isinstance(p[2], str)):
+                raise ValueError(f"attachment {name!r} has a passage that is not [number, page, text]")
+            rows.append((sha, p[0], p[1], p[2]))
+        sent = item.get("sent")
+        if sent is not None and not (isinstance(sent, list) and all(isinstance(n, int) for n in sent)):
+            raise ValueError(f"attachment {name!r}: sent is not a list of passage numbers")
+        if conn.execute("SELECT 1 FROM attachments WHERE sha256 = ?", (sha,)).fetchone() is None:
+            size, images = item.get("size"), item.get("images")
+            conn.execute(
+                "INSERT INTO attachments (sha256, name, kind, paged, size, encoding, images, original, created_at)"
+                " VALUES (?, ?, ?, ?, ?, NULL, ?, NULL, ?)",
+                (sha, name, kind, int(bool(item.get("paged"))), size if isinstance(size, int) else 0,
+                 images if isinstance(images, int) else 0, time.time()))
+            conn.executemany("INSERT INTO attachment_passages (sha256, number, page, text) VALUES (?, ?, ?, ?)",
+                             rows)
+        conn.execute("INSERT INTO message_attachments (message_id, position, sha256, name, passages_json)"
+                     " VALUES (?, ?, ?, ?, ?)",
+                     (message_id, position, sha, name, None if sent is None else json.dumps(sent)))

@@ -4,7 +4,8 @@ One conversation is the object ``app/export.py`` ``conversation_json`` writes:
 
     {"id", "title", "system_prompt", "sampling", "pinned", "created_at", "updated_at",
      "active_leaf_id", "active_path", "messages": [{"id", "parent_id", "role", "content",
-      "status", "model", "created_at", "stats", "token_ids"}]}
+      "status", "model", "created_at", "stats", "token_ids", "attachments" (user messages
+      with files: ``storage.attachments.exported``)}]}
 
 with messages in creation order (parents first). ``export --all``
 (``storage.importers.backup``) writes ``{"branchwise_export": 1, "conversations":
@@ -82,7 +83,8 @@ def conversation(raw: Any, n: int) -> SourceConversation:
             created_at=_number(m.get("created_at")),
             model=text_of(m.get("model")) or None,
             extra={"token_ids": token_ids, "stats": stats if isinstance(stats, dict) else None,
-                   "status": text_of(m.get("status")) or "complete"},
+                   "status": text_of(m.get("status")) or "complete",
+                   "attachments": m.get("attachments")},  # storage.attachments.import_exported
         ))
     return conv
 
