@@ -69,16 +69,9 @@ def prompt_messages(chats, system_prompt: str, path: Sequence) -> list[ChatMessa
     return conversation_messages(system_prompt, with_attachments(chats, path))
 
 
-def search_passages(chats, doc: Document, question: str, budget_chars: int) -> list[Passage]:
-    """The passages of the stored ``doc`` that best match ``question`` (BM25 over the trigram
-    index), as many as fit ``budget_chars`` characters, in document order. Empty when
-    no word of the question is in the document."""
-    best = for_chats(chats).best_passages(doc.sha256, query_terms(question), limit=64)
-    chosen: list[Passage] = []
-    used = 0
-    for p in best:
-        if used + len(p.text) > budget_chars:
-            continue
-        chosen.append(Passage(p.number, p.page, p.text))
-        used += len(p.text)
-    return sorted(chosen, key=lambda p: p.number)
+def ranked_passages(chats, doc: Document, question: str, limit: int = 64) -> list[Passage]:
+    """Up to ``limit`` passages of the stored ``doc`` that match words of ``question``
+    (``passages.query_terms``), best first by BM25 over the trigram index. Empty when no
+    word of the question is in the document."""
+    best = for_chats(chats).best_passages(doc.sha256, query_terms(question), limit=limit)
+    return [Passage(p.number, p.page, p.text) for p in best]
