@@ -444,7 +444,8 @@ class ApiServer:
 
     async def _chat(self, request: Request) -> Response:
         body = await self._read_json(request)
-        req = protocol.parse_chat_request(body, self.sampling)
+        # on a thread: a ``file`` part is extracted in a child process (seconds), off the event loop
+        req = await asyncio.to_thread(protocol.parse_chat_request, body, self.sampling)
         loop = asyncio.get_running_loop()
         job = _Job(req, loop, asyncio.Queue())
         try:
