@@ -129,13 +129,14 @@ def test_a_document_that_does_not_fit_is_searched(tmp_path, model_path):
         args.search_document = True
         p = plan(args, engine, chats, "", [], "Who logged the marmoset?", [doc])
         (info,) = p.info
-        assert info["passages"], info
-        # only this passage has "marmoset" or "logged"; the filler has every other word
-        best = [n for n in p.sent[0] if "marmoset" in doc.extracted.pages[0]]
-        assert best
+        # only one passage has "marmoset" or "logged"; the filler has every other word of the question
+        from engine.documents.passages import cut
+
+        (expected,) = [q.number for q in cut(doc.extracted.pages, False) if "marmoset" in q.text]
+        assert p.sent == [[expected]] and info["passages"] == [{"number": expected, "page": None}]
+        assert p.text.startswith("[Attached file: minutes.txt (text; 1 passage found by search, not the whole "
+                                 f"text)]\n[Passage {expected}]\n")
         assert "Ottoline Brackenbury, logged a marmoset" in p.text
-        assert p.text.startswith("[Attached file: minutes.txt (text; ")
-        assert "passages found by search, not the whole text)]\n[Passage " in p.text
         assert len(engine.prompt_tokens([__import__("engine.chat_template").chat_template.ChatMessage(
             "user", p.text)])) <= 1024 - 64
         assert p.footer().startswith("minutes.txt: searched, passages #")
