@@ -444,8 +444,7 @@ class ApiServer:
 
     async def _chat(self, request: Request) -> Response:
         body = await self._read_json(request)
-        # on a thread: a ``file`` part is extracted in a child process (seconds), off the event loop
-        req = await asyncio.to_thread(protocol.parse_chat_request, body, self.sampling)
+        req = await asyncio.to_thread(protocol.parse_chat_request, body, self.sampling)  # file parts: seconds
         loop = asyncio.get_running_loop()
         job = _Job(req, loop, asyncio.Queue())
         try:
