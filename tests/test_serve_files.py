@@ -58,3 +58,23 @@ def test_a_file_that_cannot_be_attached_is_one_sentence():
 def test_decode_file_data():
     assert file_parts.decode_file_data("data:text/plain;base64,aGk=") == b"hi"
     assert file_parts.decode_file_data("aG\nk=") == b"hi"
+
+
+def test_a_resent_file_is_restored_by_a_real_server(tmp_path):
+    import httpx
+    import openai
+    from serve_procs import BranchwiseServe
+
+    part = _file(PDF.read_bytes())
+    with BranchwiseServe(tmp_path, "--threads", "1") as s:
+        c = openai.OpenAI(base_url=s.start().url, api_key="unused", max_retries=0, timeout=900,
+                          http_client=httpx.Client(trust_env=False))
+        history = [{"role": "user", "content": [part, {"type": "text", "text": "Who gave this speech?"}]}]
+        first = c.chat.completions.create(model="m", messages=history, temperature=0, max_tokens=12)
+        assert first.usage.prompt_tokens > 400  # the document is in the prompt
+        history += [{"role": "assistant", "content": first.choices[0].message.content},
+                    {"role": "user", "content": "In what year?"}]
+        second = c.chat.completions.create(model="m", messages=history, temperature=0, max_tokens=12)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens + first.usage.completion_tokens - 1
+    assert second.usage.prompt_tokens - cached < 20
