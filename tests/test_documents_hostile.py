@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import sys
 import time
 import zipfile
 from pathlib import Path
@@ -160,9 +161,20 @@ def test_time_and_memory_limits_end_the_child():
     data = (DATA / "gettysburg.pdf").read_bytes()
     with pytest.raises(DocumentError, match=r"^Reading g\.pdf took longer than 0 s, so it was stopped"):
         attach_bytes(data, "g.pdf", time_limit_s=0.001)
-    # a memory limit below what the reader needs: stopped, one sentence, no traceback
-    big = ("lorem ipsum dolor " * 2_000_000).encode()  # 36 MB of text: decoding needs more than 40 MB
-    with pytest.raises(DocumentError) as err:
-        attach_bytes(big, "big.txt", memory_limit_bytes=400 * 1024**2)
-    assert str(err.value) == ("Reading big.txt needed more than 0.4 GB of memory, so it was stopped; "
-                              "it may be a zip bomb or a damaged file.")
+    # a memory limit below what the reader needs (RLIMIT_AS, Linux): stopped, one sentence
+    if sys.platform.startswith("linux"):
+        limit = 64 * 1024**2
+        assert attach_bytes(b"small enough", "s.txt", memory_limit_bytes=limit).extracted.pages == ("small enough",)
+        big = b"ab\n" * 1_290_000  # under the text cap; its lines need over 64 MB
+        with pytest.raises(DocumentError) as err:
+            attach_bytes(big, "big.txt", memory_limit_bytes=limit)
+        assert str(err.value) == ("Reading big.txt needed more than 64 MB of memory, so it was stopped; "
+                                  "it may be a zip bomb or a damaged file.")
+
+
+def test_text_over_the_character_cap():
+    from engine.documents.limits import MAX_TEXT_CHARS
+
+    with pytest.raises(DocumentError, match=r"^t\.txt holds 4,000,001 characters of text, more than Branchwise "
+                                            r"attaches \(4,000,000\); split it into smaller files\.$"):
+        attach_bytes(b"x" * (MAX_TEXT_CHARS + 1), "t.txt")

@@ -13,6 +13,7 @@ markdownify (over BeautifulSoup), text of unknown encoding with charset-normaliz
 from __future__ import annotations
 
 import io
+import re
 import unicodedata
 import zipfile
 from dataclasses import dataclass, field
@@ -46,6 +47,8 @@ class Extracted:
     notes: tuple[str, ...] = field(default=())
 
 
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f]")  # C0 controls but tab and newline (CR is gone by then)
+
 TEXT_KINDS = {".md": "Markdown", ".markdown": "Markdown", ".csv": "CSV", ".tsv": "CSV",
               ".json": "JSON", ".jsonl": "JSON", ".htm": "HTML", ".html": "HTML", ".xhtml": "HTML"}
 
@@ -71,15 +74,19 @@ def extract(data: bytes, name: str, password: str | None = None) -> Extracted:
         raise DocumentError(f"{name} is not a Word document (.docx files are zip archives); it may be damaged.")
     else:
         text, encoding = decode_text(data, name)
+        _check_size(len(text), name)  # before any copy is made of it
         kind = TEXT_KINDS.get(suffix, "text")
         if kind == "HTML":
             text = html_to_text(text)
         result = Extracted(kind, (clean(text),), False, encoding)
-    total = sum(len(p) for p in result.pages)
+    _check_size(sum(len(p) for p in result.pages), name)
+    return result
+
+
+def _check_size(total: int, name: str) -> None:
     if total > MAX_TEXT_CHARS:
         raise DocumentError(f"{name} holds {total:,} characters of text, more than Branchwise attaches "
                             f"({MAX_TEXT_CHARS:,}); split it into smaller files.")
-    return result
 
 
 def clean(text: str) -> str:
@@ -87,7 +94,7 @@ def clean(text: str) -> str:
     tokens: NFC, ``\\n`` line ends, no NUL or other C0 controls but tab and newline,
     no trailing spaces, at most two blank lines in a row, no blank lines at either end."""
     text = unicodedata.normalize("NFC", text.replace("\r\n", "\n").replace("\r", "\n"))
-    text = "".join(c for c in text if c in "\n\t" or not (ord(c) < 32 or ord(c) == 127))
+    text = _CONTROLS.sub("", text)
     lines = [line.rstrip() for line in text.split("\n")]
     out: list[str] = []
     blank = 0

@@ -130,7 +130,7 @@ def extract_in_child(data: bytes, name: str, password: str | None, time_limit_s:
     if kind == "ok":
         return payload
     if kind == "memory":
-        raise DocumentError(f"Reading {name} needed more than {memory_limit_bytes / 1024**3:.1f} GB of memory, "
+        raise DocumentError(f"Reading {name} needed more than {_mb(memory_limit_bytes)} of memory, "
                             "so it was stopped; it may be a zip bomb or a damaged file.")
     message, needs_password = payload
     raise DocumentError(message, needs_password=needs_password)
