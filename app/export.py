@@ -52,6 +52,15 @@ def conversation_json(chats, conversation_id: int) -> dict:
     return data
 
 
+def _attached_line(a: dict) -> str:
+    """``*Attached: report.pdf (PDF, 3 pages)*``; its text is in the JSON export."""
+    pages = max((p[1] or 0 for p in a["passages"]), default=0) if a["paged"] else 0
+    what = f"{a['kind']}, {pages} page{'s' if pages != 1 else ''}" if a["paged"] else a["kind"]
+    if a.get("sent") is not None:
+        what += "; passages " + ", ".join(f"#{n}" for n in a["sent"]) + " sent"
+    return f"*Attached: {inline_literal(a['name'])} ({inline_literal(what)})*"
+
+
 def _add_attachments(chats, messages: list[dict]) -> None:
     """Give each message with attached files an ``"attachments"`` list (their extracted
     text as passages; ``storage.attachments.exported``), which the Branchwise import restores."""
@@ -87,6 +96,7 @@ def conversation_markdown(data: dict, active_only: bool = True, left_out_note: b
         branch = f" (branch {siblings.index(m) + 1}/{len(siblings)})" if len(siblings) > 1 else ""
         label = "User" if m["role"] == "user" else "Assistant"
         stopped = " *(stopped)*" if m["status"] == "stopped" else ""
-        out += [f"## {label}{branch} · message {m['id']}{stopped}", "",
-                fenced(m["content"], "markdown" if m["role"] == "assistant" else "text"), ""]
+        out += [f"## {label}{branch} · message {m['id']}{stopped}", ""]
+        out += [_attached_line(a) for a in m.get("attachments") or []] + ([""] if m.get("attachments") else [])
+        out += [fenced(m["content"], "markdown" if m["role"] == "assistant" else "text"), ""]
     return "\n".join(out)

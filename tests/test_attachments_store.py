@@ -113,6 +113,10 @@ def test_export_holds_the_text_and_import_restores_it(tmp_path):
     assert [(x["name"], x["sha256"], x["kind"], x["sent"]) for x in exported] == [
         ("charter.pdf", doc.sha256, "PDF", None)]
     assert RARE in json.dumps(exported)
+    from app.export import conversation_markdown
+
+    md = conversation_markdown(data)
+    assert "## User · message 1\n\n*Attached: charter\\.pdf (PDF\\, 3 pages)*\n\n```text\nWho keeps" in md
     before = ConversationSession(chats).prompt(user.id)
     out = tmp_path / "export.json"
     out.write_text(json.dumps(data))
