@@ -364,3 +364,28 @@ def test_every_unanswered_user_message_has_retry(qtbot, open_window, data_dir):
     roles = [(mw.message.id, mw.message.role) for mw in w.transcript.widgets]
     assert roles == [(first.id, "user"), (reply.id, "assistant")]
     assert "retry" not in w.transcript.widgets[0].buttons
+
+
+def test_deleting_a_chat_while_its_reply_streams_stops_it_first(qtbot, open_window, data_dir):
+    """Issue 30, item 5: Delete and forget of the chat whose reply is streaming cancels the
+    reply, then deletes the rows and the chat's KV blocks; nothing of it is kept."""
+    from gui_helpers import new_chat
+
+    from storage.errors import NotFoundError
+
+    w = open_window(data_dir)
+    cid = new_chat(w, sampling={"max_tokens": 1500})
+    w.composer.input.setPlainText("Passport QJVX-5518. Now write a long story about owls and foxes in the winter forest.")
+    qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: w.chat.reply is not None and len(w.chat.reply.text) > 20, timeout=120_000)
+    assert w.sidebar.busy_id == cid
+    with qtbot.waitSignal(w.reply_finished, timeout=60_000):
+        _menu_action(qtbot, w, cid, "Delete and forget")  # used to be disabled while busy
+    assert w.sidebar.busy_id is None and cid not in w.sidebar.ids()
+    with qtbot.waitSignal(w.forgotten, timeout=60_000):
+        w.sidebar.commit_delete()
+    with pytest.raises(NotFoundError):
+        w.store.get_conversation(cid)
+    assert _kv_blocks(data_dir) == 0  # the only chat: every block was its own
+    raw = b"".join(p.read_bytes() for p in data_dir.glob(CHATS_DB + "*") if p.is_file())
+    assert b"QJVX-5518" not in raw

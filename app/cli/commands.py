@@ -15,6 +15,9 @@ import sys
 import threading
 from pathlib import Path
 
+from app.cli.arguments import Parser as _Parser
+from app.cli.arguments import parse_size as _size
+
 log = logging.getLogger("branchwise")
 
 EXIT_ERROR = 1
@@ -22,67 +25,27 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command ended by Ctrl+C
 
 
-def _size(text: str) -> int:
-    """Parse a byte size like ``500000``, ``200M``, ``1.5G`` (powers of 1024)."""
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    mult = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}.get(t[-1:], 1)
-    try:
-        value = int(float(t[:-1] if mult > 1 else t) * mult)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 500M or 2G)") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"the size must be positive, not {text!r}")
-    return value
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr (exit code 2), not a usage block."""
-
-    def error(self, message: str):
-        self.exit(2, f"branchwise: {message} (see '{self.prog} --help')\n")
-
-
-def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value >= 0:  # also NaN
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text!r}")
-    return value
-
-
-def _ctx_size(text: str) -> int:
-    value = _positive(text)
-    if value < 256:
-        raise argparse.ArgumentTypeError("the context size must be at least 256 tokens")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
+    from app.cli import arguments
     from app.cli.storage_commands import add_delete_parser, add_message_arguments
     from engine.settings import KV_TYPES, EngineSettings  # no llama_cpp: only the defaults
 
     defaults = EngineSettings()
     common = _Parser(add_help=False)
-    common.add_argument("--data-dir", help="where chats and the KV cache live (default: the user data folder; env BRANCHWISE_DATA_DIR)")
+    common.add_argument("--data-dir", help="where chats and the KV cache live (default: the user data folder; env "
+                        "BRANCHWISE_DATA_DIR): a new or empty folder, or one holding Branchwise's databases; a "
+                        "folder of other files is refused (use a Branchwise subfolder of it)")
     common.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     common.add_argument("--quiet", action="store_true", help="no progress bars on the terminal")
 
     engine = _Parser(add_help=False)
     engine.add_argument("--model", help="a GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
-    engine.add_argument("--ctx-size", type=_ctx_size, default=8192, help="context window in tokens (default 8192)")
-    engine.add_argument("--threads", type=int, default=0, help="CPU threads (default: the physical core count less one, at least 1)")
+    engine.add_argument("--ctx-size", type=arguments.ctx_size, default=8192,
+                        help="context window in tokens (default 8192; at most 4 times what the model was trained "
+                             "for, and what this machine's memory holds)")
+    engine.add_argument("--threads", type=arguments.threads, default=0,
+                        help="CPU threads (default: the physical core count less one, at least 1; at most 4 "
+                             "per core)")
     engine.add_argument("--kv-type", choices=["f16", "q8_0"], default="f16", help="KV cache precision")
     engine.add_argument("--flash-attn", action="store_true",
                         help="use flash attention (faster prefill; replies after a restore may then differ "
@@ -93,13 +56,15 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--repack", choices=["auto", "on", "off"], default="auto",
                         help="llama.cpp's CPU weight repacking: auto (off when llama.cpp has AMX kernels, "
                              "which crash on some CPUs), on or off (env BRANCHWISE_REPACK overrides)")
-    engine.add_argument("--max-tokens", type=_positive, help="most tokens in the reply")
-    engine.add_argument("--temperature", type=_non_negative, help="0 or more; 0 is deterministic")
-    engine.add_argument("--seed", type=int, help="sampling seed")
-    engine.add_argument("--top-p", type=float, help="nucleus sampling threshold")
-    engine.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
-    engine.add_argument("--min-p", type=float, help="drop tokens below this fraction of the top probability")
-    engine.add_argument("--repeat-penalty", type=float, help="penalty for recently generated tokens (1 = none)")
+    engine.add_argument("--max-tokens", type=arguments.sampling("max_tokens"), help="most tokens in the reply (1 to 1048576)")
+    engine.add_argument("--temperature", type=arguments.sampling("temperature"), help="0 to 2; 0 is deterministic")
+    engine.add_argument("--seed", type=arguments.sampling("seed"), help="sampling seed (a 64-bit integer)")
+    engine.add_argument("--top-p", type=arguments.sampling("top_p"), help="nucleus sampling threshold (0 to 1)")
+    engine.add_argument("--top-k", type=arguments.sampling("top_k"), help="sample among the k most likely tokens (0: all)")
+    engine.add_argument("--min-p", type=arguments.sampling("min_p"),
+                        help="drop tokens below this fraction of the top probability (0 to 1)")
+    engine.add_argument("--repeat-penalty", type=arguments.sampling("repeat_penalty"),
+                        help="penalty for recently generated tokens (1 = none; more than 0, at most 10)")
 
     p = _Parser(
         prog="branchwise",
@@ -114,8 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
     chat = sub.add_parser("chat", parents=[common, engine], help="send a message and stream the reply")
-    chat.add_argument("--conversation", type=int, help="continue this conversation (default: a new one)")
-    chat.add_argument("--parent", type=int, help="reply under this message instead of the active leaf (a branch)")
+    chat.add_argument("--conversation", type=arguments.row_id, help="continue this conversation (default: a new one)")
+    chat.add_argument("--parent", type=arguments.row_id, help="reply under this message instead of the active leaf (a branch)")
     chat.add_argument("--system", help="system prompt (for a new conversation, or to change it)")
     add_message_arguments(chat)
     from app.cli.attach_commands import add_attach_arguments
@@ -125,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     regen = sub.add_parser("regenerate", parents=[common, engine],
                            help="a new sibling reply for an assistant message, or a reply to an unanswered "
                                 "message of yours")
-    regen.add_argument("message_id", type=int)
+    regen.add_argument("message_id", type=arguments.row_id)
     from app.serve.commands import add_remote_arguments, add_serve_parser
 
     for parser in (chat, regen):
@@ -136,10 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     conv_sub = conv.add_subparsers(dest="action", required=True, parser_class=_Parser)
     conv_sub.add_parser("list", parents=[common], help="every conversation: id, * when pinned, title")
     show = conv_sub.add_parser("show", parents=[common], help="the active branch of one conversation")
-    show.add_argument("id", type=int)
+    show.add_argument("id", type=arguments.row_id)
     export = conv_sub.add_parser("export", parents=[common],
                                  help="json: the whole tree, every branch; markdown: the active branch")
-    export.add_argument("id", type=int, nargs="?")
+    export.add_argument("id", type=arguments.row_id, nargs="?")
     export.add_argument("--format", choices=["json", "markdown"], default="markdown")
     export.add_argument("--all-branches", action="store_true", help="markdown: every message, not only the active branch")
     add_delete_parser(conv_sub, common)
@@ -169,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="only the API server comparison: TTFT for a resent 2,000-token history after a "
                             "restart, branchwise serve vs python -m llama_cpp.server")
     sub.add_parser("gui", parents=[common], help="open the window (the default)")
+    from app.cli import models_commands  # `models`: find, fit, download, library
+
+    models_commands.add_parser(sub, common)
     return p
 
 
@@ -243,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_bench(model=args.model, as_json=args.json, quick=args.quick,
                              llama_server=args.llama_server)
+        if args.command == "models":
+            from app.cli import models_commands
+
+            return models_commands.run(args, _data_dir(args))
         if args.command == "import":
             from app.cli.import_commands import run_import
 
@@ -349,8 +321,13 @@ def _open_store(args):
     from storage.paths import KVCACHE_DB
     from storage.prefix_store import DEFAULT_BUDGET_BYTES, PrefixStore
 
-    budget = getattr(args, "cache_budget", None) or _size(os.environ.get("BRANCHWISE_CACHE_BUDGET", "")
-                                                          or str(DEFAULT_BUDGET_BYTES))
+    budget = getattr(args, "cache_budget", None)
+    if budget is None:
+        text = os.environ.get("BRANCHWISE_CACHE_BUDGET", "") or str(DEFAULT_BUDGET_BYTES)
+        try:
+            budget = _size(text)
+        except argparse.ArgumentTypeError as exc:
+            raise ValueError(f"BRANCHWISE_CACHE_BUDGET: {exc} (unset it, or give a size such as 2G).") from None
     return PrefixStore(_data_dir(args) / KVCACHE_DB, budget_bytes=budget)
 
 
@@ -366,6 +343,9 @@ def _open_engine(args):
     from engine.settings import EngineSettings
 
     check_model_path(args.model)
+    from app.cli.models_commands import resolve_model
+
+    args.model = resolve_model(args.model, _data_dir(args))  # a library name, or a path
     settings = EngineSettings.for_kv_type(args.kv_type, n_ctx=args.ctx_size, n_threads=args.threads,
                                           flash_attn=args.flash_attn, repack=args.repack)
     store = None
@@ -400,11 +380,11 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     ``app.session``'s recorder, the same rules as the window). A full disk while the reply
     streams does not stop it; what was and was not saved is reported (``saved``)."""
     from app.cli.terminal_text import for_stream
-    from app.cli.storage_commands import Saved
+    from app.cli.storage_commands import ConversationDeleted, DeletionWatch, Saved
     from app.session import ConversationSession, ReplyState
     from engine.errors import ContextOverflowError, EngineError
     from engine.events import FinishReason
-    from storage.errors import StorageFullError
+    from storage.errors import NotFoundError, StorageFullError
 
     session = ConversationSession(chats)
     stream = not args.json
@@ -413,6 +393,9 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     recorder = session.start_reply(parent_id, model_label)
     progress = getattr(args, "progress", None)
     first = True
+    warned: list = []
+    watch = DeletionWatch(chats, conversation.id, parent_id)  # a delete elsewhere stops the reply
+    stop = threading.Event()
 
     def on_token(text: str, _tok: int) -> None:
         nonlocal first
@@ -423,7 +406,14 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
         try:
             recorder.add_text(text)
         except StorageFullError as exc:  # keep generating; complete() tries once more
-            log.warning("a streamed part of the reply was not saved: %s", exc)
+            if not warned:  # once, not once per token
+                log.warning("a streamed part of the reply was not saved (the rest is tried again at the "
+                            "end): %s", exc)
+            warned.append(exc)
+        except NotFoundError:  # the conversation went meanwhile
+            watch.deleted = True
+        if watch.poll():
+            stop.set()
         if not had_row and recorder.message_id is not None:
             interrupts.report(reply=recorder.message_id)
         if stream:
@@ -439,11 +429,14 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     messages = session.prompt(parent_id)
     interrupts.report(conversation=conversation.id, user=parent_id)  # for a second Ctrl+C
     try:
-        with interrupts.stop_sets(threading.Event()) as cancel:  # Ctrl+C, kill: stop between steps
+        with interrupts.stop_sets(stop) as cancel:  # Ctrl+C, kill, a delete: stop between steps
             result = engine.generate(messages, _sampling(args, conversation),
                                      use_cache=use_cache, on_token=on_token, snapshot=False, cancel=cancel,
                                      on_progress=progress.on_progress if progress is not None else None)
     except ContextOverflowError as exc:
+        if getattr(exc, "n_messages", None):  # engine.model.HistoryTooLongError: its own counts
+            raise ValueError(f"{exc} Start a new conversation, or branch from an earlier message with "
+                             "--parent ID.") from exc
         raise _overflow_error(exc.prompt_tokens, exc.n_ctx) from exc
     except KeyboardInterrupt:  # Ctrl+C, or SIGINT/SIGTERM passed on by the supervisor
         reply_id = recorder.abandon(ReplyState.STOPPED)
@@ -457,16 +450,27 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     finally:
         if progress is not None:
             progress.stop()
+    if stream and watch.gone() and recorder.text:
+        sys.stdout.write("\n")  # the error line on its own line
+    if watch.gone():  # nothing is stored for a deleted conversation: no reply, no KV blocks
+        raise ConversationDeleted(conversation.id)
     try:
         msg_id = recorder.complete(result.text, result.token_ids, result.stats.to_dict())
     except StorageFullError as exc:
         exc.saved = saved
         raise
+    except NotFoundError as exc:  # deleted between the check and the save
+        raise ConversationDeleted(conversation.id) from exc
     if result.stats.finish_reason == FinishReason.CANCELLED:  # stored as stopped, with its stats
         return _stopped(args, conversation.id, parent_id, msg_id, result.text, stats_saved=True)
     saved.reply = saved.stats = True
     if use_cache and not remote and engine.store is not None:  # after the reply is safe: storing the KV is an optimisation
+        if watch.gone():
+            raise ConversationDeleted(conversation.id)
         engine.snapshot(result.stats)  # never raises; a full disk only means no cache
+        if watch.gone():  # deleted while the blocks were written: the delete did not see them
+            watch.forget_written(engine, list(result.prompt_ids) + list(result.token_ids))
+            raise ConversationDeleted(conversation.id)
         try:
             prompt = engine.prompt_tokens(messages)
             saved.kv_cache = engine.store.coverage(engine.fingerprint, prompt) == len(prompt)
@@ -477,6 +481,9 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
         except StorageFullError as exc:
             saved.stats = False
             saved.problems.append(str(exc))
+        except NotFoundError as exc:  # deleted just now: its blocks go too
+            watch.forget_written(engine, list(result.prompt_ids) + list(result.token_ids))
+            raise ConversationDeleted(conversation.id) from exc
     if use_cache and not remote and not saved.kv_cache:
         saved.problems.append("the KV cache was not saved (the next turn prefills instead; see the log)")
     engine.close()
@@ -550,8 +557,14 @@ def _check_fits(engine, system_prompt: str, path, text: str) -> None:
     failed turn leaves no unanswered message on the branch."""
     from engine.chat_template import ChatMessage, conversation_messages
 
+    from engine.model import HistoryTooLongError
+
     messages = conversation_messages(system_prompt, path) + [ChatMessage("user", text)]
-    n = len(engine.prompt_tokens(messages))
+    try:
+        n = len(engine.prompt_tokens(messages))
+    except HistoryTooLongError as exc:
+        raise ValueError(f"{exc} Start a new conversation, or branch from an earlier message with --parent ID; "
+                         "nothing was saved.") from exc
     if n + 1 > engine.llama.n_ctx():
         raise _overflow_error(n, engine.llama.n_ctx())
 
@@ -705,7 +718,18 @@ def cmd_conversations(args) -> int:
 
 
 def cmd_cache(args) -> int:
-    store = _open_store(args)
+    from storage.prefix_store import StoreFull
+
+    try:
+        store = _open_store(args)
+    except StoreFull:
+        if args.action != "clear":
+            raise
+        from app.cli.storage_commands import clear_on_full_disk
+        from storage.paths import KVCACHE_DB
+
+        # The one command that frees space must work on a full disk: the block files go first.
+        store = clear_on_full_disk(_data_dir(args) / KVCACHE_DB, lambda: _open_store(args))
     if args.action == "clear":
         store.clear()
         result = {"cleared": True, **store.stats()}

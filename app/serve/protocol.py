@@ -11,11 +11,12 @@ becomes an :class:`ApiError`, which the server turns into an OpenAI-style error 
 
 from __future__ import annotations
 
-import math
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
 
+from engine import limits
 from engine.chat_template import ChatMessage
 from engine.settings import SamplingParams
 
@@ -75,15 +76,29 @@ def _bad(message: str, param: str | None = None, code: str | None = "invalid_val
     return ApiError(400, message, param=param, code=code)
 
 
-def _number(body: dict, name: str, lo: float, hi: float, *, integer: bool = False):
+def _number(body: dict, name: str, bound_name: str | None = None):
+    """The field ``name`` checked against its bound in :data:`engine.limits.SAMPLING`
+    (the same bound as the CLI flag), or None when absent."""
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
-        kind = "an integer" if integer else "a number"
-        raise _bad(f"'{name}' must be {kind}, not {type(value).__name__}.", name, "invalid_type")
-    if not (lo <= value <= hi) or (isinstance(value, float) and not math.isfinite(value)):
-        raise _bad(f"'{name}' must be between {lo} and {hi}; got {value}.", name)
+    try:
+        return limits.check_sampling(bound_name or name, value, f"'{name}'")
+    except limits.LimitError as exc:
+        raise _bad(str(exc), name, "invalid_type" if exc.wrong_type else "invalid_value") from None
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _text(value: str, where: str) -> str:
+    """``value``, refused when it holds a lone surrogate (JSON's ``"\\ud800"`` without its
+    pair decodes to one): that is no character, and no model can be given it."""
+    bad = _LONE_SURROGATE.search(value)
+    if bad:
+        raise _bad(f"{where}.content holds a lone UTF-16 surrogate (\\u{ord(bad.group()):04x} at character "
+                   f"{bad.start()}), which is not text; send valid Unicode (a surrogate pair, or the character "
+                   "itself).", f"{where}.content")
     return value
 
 
@@ -91,7 +106,7 @@ def _content(value, where: str) -> str:
     """A message's content: a string, or a list of ``{"type": "text", "text": ...}`` parts and
     ``{"type": "file", "file": {"filename", "file_data"}}`` parts (the files rendered before the text)."""
     if isinstance(value, str):
-        return value
+        return _text(value, where)
     if value is None:
         return ""
     if isinstance(value, list):
@@ -108,8 +123,8 @@ def _content(value, where: str) -> str:
         if files:
             from engine.documents.render import render_message
 
-            return render_message("".join(texts), files)
-        return "".join(texts)
+            return render_message(_text("".join(texts), where), files)
+        return _text("".join(texts), where)
     raise _bad(f"{where}.content must be a string or a list of text and file parts.", f"{where}.content", "invalid_type")
 
 
@@ -167,17 +182,15 @@ def parse_chat_request(body, defaults: SamplingParams | None = None) -> ChatRequ
 
     defaults = defaults or SamplingParams()
     s = defaults.to_dict()
-    for name, lo, hi, integer in (("temperature", 0, 2, False), ("top_p", 0, 1, False), ("min_p", 0, 1, False),
-                                  ("repeat_penalty", 0, 10, False), ("top_k", 0, 1 << 20, True),
-                                  ("seed", -(1 << 63), (1 << 64) - 1, True)):
-        value = _number(body, name, lo, hi, integer=integer)
+    for name in ("temperature", "top_p", "min_p", "repeat_penalty", "top_k", "seed"):
+        value = _number(body, name)
         if value is not None:
             s[name] = value
     if s.get("seed") is not None:
         s["seed"] = int(s["seed"]) & 0x7FFFFFFF  # llama.cpp takes a 32-bit seed
-    max_tokens = _number(body, "max_completion_tokens", 1, 1 << 20, integer=True)
+    max_tokens = _number(body, "max_completion_tokens", "max_tokens")
     if max_tokens is None:
-        max_tokens = _number(body, "max_tokens", 1, 1 << 20, integer=True)
+        max_tokens = _number(body, "max_tokens")
     if max_tokens is not None:
         s["max_tokens"] = max_tokens
 

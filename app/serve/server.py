@@ -15,6 +15,8 @@ Routes: ``POST /v1/chat/completions`` (streaming as server-sent events, and not)
 * **A client that disconnects cancels its request**, queued or running.
 * **Loopback only, unless there is a key.** It binds 127.0.0.1 by default; any other
   address needs an API key, and then every route checks ``Authorization: Bearer KEY``.
+* **No cross-site requests** (:mod:`app.serve.guard`): a foreign ``Host``, an ``Origin``
+  not configured, or a POST body that is not ``application/json`` gets a 403.
 * **Errors are OpenAI error objects with a 4xx status**: bad JSON, unknown fields,
   wrong types, prompts over the context window, bodies over 8 MiB. An unexpected
   failure is a 500 with a one-line message; the traceback goes to the log only.
@@ -41,7 +43,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -53,6 +55,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from app.serve import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_QUEUE, ServeError, protocol
+from app.serve.guard import CrossSiteGuard
 from app.serve.protocol import ApiError, ChatRequest, StopScanner
 from app.serve.replies import ReplyMemory
 from engine.chat_template import ChatMessage
@@ -128,6 +131,7 @@ class ApiServer:
             the same as ``branchwise chat``, so temperature 0 gives the same reply).
         use_cache: False prefills every request in full (no prefix store, no live reuse).
         on_state: ``on_state(ServerState)`` on every change, called from a server thread.
+        allowed_hosts, allowed_origins: more ``Host`` names, web origins (app/serve/guard.py).
 
     Raises:
         ServeError: a non-loopback host without an API key.
@@ -137,7 +141,8 @@ class ApiServer:
                  api_key: str | None = None, queue_size: int = DEFAULT_QUEUE,
                  reply_memory: ReplyMemory | None = None, sampling: SamplingParams | None = None,
                  use_cache: bool = True,
-                 on_state: Callable[[ServerState], None] | None = None):
+                 on_state: Callable[[ServerState], None] | None = None,
+                 allowed_hosts: Iterable[str] = (), allowed_origins: Iterable[str] = ()):
         if not is_loopback(host) and not api_key:
             raise ServeError(
                 f"Refusing to listen on {host} without an API key: anyone who can reach this machine "
@@ -150,6 +155,7 @@ class ApiServer:
         self.on_state = on_state
         self.sampling = sampling or SamplingParams()
         self.use_cache = use_cache
+        self.allowed_hosts, self.allowed_origins = list(allowed_hosts), list(allowed_origins)
         self.state = ServerState.STOPPED
         self.error = ""  # why the server FAILED, in words
         self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_size)
@@ -390,7 +396,7 @@ class ApiServer:
                                 status_code=exc.status_code)
 
         async def api_error(_request, exc: ApiError):
-            return self._error_response(exc)
+            return _error_response(exc)
 
         async def server_error(_request, exc: Exception):
             log.error("unexpected failure in the API server", exc_info=exc)
@@ -403,11 +409,7 @@ class ApiServer:
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/v1/models/{model_id:path}", self._model, methods=["GET"]),
         ], exception_handlers={HTTPException: http_error, ApiError: api_error, Exception: server_error})
-        return _BearerAuth(app, self.api_key)
-
-    @staticmethod
-    def _error_response(exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+        return _protected(app, self)
 
     def _model_card(self) -> dict:
         return {"id": self.model_id, "object": "model", "created": 0, "owned_by": "branchwise"}
@@ -528,6 +530,17 @@ async def _watch_disconnect(request: Request, job: _Job) -> None:
         return
 
 
+def _error_response(exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+def _protected(app, server: ApiServer):
+    """``app`` behind the API key check and, outside that, the cross-site guard
+    (:mod:`app.serve.guard`: CORS pre-flights carry no key)."""
+    return CrossSiteGuard(_BearerAuth(app, server.api_key), server.host, lambda: server.port,
+                          server.allowed_hosts, server.allowed_origins)
+
+
 class _BearerAuth:
     """ASGI middleware: with a key, every HTTP request needs ``Authorization: Bearer KEY``
     (compared in constant time); otherwise 401 with an OpenAI error object."""
@@ -538,9 +551,11 @@ class _BearerAuth:
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and self.api_key:
             headers = dict(scope.get("headers") or [])
-            given = headers.get(b"authorization", b"").decode("latin-1")
-            scheme, _, token = given.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+            # bytes on both sides: a header arrives as the bytes the client sent (UTF-8 for a
+            # non-ASCII key), so it is compared with the key's UTF-8 bytes, in constant time
+            given = headers.get(b"authorization", b"")
+            scheme, _, token = given.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.api_key.encode("utf-8")):
                 response = JSONResponse(
                     protocol.error_body("Missing or wrong API key: send 'Authorization: Bearer KEY' with the key "
                                         "the server was started with (--api-key).", code="invalid_api_key"),

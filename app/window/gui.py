@@ -35,17 +35,50 @@ def _quit_after_screenshot(app, window, path: Path) -> None:
     QTimer.singleShot(60_000, shoot)
 
 
-def run(data_dir: str | None, model_path: str | None, screenshot: str | None = None) -> int:
+def ask_foreign_folder(message: str) -> bool:
+    """Ask whether to use a data folder that already holds other files (a modal
+    question; True for "Use it"). ``message`` is the refusal the command line prints."""
+    from PySide6.QtWidgets import QMessageBox
+
+    answer = QMessageBox.question(
+        None, "Branchwise",
+        f"{message}\n\nUse this folder anyway? Branchwise would add its files there and "
+        "never change or delete any other file in it.",
+        QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No, QMessageBox.StandardButton.No)
+    return answer == QMessageBox.StandardButton.Yes
+
+
+def open_data_dir(data_dir: str | None, ask=ask_foreign_folder):
+    """The data folder for the window (``storage.paths.resolve_data_dir``): a folder that
+    holds other files and no Branchwise database is used only if ``ask(message)`` says
+    so. Returns the folder's Path, or None when the user declined.
+
+    Raises:
+        DataDirError: the folder cannot be created or written.
+    """
+    from storage.errors import ForeignDataDirError
+    from storage.paths import resolve_data_dir
+
+    try:
+        return resolve_data_dir(data_dir)
+    except ForeignDataDirError as exc:
+        if not ask(str(exc)):
+            return None
+        return resolve_data_dir(data_dir, allow_foreign=True)
+
+
+def run(data_dir: str | None, model_path: str | None, screenshot: str | None = None,
+        ask=ask_foreign_folder) -> int:
     """Open the window on ``data_dir`` (None: ``BRANCHWISE_DATA_DIR`` or the per-user folder)
     with ``model_path`` (None: the last model used, else the embedded default). Returns the
-    exit code: 0 after a normal quit, 2 when the data folder cannot be used.
+    exit code: 0 after a normal quit, 2 when the data folder cannot be used or the user
+    declined a folder that holds other files (``ask``, see :func:`open_data_dir`).
 
     With ``screenshot`` (a PNG path) the window saves a picture of itself once the model
     has loaded (or failed to, or after 60 s) and quits: for installer checks."""
     from PySide6.QtWidgets import QApplication, QMessageBox
 
     from storage.errors import DataDirError, StorageError
-    from storage.paths import resolve_data_dir
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Branchwise")
@@ -53,9 +86,11 @@ def run(data_dir: str | None, model_path: str | None, screenshot: str | None = N
     app.setApplicationDisplayName("Branchwise")
     app.setDesktopFileName("branchwise")  # so Wayland matches the window to branchwise.desktop
     try:
-        folder = resolve_data_dir(data_dir)
+        folder = open_data_dir(data_dir, ask)
     except DataDirError as exc:
         QMessageBox.critical(None, "Branchwise", str(exc))
+        return 2
+    if folder is None:
         return 2
     log_path = setup_logging(folder)
 

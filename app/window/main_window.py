@@ -158,6 +158,7 @@ class MainWindow(ImportDropMixin, ServerActionsMixin, LinkConfirmMixin, MessageA
         self.sidebar.restored.connect(self.show_conversation)
         self.sidebar.delete_committed.connect(self._delete_committed)
         self.sidebar.forget_requested.connect(self.forget_flow.forget)
+        self.sidebar.stop_requested.connect(lambda _cid: chat.stop())  # a deleted chat's reply ends first
         self.sidebar.changed.connect(self.refresh_title)
         self.transcript.sibling_requested.connect(chat.switch_sibling)
         self.transcript.edit_saved.connect(self.edit_message)

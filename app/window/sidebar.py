@@ -191,7 +191,8 @@ class Sidebar(QWidget):
     ``delete_committed(conversation_id)`` (gone from the database), ``changed()`` (a rename,
     pin or duplicate happened), ``forget_requested(conversation_id)`` (a "Delete and forget"
     whose undo time is up: the window has the engine process delete the rows and the KV
-    blocks; this class does not touch the database for it).
+    blocks; this class does not touch the database for it), ``stop_requested(conversation_id)``
+    (the chat being deleted has a reply running: the window stops it first).
 
     Delete and forget, and Undo: both deletes are deferred the same way, so Undo works the
     same for both within ``UNDO_MS``; nothing is removed (rows or KV blocks) before the undo
@@ -205,6 +206,7 @@ class Sidebar(QWidget):
     delete_committed = Signal(int)
     changed = Signal()
     forget_requested = Signal(int)
+    stop_requested = Signal(int)
 
     def __init__(self, store: ChatStore, reader: ChatReader | None = None, parent: QWidget | None = None):
         super().__init__(parent)
@@ -328,10 +330,8 @@ class Sidebar(QWidget):
         menu.addAction("Unpin" if conv.pinned else "Pin to top", lambda: self.toggle_pin(cid))
         menu.addAction("Duplicate", lambda: self.duplicate(cid))
         menu.addSeparator()
-        delete = menu.addAction("Delete", lambda: self.delete(cid))
-        delete.setEnabled(cid != self.busy_id)
+        menu.addAction("Delete", lambda: self.delete(cid))  # a running reply is stopped first
         forget = menu.addAction("Delete and forget", lambda: self.delete(cid, forget=True))
-        forget.setEnabled(cid != self.busy_id)
         forget.setToolTip("Delete this chat and its KV cache. " + FORGET_NOTE)
         forget.setStatusTip(forget.toolTip())
         menu.setToolTipsVisible(True)
@@ -368,9 +368,10 @@ class Sidebar(QWidget):
     def delete(self, cid: int, forget: bool = False) -> None:
         """Hide ``cid`` at once and delete it from the database after ``UNDO_MS`` unless
         ``undo_delete`` is called first. A delete already pending is carried out now.
-        ``forget``: then emit ``forget_requested`` instead (Delete and forget)."""
-        if cid == self.busy_id:
-            return
+        ``forget``: then emit ``forget_requested`` instead (Delete and forget). A reply
+        running in ``cid`` is stopped first (``stop_requested``)."""
+        if cid == self.busy_id:  # its reply is cancelled before anything else happens
+            self.stop_requested.emit(cid)
         self.commit_delete()
         self.pending_delete = cid
         self.pending_forget = forget

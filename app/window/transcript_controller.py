@@ -26,7 +26,7 @@ from app.window.send_timeline import SendTimeline
 from app.window.stop_watchdog import StopWatchdog
 from app.window.unanswered import ask_unanswered
 from engine.events import DoneEvent, ErrorEvent, ErrorKind, SnapshotEvent
-from storage.errors import StorageError
+from storage.errors import NotFoundError, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -322,6 +322,8 @@ class ChatController(QObject):
             self.timeline.mark("token")
         try:
             self.reply.add_text(text)
+        except NotFoundError:  # the chat was deleted meanwhile: its reply is being stopped
+            self.stop()
         except StorageError as exc:
             self.w.storage_failed(exc)
         self.view.text_arrived()
@@ -342,6 +344,8 @@ class ChatController(QObject):
         mid = None
         try:
             mid = reply.complete(event.text, event.token_ids, event.stats)
+        except NotFoundError:  # the chat was deleted meanwhile: nothing of it is kept
+            log.info("the reply's chat %s was deleted while it was written; nothing kept", reply.conversation_id)
         except StorageError as exc:
             self.w.storage_failed(exc)
         if reply.conversation_id == self.conversation_id and not (mid and self.view.show_saved(mid)):
