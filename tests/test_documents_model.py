@@ -171,3 +171,15 @@ def test_a_hostile_attachment_stores_nothing(tmp_path, make):
     assert expected[make] in lines[0]
     listed = bw(d, "conversations", "list", "--json")
     assert json.loads(listed.stdout) == []
+
+
+def test_deleting_the_chat_forgets_the_document_and_its_kv_blocks(attached):
+    from storage.attachments import AttachmentStore
+
+    d, first = attached
+    assert AttachmentStore(d / "chats.sqlite3").count() == 1
+    out = json.loads(bw(d, "conversations", "delete", first["conversation_id"], "--json").stdout)
+    # the blocks of the document's prompt are found (rendered with the file) and dropped
+    assert out["kv_blocks_dropped"] >= first["stats"]["prompt_tokens"] // 64
+    assert json.loads(bw(d, "cache", "stats", "--json").stdout)["blocks"] == 0
+    assert AttachmentStore(d / "chats.sqlite3").count() == 0
