@@ -42,7 +42,7 @@ def conversation_json(chats, conversation_id: int) -> dict:
     """
     c = chats.get_conversation(conversation_id)
     active = [m.id for m in chats.active_path(c.id)]
-    return {
+    data = {
         "id": c.id, "title": c.title, "system_prompt": c.system_prompt, "sampling": c.sampling,
         "pinned": c.pinned, "created_at": c.created_at, "updated_at": c.updated_at,
         "active_leaf_id": c.active_leaf_id, "active_path": active,
@@ -54,6 +54,28 @@ def conversation_json(chats, conversation_id: int) -> dict:
             for m in chats.tree(c.id)
         ],
     }
+    _add_attachments(chats, data["messages"])
+    return data
+
+
+def _attached_line(a: dict) -> str:
+    """``*Attached: report.pdf (PDF, 3 pages)*``; its text is in the JSON export."""
+    pages = max((p[1] or 0 for p in a["passages"]), default=0) if a["paged"] else 0
+    what = f"{a['kind']}, {pages} page{'s' if pages != 1 else ''}" if a["paged"] else a["kind"]
+    if a.get("sent") is not None:
+        what += "; passages " + ", ".join(f"#{n}" for n in a["sent"]) + " sent"
+    return f"*Attached: {inline_literal(a['name'])} ({inline_literal(what)})*"
+
+
+def _add_attachments(chats, messages: list[dict]) -> None:
+    """Give each message with attached files an ``"attachments"`` list (their extracted
+    text as passages; ``storage.attachments.exported``), which the Branchwise import restores."""
+    from storage.attachments import exported, for_chats
+
+    found = for_chats(chats).of_messages([m["id"] for m in messages if m["role"] == "user"])
+    for m in messages:
+        if m["id"] in found:
+            m["attachments"] = [exported(a) for a in found[m["id"]]]
 
 
 def conversation_markdown(data: dict, active_only: bool = True, left_out_note: bool = True) -> str:
@@ -81,6 +103,7 @@ def conversation_markdown(data: dict, active_only: bool = True, left_out_note: b
         label = "User" if m["role"] == "user" else "Assistant"
         stopped = " *(stopped)*" if m["status"] == "stopped" else ""
         out += [f"## {label}{branch} · message {m['id']}{stopped}", ""]
+        out += [_attached_line(a) for a in m.get("attachments") or []] + ([""] if m.get("attachments") else [])
         if m.get("reasoning"):  # a reasoning model's thinking, quoted, before its answer
             out += ["> **Reasoning**", ">", *quoted_lines(fenced(m["reasoning"], "text")), ""]
         out += [fenced(m["content"], "markdown" if m["role"] == "assistant" else "text"), ""]

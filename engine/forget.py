@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from engine.chat_template import ChatMessage, conversation_messages
+from engine.documents.attach import with_attachments  # user messages with their attached files rendered in
 
 Build = Callable[[Sequence[ChatMessage], bool], list[int]]
 """``build(messages, add_generation_prompt) -> token ids``: ``PromptBuilder.build``."""
@@ -49,7 +50,7 @@ def conversation_token_paths(chats, conversation_id: int, build: Build) -> list[
     list of int token ids. Raises NotFoundError for an unknown conversation.
     """
     conversation = chats.get_conversation(conversation_id)
-    messages = chats.tree(conversation_id)
+    messages = with_attachments(chats, chats.tree(conversation_id))
     by_id = {m.id: m for m in messages}
     paths: list[list[int]] = []
     for message in messages:
@@ -82,7 +83,7 @@ def sharing_token_paths(
     for other in chats.list_conversations():
         if other.id == conversation_id:
             continue
-        roots = chats.branches.children(None, other.id)
+        roots = with_attachments(chats, chats.branches.children(None, other.id))
         starts = [build(conversation_messages(other.system_prompt, [root]), root.role == "user")
                   for root in roots]
         if any(_may_share(tuple(s[:block_size]), heads) for s in starts):

@@ -237,7 +237,16 @@ MESSAGE_SEARCH_COLUMNS: Final = ("content", "reasoning")
 """The columns of ``messages_fts`` from schema 4 on (SEARCHED_COLUMNS names the column of
 schema 2, which migration 2 builds)."""
 
-MIGRATIONS: list[Migration] = [_migration_1, _migration_2, _migration_import_sources, _migration_reasoning]
+
+def _migration_attachments(conn: sqlite3.Connection) -> None:
+    """Attached files, stored once by SHA-256, their passages and search (``storage.attachments``)."""
+    from storage.attachments import migration_attachments
+
+    migration_attachments(conn)
+
+
+MIGRATIONS: list[Migration] = [_migration_1, _migration_2, _migration_import_sources, _migration_reasoning,
+                                _migration_attachments]
 """Ordered migrations; ``MIGRATIONS[i]`` moves the schema from version i to i + 1."""
 
 

@@ -734,8 +734,9 @@ def test_schema_1_database_migrates_with_everything_intact(tmp_path: Path) -> No
             "SELECT name FROM sqlite_master WHERE type = 'trigger'"))
         fts_sql = [r[0] for r in conn.execute(
             "SELECT sql FROM sqlite_master WHERE name IN ('messages_fts', 'conversations_fts')")]
-    assert triggers == ["conversations_ad", "conversations_ai", "conversations_au",
-                        "messages_ad", "messages_ai", "messages_au"]
+    assert triggers == ["attachment_passages_ad", "attachment_passages_ai", "attachments_ad",
+                        "conversations_ad", "conversations_ai", "conversations_au",
+                        "message_attachments_ad", "messages_ad", "messages_ai", "messages_au"]
     assert len(fts_sql) == 2 and all("tokenize='trigram'" in sql for sql in fts_sql)
 
 

@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--parent", type=arguments.row_id, help="reply under this message instead of the active leaf (a branch)")
     chat.add_argument("--system", help="system prompt (for a new conversation, or to change it)")
     add_message_arguments(chat)
+    from app.cli.attach_commands import add_attach_arguments
+
+    add_attach_arguments(chat)
 
     regen = sub.add_parser("regenerate", parents=[common, engine],
                            help="a new sibling reply for an assistant message, or a reply to an unanswered "
@@ -540,6 +543,7 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
                                                                       "chat_template_note")},
                        "reasoning_format": getattr(engine.model.facts, "reasoning_format", "none")}),
             "saved": saved.to_dict(),
+            **({"attachments": args.json_attachments} if getattr(args, "json_attachments", None) else {}),
         }))
     elif remote:
         from app.serve.commands import remote_stats_line
@@ -551,8 +555,8 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
         sys.stdout.write("\n")
         print(f"[conversation {conversation.id} · message {msg_id} · restored {s.restored_tokens} tokens "
               f"in {s.restore_ms:.0f} ms · prefilled {s.prefilled_tokens} in {s.prefill_ms / 1000:.2f} s · "
-              f"TTFT {s.ttft_ms:.0f} ms · {s.decode_tokens_per_s:.1f} tok/s{_draft_note(s)}{_cut_note(s)}]",
-              file=sys.stderr)
+              f"TTFT {s.ttft_ms:.0f} ms · {s.decode_tokens_per_s:.1f} tok/s{_draft_note(s)}{_cut_note(s)}"
+              f"{getattr(args, 'attach_footer', '')}]", file=sys.stderr)
     return 0
 
 
@@ -666,6 +670,9 @@ def cmd_chat(args) -> int:
     args.text = message_text(args)
     if not args.text.strip():
         raise ValueError("The message is empty; type something to send.")
+    from app.cli import attach_commands
+
+    docs = attach_commands.read_attachments(args)  # before anything loads or is stored
     chats = _open_chats(args)
     # Load the model first, so a bad model file leaves no trace in the conversations.
     engine = _open_engine(args)
@@ -695,8 +702,14 @@ def cmd_chat(args) -> int:
         parent_id = None
     system = args.system if args.system is not None else (conversation.system_prompt if conversation else "")
     # Refuse an overflowing message before anything is written: no empty "New chat" is left.
+    attached = attach_commands.AttachPlan()
+    if docs and not engine.is_remote:  # counted with the files in; searched when they do not fit
+        attached = attach_commands.plan(args, engine, chats, system, chats.path_to(parent_id) if parent_id else [],
+                                        args.text, docs)
+    elif docs:
+        attached = attach_commands.AttachPlan(docs=docs, sent=[None] * len(docs))
     if not engine.is_remote:  # a server checks its own context window
-        _check_fits(engine, system, chats.branches.path_to(parent_id) if parent_id else [], args.text)
+        _check_fits(engine, system, chats.branches.path_to(parent_id) if parent_id else [], attached.text or args.text)
     if conversation is None:
         conversation = chats.create_conversation(system_prompt=system)
     if args.system is not None and args.system != conversation.system_prompt:
@@ -705,6 +718,10 @@ def cmd_chat(args) -> int:
     from app.session import ConversationSession
 
     user = ConversationSession(chats).send(conversation.id, args.text, parent_id)
+    if docs:
+        attach_commands.store_and_link(chats, user.id, attached)
+        args.json_attachments = attached.info
+        args.attach_footer = f" · {attached.footer()}"
     label = engine.model_name() if engine.is_remote else _model_label(args)
     return _reply(args, engine, chats, conversation, user.id, label)
 

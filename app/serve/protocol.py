@@ -103,21 +103,42 @@ def _text(value: str, where: str) -> str:
 
 
 def _content(value, where: str) -> str:
-    """A message's content: a string, or a list of ``{"type": "text", "text": ...}`` parts."""
+    """A message's content: a string, or a list of ``{"type": "text", "text": ...}`` parts and
+    ``{"type": "file", "file": {"filename", "file_data"}}`` parts (the files rendered before the text)."""
     if isinstance(value, str):
         return _text(value, where)
     if value is None:
         return ""
     if isinstance(value, list):
-        texts = []
+        texts, files = [], []
         for i, part in enumerate(value):
+            if isinstance(part, dict) and part.get("type") == "file":  # an attached document
+                files.append(_file_part(part, f"{where}.content[{i}]"))
+                continue
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise _bad(f"{where}.content[{i}] is a '{kind}' part; this server takes text only.",
+                raise _bad(f"{where}.content[{i}] is a '{kind}' part; this server takes text and file parts only.",
                            f"{where}.content")
             texts.append(part["text"])
+        if files:
+            from engine.documents.render import render_message
+
+            return render_message(_text("".join(texts), where), files)
         return _text("".join(texts), where)
-    raise _bad(f"{where}.content must be a string or a list of text parts.", f"{where}.content", "invalid_type")
+    raise _bad(f"{where}.content must be a string or a list of text and file parts.", f"{where}.content", "invalid_type")
+
+
+def _file_part(part: dict, where: str):
+    """A ``file`` part's rendered document (``app/serve/file_parts.py``); 400 when it cannot be."""
+    from app.serve.file_parts import file_part
+    from engine.documents import DocumentError
+
+    try:
+        return file_part(part, where)
+    except DocumentError as exc:
+        raise _bad(str(exc), f"{where}.file", "invalid_file") from None
+    except ValueError as exc:
+        raise _bad(f"{exc}.", f"{where}.file") from None
 
 
 def parse_chat_request(body, defaults: SamplingParams | None = None) -> ChatRequest:

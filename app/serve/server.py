@@ -455,7 +455,7 @@ class ApiServer:
 
     async def _chat(self, request: Request) -> Response:
         body = await self._read_json(request)
-        req = protocol.parse_chat_request(body, self.sampling)
+        req = await asyncio.to_thread(protocol.parse_chat_request, body, self.sampling)  # file parts: seconds
         loop = asyncio.get_running_loop()
         job = _Job(req, loop, asyncio.Queue())
         try:

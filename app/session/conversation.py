@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from app.session.recorder import ReplyRecorder, ReplyState
 from engine.chat_template import ChatMessage, conversation_messages
+from engine.documents.attach import prompt_messages, with_attachments  # conversation_messages with attachments rendered in
 from storage.chat_records import DEFAULT_SAMPLING
 from storage.errors import NotFoundError
 
@@ -88,7 +89,7 @@ class ConversationSession:
         (when set), then the path, assistant messages with their saved token ids."""
         m = self.chats.get_message(user_message_id)
         conv = self.chats.get_conversation(m.conversation_id)
-        return conversation_messages(conv.system_prompt, self.chats.branches.path_to(user_message_id))
+        return prompt_messages(self.chats, conv.system_prompt, self.chats.branches.path_to(user_message_id))
 
     def prompt_before(self, message_id: int) -> list[ChatMessage]:
         """The engine's messages before ``message_id``: the system prompt (when set) and the
@@ -96,7 +97,7 @@ class ConversationSession:
         m = self.chats.get_message(message_id)
         conv = self.chats.get_conversation(m.conversation_id)
         path = self.chats.branches.path_to(m.parent_id) if m.parent_id is not None else []
-        return conversation_messages(conv.system_prompt, path)
+        return prompt_messages(self.chats, conv.system_prompt, path)
     def prompt_for_send(self, conversation_id: int | None, text: str,
                         system_prompt: str = "") -> tuple[list[ChatMessage], list[int | None]]:
         """The engine's messages for sending ``text`` under the active leaf of
@@ -105,7 +106,7 @@ class ConversationSession:
         path = self.chats.active_path(conversation_id) if conversation_id is not None else []
         if conversation_id is not None:
             system_prompt = self.chats.get_conversation(conversation_id).system_prompt
-        messages = conversation_messages(system_prompt, path) + [ChatMessage("user", text)]
+        messages = prompt_messages(self.chats, system_prompt, path) + [ChatMessage("user", text)]
         return messages, _prompt_ids(messages[:-1], path) + [None]
 
     def send_plan(self, conversation_id: int, text: str) -> SendPlan:
@@ -114,7 +115,7 @@ class ConversationSession:
         under ``SendPlan.parent_id``, with ``send``)."""
         conv = self.chats.get_conversation(conversation_id)
         path = self.chats.active_path(conversation_id)
-        messages = conversation_messages(conv.system_prompt, path) + [ChatMessage("user", text)]
+        messages = prompt_messages(self.chats, conv.system_prompt, path) + [ChatMessage("user", text)]
         return SendPlan(messages, path[-1].id if path else None, dict(conv.sampling))
 
     def prompt_with_ids(self, user_message_id: int) -> tuple[list[ChatMessage], list[int | None]]:
@@ -122,13 +123,13 @@ class ConversationSession:
         m = self.chats.get_message(user_message_id)
         conv = self.chats.get_conversation(m.conversation_id)
         path = self.chats.branches.path_to(user_message_id)
-        messages = conversation_messages(conv.system_prompt, path)
+        messages = prompt_messages(self.chats, conv.system_prompt, path)
         return messages, _prompt_ids(messages, path)
 
     def active_prompt(self, conversation_id: int) -> list[ChatMessage]:
         """The engine's messages for the active path of ``conversation_id`` (for a token count)."""
         conv = self.chats.get_conversation(conversation_id)
-        return conversation_messages(conv.system_prompt, self.chats.active_path(conversation_id))
+        return prompt_messages(self.chats, conv.system_prompt, self.chats.active_path(conversation_id))
 
     def shown_path(self, conversation_id: int, reply: ReplyRecorder | None = None) -> PathView:
         """The messages to show for ``conversation_id``: its active path; while ``reply``
@@ -181,8 +182,8 @@ class ConversationSession:
         by_id = {m.id: m for m in nodes}
         # one ChatMessage per message, shared by every path through it: pickled once (the
         # paths of a 300-message branch hold 45,000 entries but only 300 distinct messages)
-        system = conversation_messages(conv.system_prompt, [])
-        own = {m.id: conversation_messages("", [m]) for m in nodes}
+        system = prompt_messages(self.chats, conv.system_prompt, [])
+        own = {m.id: conversation_messages("", [m]) for m in with_attachments(self.chats, nodes)}
         paths = []
         for m in nodes:
             chain, cur = [], m

@@ -4,7 +4,8 @@ One conversation is the object ``app/export.py`` ``conversation_json`` writes:
 
     {"id", "title", "system_prompt", "sampling", "pinned", "created_at", "updated_at",
      "active_leaf_id", "active_path", "messages": [{"id", "parent_id", "role", "content",
-      "status", "model", "created_at", "stats", "token_ids"}]}
+      "status", "model", "created_at", "stats", "token_ids", "attachments" (user messages
+      with files: ``storage.attachments.exported``)}]}
 
 with messages in creation order (parents first). ``export --all``
 (``app/cli/import_commands.py`` ``write_export_all``) writes ``{"branchwise_export": 1, "conversations":
@@ -83,7 +84,8 @@ def conversation(raw: Any, n: int) -> SourceConversation:
             model=text_of(m.get("model")) or None,
             extra={"token_ids": token_ids, "stats": stats if isinstance(stats, dict) else None,
                    "status": text_of(m.get("status")) or "complete",
-                   "reasoning": m["reasoning"] if isinstance(m.get("reasoning"), str) else None},
+                   "reasoning": m["reasoning"] if isinstance(m.get("reasoning"), str) else None,
+                   "attachments": m.get("attachments")},  # storage.attachments.import_exported
         ))
     return conv
 

@@ -22,6 +22,7 @@ import sqlite3
 import time
 from typing import Any, Final
 
+from storage.attachments import import_exported
 from storage.chat_records import DEFAULT_TITLE, ROLES, STATUSES, checked_sampling, encode_token_ids
 from storage.chat_text import auto_title
 from storage.importers.records import FileReport, ImportFileError, ImportFormat, SourceConversation
@@ -59,6 +60,7 @@ class Writer:
         self._conversations: list[tuple] = []
         self._messages: list[tuple] = []
         self._updates: list[tuple] = []
+        self._attachments: list[tuple[int, str, list]] = []  # (message id, source id, exported files)
         self._seen: set[str] = set()
         self._now = time.time()
 
@@ -98,6 +100,8 @@ class Writer:
             if pm.role not in ROLES:
                 raise ImportFileError(f"message {pm.source_id!r} has an unknown role {pm.role!r}")
             self._messages.append(self._message_row(pm, conv_id, ids, times[pm.source_id]))
+            if (pm.extra or {}).get("attachments"):
+                self._attachments.append((ids[pm.source_id], pm.source_id, pm.extra["attachments"]))
         leaf = None if plan.current is None else ids[plan.current]
         updated = _time(conv.updated_at, None, latest)
         if existing is None:
@@ -126,7 +130,12 @@ class Writer:
         if self._updates:
             self.conn.executemany(
                 "UPDATE conversations SET active_leaf_id = ?, updated_at = ? WHERE id = ?", self._updates)
-        self._conversations, self._messages, self._updates = [], [], []
+        for message_id, source_id, files in self._attachments:
+            try:
+                import_exported(self.conn, message_id, files)
+            except ValueError as exc:
+                raise ImportFileError(f"message {source_id!r}: {exc}") from exc
+        self._conversations, self._messages, self._updates, self._attachments = [], [], [], []
 
     # -- helpers ------------------------------------------------------------------------
 

@@ -1,0 +1,151 @@
+"""Attachments in chats.sqlite3: stored once by SHA-256, searchable by file and page, in the
+prompt in their fixed form, exported and imported, and gone from every file with their last chat."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from app.session import ConversationSession
+from engine.documents import Document
+from engine.documents.attach import link, store
+from engine.documents.extract import extract
+from storage.attachments import for_chats
+from storage.chats import ChatStore
+
+DATA = Path(__file__).parent / "data" / "documents"
+RARE = "Quillfeatherstone"
+
+
+def _doc(data: bytes, name: str) -> Document:
+    return Document(name, hashlib.sha256(data).hexdigest(), len(data), extract(data, name), data)
+
+
+def _pdf() -> bytes:
+    from fpdf import FPDF
+
+    pdf = FPDF()
+    pdf.set_font("Helvetica", size=12)
+    for n in range(1, 4):
+        pdf.add_page()
+        pdf.multi_cell(0, 8, f"Page {n} of the charter."
+                       + (f" The keeper of the seal is {RARE} of Lower Wick." if n == 3 else ""))
+    return bytes(pdf.output())
+
+
+def _send_with(chats, conversation_id, text, docs):
+    user = ConversationSession(chats).send(conversation_id, text)
+    for d in docs:
+        store(chats, d)
+    link(chats, user.id, docs)
+    return user
+
+
+def test_stored_once_shared_searched_rendered(tmp_path):
+    chats = ChatStore(tmp_path / "chats.sqlite3")
+    doc = _doc(_pdf(), "charter.pdf")
+    a = chats.create_conversation()
+    b = chats.create_conversation()
+    ua = _send_with(chats, a.id, "Who keeps the seal?", [doc])
+    ub = _send_with(chats, b.id, "Summarise it.", [doc])
+    att = for_chats(chats)
+    assert att.count() == 1  # the same bytes twice: one row
+    assert att.original(doc.sha256) == doc.data
+    found = att.of_messages([ua.id, ub.id])
+    assert [x.sha256 for x in found[ua.id]] == [doc.sha256] == [x.sha256 for x in found[ub.id]]
+    assert found[ua.id][0].pages == 3
+    # the stored message is what the person typed; the prompt holds the block before it
+    assert chats.get_message(ua.id).content == "Who keeps the seal?"
+    prompt = ConversationSession(chats).prompt(ua.id)
+    assert prompt[-1].content == (
+        "[Attached file: charter.pdf (PDF, 3 pages)]\n[Page 1]\nPage 1 of the charter.\n[Page 2]\n"
+        "Page 2 of the charter.\n[Page 3]\nPage 3 of the charter. The keeper of the seal is "
+        f"{RARE} of Lower Wick.\n[End of charter.pdf]\n\nWho keeps the seal?")
+    # the search hit names the file and the page
+    hits = att.search(RARE.lower())
+    assert {(h.conversation_id, h.message_id, h.name, h.page) for h in hits} == {
+        (a.id, ua.id, "charter.pdf", 3), (b.id, ub.id, "charter.pdf", 3)}
+    assert RARE in hits[0].snippet
+    assert att.search("nothing-like-this") == []
+    chats.close()
+
+
+def test_deleting_the_last_chat_leaves_nothing_in_the_files(tmp_path):
+    path = tmp_path / "chats.sqlite3"
+    chats = ChatStore(path)
+    doc = _doc(_pdf(), "charter.pdf")
+    text = _doc(f"The {RARE} ledger, in plain text.".encode(), "ledger.txt")
+    a = chats.create_conversation()
+    b = chats.create_conversation()
+    _send_with(chats, a.id, "one", [doc, text])
+    ub = _send_with(chats, b.id, "two", [doc])
+    att = for_chats(chats)
+    assert att.count() == 2
+    chats.delete_conversation(a.id)
+    assert att.count() == 1  # the PDF is still used by b; the text file went with a
+    assert [h.name for h in att.search(RARE)] == ["charter.pdf"]
+    chats.delete_subtree(ub.id)  # deleting the message alone also lets the file go
+    assert att.count() == 0
+    chats.forget_deleted()
+    assert att.search(RARE) == []
+    chats.close()
+    att.close()
+    for f in tmp_path.iterdir():
+        blob = f.read_bytes()
+        for needle in (RARE.encode(), RARE.lower().encode(), b"Lower Wick", b"ledger, in plain", doc.data[:200]):
+            assert needle not in blob, (f.name, needle)
+
+
+def test_export_holds_the_text_and_import_restores_it(tmp_path):
+    from app.export import conversation_json
+    from storage.importers import import_files
+
+    chats = ChatStore(tmp_path / "a.sqlite3")
+    doc = _doc(_pdf(), "charter.pdf")
+    conv = chats.create_conversation()
+    user = _send_with(chats, conv.id, "Who keeps the seal?", [doc])
+    chats.add_message(conv.id, user.id, "assistant", "The keeper.")
+    data = conversation_json(chats, conv.id)
+    exported = data["messages"][0]["attachments"]
+    assert [(x["name"], x["sha256"], x["kind"], x["sent"]) for x in exported] == [
+        ("charter.pdf", doc.sha256, "PDF", None)]
+    assert RARE in json.dumps(exported)
+    from app.export import conversation_markdown
+
+    md = conversation_markdown(data)
+    assert "## User · message 1\n\n*Attached: charter\\.pdf (PDF\\, 3 pages)*\n\n```text\nWho keeps" in md
+    before = ConversationSession(chats).prompt(user.id)
+    out = tmp_path / "export.json"
+    out.write_text(json.dumps(data))
+    other = ChatStore(tmp_path / "b.sqlite3")
+    summary = import_files([out], other.path)
+    assert summary.conversations == 1, summary.to_dict()
+    (new,) = other.list_conversations()
+    path = other.active_path(new.id)
+    after = ConversationSession(other).prompt(path[0].id)
+    assert [m.content for m in after] == [m.content for m in before]
+    assert for_chats(other).original(doc.sha256) is None  # the export holds the text, not the file
+    # importing again adds nothing, and a bad attachment fails the file as a whole
+    assert import_files([out], other.path).messages == 0
+    data["messages"][0]["attachments"][0]["passages"] = [["x"]]
+    data["id"] = 999
+    out.write_text(json.dumps(data))
+    bad = import_files([out], other.path)
+    assert bad.failed and "passage that is not [number, page, text]" in json.dumps(bad.to_dict())
+    assert len(other.list_conversations()) == 1
+    chats.close()
+    other.close()
+
+
+def test_unlinked_files_are_dropped(tmp_path):
+    chats = ChatStore(tmp_path / "chats.sqlite3")
+    store(chats, _doc(b"orphan text", "o.txt"))
+    att = for_chats(chats)
+    assert att.count() == 1
+    assert att.drop_unlinked() == 1 and att.count() == 0
+    with pytest.raises(Exception, match="FOREIGN KEY"):
+        att.link(12345, [("0" * 64, "x", None)])
+    chats.close()
