@@ -17,7 +17,10 @@ from serve_procs import BranchwiseServe
 
 from app.serve.protocol import ApiError, parse_chat_request
 
-COUNT = "Count from 1 to 400, one number per line, with nothing else."
+ESSAY = "Write a long essay about deserts."
+"""At temperature 0 the default model writes all 1,500 tokens of ``--max-tokens`` for this
+one (it stops counting at 10, so a kill timed after the first 40 characters could find
+that reply already complete on a fast machine)."""
 
 
 def test_a_lone_surrogate_in_a_request_is_a_400_with_words():
@@ -119,7 +122,7 @@ def _children(pid: int) -> list[int]:
 def test_an_engine_child_killed_by_sigkill_says_what_was_kept(tmp_path):
     env = {**os.environ, "BRANCHWISE_DATA_DIR": str(tmp_path)}
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "chat", "--temperature", "0", "--max-tokens", "1500",
-                             "--threads", "1", COUNT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+                             "--threads", "1", ESSAY], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     shown = b""
     while len(shown) < 40:
         byte = proc.stdout.read(1)
