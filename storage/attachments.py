@@ -16,7 +16,7 @@ The same file attached twice, in one chat or two, is one ``attachments`` row. De
 message (with its chat, or its subtree) deletes its links through ``ON DELETE CASCADE``;
 a trigger deletes an attachment when its last link goes, its passages follow by cascade,
 and the FTS index is merged (``optimize``) so its old segments lose the words. With the
-chat store's ``secure_delete`` and WAL truncation (``ChatStore.forget_deleted``) nothing of
+chat store's ``secure_delete`` and WAL truncation (``ChatStore.deletion.forget_deleted``) nothing of
 the file stays in ``chats.sqlite3`` or its WAL.
 
 This module opens its own connection to the file the ``ChatStore`` uses (one per store,

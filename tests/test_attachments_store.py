@@ -87,9 +87,9 @@ def test_deleting_the_last_chat_leaves_nothing_in_the_files(tmp_path):
     chats.delete_conversation(a.id)
     assert att.count() == 1  # the PDF is still used by b; the text file went with a
     assert [h.name for h in att.search(RARE)] == ["charter.pdf"]
-    chats.delete_subtree(ub.id)  # deleting the message alone also lets the file go
+    chats.deletion.delete_subtree(ub.id)  # deleting the message alone also lets the file go
     assert att.count() == 0
-    chats.forget_deleted()
+    chats.deletion.forget_deleted()
     assert att.search(RARE) == []
     chats.close()
     att.close()

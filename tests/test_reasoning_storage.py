@@ -72,7 +72,8 @@ def test_split_reasoning_quotes() -> None:
 def test_migration_moves_the_quotes_of_earlier_imports_into_the_field(tmp_path: Path, monkeypatch) -> None:
     db = tmp_path / "chats.sqlite3"
     shipped = list(chat_schema.MIGRATIONS)
-    monkeypatch.setattr(chat_schema, "MIGRATIONS", shipped[:-1])  # schema 3: before the reasoning column
+    before = shipped[:shipped.index(chat_schema._migration_reasoning)]
+    monkeypatch.setattr(chat_schema, "MIGRATIONS", before)  # schema 3: before the reasoning column
     quoted = "> **Reasoning**\n>\n> Broth first.\n\nStart with the broth."
     own = "> **Reasoning**\n>\n> Noodles.\n\nBuy noodles."
     with ChatStore(db) as chats:
