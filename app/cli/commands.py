@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.version:
             return _print_version(args)
         if args.self_test:
-            from app.self_test import run_self_test
+            from app.cli.self_test import run_self_test
 
             return run_self_test()
         if args.command in (None, "gui"):
@@ -226,18 +226,18 @@ def main(argv: list[str] | None = None) -> int:
             data_dir = getattr(args, "data_dir", None) or args.gui_data_dir
             return run(data_dir, args.gui_model, screenshot=args.screenshot)
         if args.command == "bench" and args.threads:
-            from app.bench_threads import run_threads_bench
+            from app.bench.threads import run_threads_bench
 
             return run_threads_bench(as_json=args.json)
         if args.command == "bench" and args.cpu:
-            from app.bench_cpu import run_cpu_bench
+            from app.bench.cpu import run_cpu_bench
 
             return run_cpu_bench(as_json=args.json)
         if args.command == "bench":
-            from app.bench import run_bench
+            from app.bench.store import run_bench
 
             if args.serve:
-                from app.serve.bench import run_serve_bench
+                from app.bench.serve import run_serve_bench
 
                 return run_serve_bench(model=args.model, as_json=args.json, quick=args.quick)
 
@@ -645,7 +645,8 @@ def cmd_regenerate(args) -> int:
 
 
 def cmd_conversations(args) -> int:
-    from app.export import conversation_json, conversation_markdown
+    from app.session.markdown_export import conversation_markdown
+    from storage.importers.branchwise import conversation_json
     from app.cli.terminal_text import echo
 
     chats = _open_chats(args)

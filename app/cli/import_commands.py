@@ -76,6 +76,8 @@ def run_import(args: argparse.Namespace, data_dir: Path) -> int:
 
 def run_export_all(args: argparse.Namespace, chats: Any) -> int:
     """Write every conversation (``export --all``, always JSON) to ``args.output`` or standard output."""
+    from storage.importers.branchwise import write_export_all
+
     if args.output:
         count = write_file(Path(args.output), lambda out: write_export_all(chats, out))
         print(f"Exported {count} conversation{'s' * (count != 1)} to {args.output}.", file=sys.stderr)
@@ -107,24 +109,6 @@ def write_file(target: Path, write: Callable[[IO[str]], Any]) -> Any:
         Path(tmp).unlink(missing_ok=True)
         raise
     return result
-
-
-def write_export_all(chats: Any, out: IO[str]) -> int:
-    """Write ``{"branchwise_export": 1, "conversations": [...]}``, one conversation at a time.
-
-    Each element is ``app.export.conversation_json`` of one conversation, oldest
-    first (by id). Returns how many were written.
-    """
-    from app.export import conversation_json
-    from storage.importers.branchwise import EXPORT_VERSION
-
-    ids = sorted(c.id for c in chats.list_conversations())
-    out.write(f'{{"branchwise_export": {EXPORT_VERSION}, "conversations": [')
-    for n, conversation_id in enumerate(ids):
-        out.write(",\n" if n else "\n")
-        out.write(json.dumps(conversation_json(chats, conversation_id), ensure_ascii=False, indent=2))
-    out.write("\n]}\n")
-    return len(ids)
 
 
 # -- text output ----------------------------------------------------------------------------

@@ -22,9 +22,12 @@ Routes: ``POST /v1/chat/completions`` (streaming as server-sent events, and not)
 Served conversations are not written to chats.sqlite3: the client owns its history
 (it resends it with every request) and Branchwise's chat list stays the user's own.
 
-The window starts and stops the same class in-process: :meth:`ApiServer.start` runs
-uvicorn on a thread, :meth:`ApiServer.stop` ends it, :attr:`ApiServer.state` is a
-:class:`ServerState` and ``on_state`` reports every change (from a server thread).
+``branchwise serve`` calls :meth:`ApiServer.serve_forever`. The window does not run this
+class itself: Server → Start API server starts ``branchwise serve --json`` as a ``QProcess``
+child with its own engine (app/window/server_controller.py). :meth:`ApiServer.start` runs
+uvicorn on a thread of the calling process instead (the tests use it) and
+:meth:`ApiServer.stop` ends it; :attr:`ApiServer.state` is a :class:`ServerState` and
+``on_state`` reports every change (from a server thread).
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ The window's engine lives in its own child process and serves one conversation; 
 server needs an engine of its own (``app.serve.server.ApiServer`` runs requests on its
 own worker thread). So the window starts ``python -m app.cli serve --json`` on the same
 model file, context size and data folder: it has its own llama.cpp context and shares
-the prefix store (``kvcache.sqlite3``, SQLite WAL), so KV the window stored is restored
-for a client that sends the same history, and the other way round. The API key is
+the prefix store (``kvcache.sqlite3``: a rollback journal, ``journal_mode=DELETE``, whose
+locks let the two processes take turns), so KV the window stored is restored for a client
+that sends the same history, and the other way round. The API key is
 passed in the environment (``BRANCHWISE_API_KEY``), never on the command line.
 
 ``ServerController.state`` is an ``ApiState``; ``state_changed(str)`` fires on every

@@ -4,8 +4,9 @@
 returns an ``ImportSummary``; ``detect(path)`` names a file's format. One
 module per format reads it into ``SourceConversation`` records
 (``records.py``); ``tree.py`` checks and orders the tree; ``writer.py`` stores
-it; ``run.py`` handles files, zips, transactions, progress and cancelling;
-``backup.py`` writes ``export --all``.
+it; ``run.py`` handles files, zips, transactions, progress and cancelling.
+``branchwise.py`` holds Branchwise's own JSON both ways: it also writes
+``conversations export`` and ``export --all``.
 """
 
 from storage.importers.records import (
