@@ -15,58 +15,15 @@ import sys
 import threading
 from pathlib import Path
 
+from app.cli import supervisor
+from app.cli.arguments import Parser, add_remote_arguments, ctx_size, non_negative, parse_size, positive
+from app.cli.exit_codes import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE
+from app.cli import opening
+from app.cli.serve_command import add_serve_parser, cmd_serve
+
 log = logging.getLogger("branchwise")
 
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command ended by Ctrl+C
-
-
-def _size(text: str) -> int:
-    """Parse a byte size like ``500000``, ``200M``, ``1.5G`` (powers of 1024)."""
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    mult = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}.get(t[-1:], 1)
-    try:
-        value = int(float(t[:-1] if mult > 1 else t) * mult)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 500M or 2G)") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"the size must be positive, not {text!r}")
-    return value
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr (exit code 2), not a usage block."""
-
-    def error(self, message: str):
-        self.exit(2, f"branchwise: {message} (see '{self.prog} --help')\n")
-
-
-def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value >= 0:  # also NaN
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text!r}")
-    return value
-
-
-def _ctx_size(text: str) -> int:
-    value = _positive(text)
-    if value < 256:
-        raise argparse.ArgumentTypeError("the context size must be at least 256 tokens")
-    return value
+__all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_USAGE", "build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,34 +31,34 @@ def build_parser() -> argparse.ArgumentParser:
     from engine.settings import KV_TYPES, EngineSettings  # no llama_cpp: only the defaults
 
     defaults = EngineSettings()
-    common = _Parser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument("--data-dir", help="where chats and the KV cache live (default: the user data folder; env BRANCHWISE_DATA_DIR)")
     common.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     common.add_argument("--quiet", action="store_true", help="no progress bars on the terminal")
 
-    engine = _Parser(add_help=False)
+    engine = Parser(add_help=False)
     engine.add_argument("--model", help="a GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
-    engine.add_argument("--ctx-size", type=_ctx_size, default=8192, help="context window in tokens (default 8192)")
+    engine.add_argument("--ctx-size", type=ctx_size, default=8192, help="context window in tokens (default 8192)")
     engine.add_argument("--threads", type=int, default=0, help="CPU threads (default: the physical core count less one, at least 1)")
     engine.add_argument("--kv-type", choices=["f16", "q8_0"], default="f16", help="KV cache precision")
     engine.add_argument("--flash-attn", action="store_true",
                         help="use flash attention (faster prefill; replies after a restore may then differ "
                              "in rare cases from uncached ones; always on with --kv-type q8_0)")
-    engine.add_argument("--cache-budget", type=_size, default=None,
+    engine.add_argument("--cache-budget", type=parse_size, default=None,
                         help="most bytes the prefix store keeps, e.g. 2G (env BRANCHWISE_CACHE_BUDGET)")
     engine.add_argument("--no-cache", action="store_true", help="neither read nor write the prefix store")
     engine.add_argument("--repack", choices=["auto", "on", "off"], default="auto",
                         help="llama.cpp's CPU weight repacking: auto (off when llama.cpp has AMX kernels, "
                              "which crash on some CPUs), on or off (env BRANCHWISE_REPACK overrides)")
-    engine.add_argument("--max-tokens", type=_positive, help="most tokens in the reply")
-    engine.add_argument("--temperature", type=_non_negative, help="0 or more; 0 is deterministic")
+    engine.add_argument("--max-tokens", type=positive, help="most tokens in the reply")
+    engine.add_argument("--temperature", type=non_negative, help="0 or more; 0 is deterministic")
     engine.add_argument("--seed", type=int, help="sampling seed")
     engine.add_argument("--top-p", type=float, help="nucleus sampling threshold")
     engine.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
     engine.add_argument("--min-p", type=float, help="drop tokens below this fraction of the top probability")
     engine.add_argument("--repeat-penalty", type=float, help="penalty for recently generated tokens (1 = none)")
 
-    p = _Parser(
+    p = Parser(
         prog="branchwise",
         description="Branchwise: chat with local models; never read the same tokens twice.",
     )
@@ -111,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="store_true",
                    help="print the versions, llama.cpp's CPU features and the weight-repacking decision")
     p.add_argument("--screenshot", metavar="PNG", help="open the window offscreen, save a screenshot, exit")
-    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+    sub = p.add_subparsers(dest="command", parser_class=Parser)
 
     chat = sub.add_parser("chat", parents=[common, engine], help="send a message and stream the reply")
     chat.add_argument("--conversation", type=int, help="continue this conversation (default: a new one)")
@@ -123,14 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
                            help="a new sibling reply for an assistant message, or a reply to an unanswered "
                                 "message of yours")
     regen.add_argument("message_id", type=int)
-    from app.serve.commands import add_remote_arguments, add_serve_parser
-
     for parser in (chat, regen):
         add_remote_arguments(parser)
     add_serve_parser(sub, [common, engine])
 
     conv = sub.add_parser("conversations", help="list, show or export conversations")
-    conv_sub = conv.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    conv_sub = conv.add_subparsers(dest="action", required=True, parser_class=Parser)
     conv_sub.add_parser("list", parents=[common], help="every conversation: id, * when pinned, title")
     show = conv_sub.add_parser("show", parents=[common], help="the active branch of one conversation")
     show.add_argument("id", type=int)
@@ -146,11 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     cli_import.add_import_parser(sub, common)
 
     cache = sub.add_parser("cache", help="the KV prefix store")
-    cache_sub = cache.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    cache_sub = cache.add_subparsers(dest="action", required=True, parser_class=Parser)
     for name, text in (("stats", "sizes and hit counts"), ("verify", "check every block's checksum, remove bad ones"),
                        ("clear", "remove every block")):
         c = cache_sub.add_parser(name, parents=[common], help=text)
-        c.add_argument("--cache-budget", type=_size, default=None, help=argparse.SUPPRESS)
+        c.add_argument("--cache-budget", type=parse_size, default=None, help=argparse.SUPPRESS)
 
     bench = sub.add_parser("bench", help="measure cold prefill vs resume, restore speed and sharing")
     bench.add_argument("--json", action="store_true", help="print the figures as one JSON object")
@@ -182,14 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _model_before_command(parser, args)
     _setup_logging(args)
-    from app.cli import supervisor
     from storage.errors import StorageError
 
     crash_log = None
     if args.self_test or args.command in ENGINE_COMMANDS:
         # Decided before anything heavy is imported: the parent only waits (app/cli/supervisor.py).
         try:
-            data_dir = _data_dir(args)
+            data_dir = opening.data_dir(args)
         except StorageError as exc:
             print(f"branchwise: {exc}", file=sys.stderr)
             return EXIT_ERROR
@@ -246,13 +200,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "models":
             from app.cli import models_commands
 
-            return models_commands.run(args, _data_dir(args))
+            return models_commands.run(args, opening.data_dir(args))
         if args.command == "import":
             from app.cli.import_commands import run_import
 
-            return run_import(args, _data_dir(args))
-        from app.serve.commands import cmd_serve
-
+            return run_import(args, opening.data_dir(args))
         handler = {"chat": cmd_chat, "regenerate": cmd_regenerate, "serve": cmd_serve,
                    "conversations": cmd_conversations, "cache": cmd_cache}[args.command]
         return handler(args)
@@ -317,7 +269,7 @@ def _print_version(args) -> int:
 
     versions = cpu.build_versions()
     info = cpu.system_info()
-    data_dir = _data_dir(args)
+    data_dir = opening.data_dir(args)
     try:
         decision = cpu.decide_repack("auto", os.environ.get(cpu.ENV_VAR), info, cpu.CrashVerdict.applies(data_dir))
     except ValueError as exc:
@@ -329,77 +281,6 @@ def _print_version(args) -> int:
     print(f"{'weight repacking':<18}{'on' if decision.repack else 'off'} ({decision.source}: {decision.reason})")
     print(f"{'data folder':<18}{data_dir}")
     return 0
-
-
-# -- shared helpers ----------------------------------------------------------------------
-
-
-def _data_dir(args) -> Path:
-    from storage.paths import resolve_data_dir
-
-    return resolve_data_dir(getattr(args, "data_dir", None) or getattr(args, "gui_data_dir", None))
-
-
-def _open_chats(args):
-    from storage.chats import ChatStore
-    from storage.paths import CHATS_DB
-
-    chats = ChatStore(_data_dir(args) / CHATS_DB)
-    chats.mark_interrupted_streams()  # replies cut short by a crash or a kill become "stopped"
-    return chats
-
-
-def _open_store(args):
-    from storage.paths import KVCACHE_DB
-    from storage.prefix_store import DEFAULT_BUDGET_BYTES, PrefixStore
-
-    budget = getattr(args, "cache_budget", None) or _size(os.environ.get("BRANCHWISE_CACHE_BUDGET", "")
-                                                          or str(DEFAULT_BUDGET_BYTES))
-    return PrefixStore(_data_dir(args) / KVCACHE_DB, budget_bytes=budget)
-
-
-def _open_engine(args):
-    if getattr(args, "engine_url", None):
-        from app.serve.commands import open_remote_engine
-
-        return open_remote_engine(args)
-    from app.cli.storage_commands import check_model_path
-    from engine.core import Engine
-    from engine.cpu import CrashVerdict
-    from engine.model_file import default_model_path
-    from engine.settings import EngineSettings
-
-    check_model_path(args.model)
-    from app.cli.models_commands import resolve_model
-
-    args.model = resolve_model(args.model, _data_dir(args))  # a library name, or a path
-    settings = EngineSettings.for_kv_type(args.kv_type, n_ctx=args.ctx_size, n_threads=args.threads,
-                                          flash_attn=args.flash_attn, repack=args.repack)
-    store = None
-    if not args.no_cache:
-        from storage.errors import StorageError
-
-        try:
-            store = _open_store(args)
-        except StorageError as exc:
-            print(f"branchwise: running without the KV cache: {exc}", file=sys.stderr)
-    from app.cli.progress import TerminalProgress
-
-    args.progress = TerminalProgress.for_args(args)
-    with args.progress.loading():
-        return Engine(args.model or default_model_path(), settings, store, progress=args.progress.hashing,
-                      crash_verdict=CrashVerdict.applies(_data_dir(args)))
-
-
-def _sampling(args, conversation):
-    from engine.settings import SamplingParams
-
-    s = dict(conversation.sampling or {})
-    for name in ("max_tokens", "temperature", "seed", "top_p", "top_k", "min_p", "repeat_penalty"):
-        value = getattr(args, name, None)
-        if value is not None:
-            s[name] = value
-    return SamplingParams.from_dict(s)
 
 
 def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> int:
@@ -447,7 +328,7 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
     interrupts.report(conversation=conversation.id, user=parent_id)  # for a second Ctrl+C
     try:
         with interrupts.stop_sets(threading.Event()) as cancel:  # Ctrl+C, kill: stop between steps
-            result = engine.generate(messages, _sampling(args, conversation),
+            result = engine.generate(messages, opening.sampling(args, conversation),
                                      use_cache=use_cache, on_token=on_token, snapshot=False, cancel=cancel,
                                      on_progress=progress.on_progress if progress is not None else None)
     except ContextOverflowError as exc:
@@ -500,8 +381,6 @@ def _reply(args, engine, chats, conversation, parent_id, model_label: str) -> in
             "saved": saved.to_dict(),
         }))
     elif remote:
-        from app.serve.commands import remote_stats_line
-
         sys.stdout.write("\n")
         print(remote_stats_line(conversation.id, msg_id, result.stats), file=sys.stderr)
     else:
@@ -542,6 +421,14 @@ def _cut_note(stats) -> str:
     if stats.finish_reason == "context":
         return " · cut: the context window is full (--ctx-size)"
     return ""
+
+
+def remote_stats_line(conversation_id: int, message_id: int, s) -> str:
+    """The closing line of a turn answered by ``--engine-url`` (``s``: its GenerationStats)."""
+    cached = f"cached {s.restored_tokens:,} of {s.prompt_tokens:,} prompt tokens · " if s.reported else \
+        "no usage reported · "
+    return (f"[conversation {conversation_id} · message {message_id} · {s.model} at {s.server} · {cached}"
+            f"TTFT {s.ttft_ms:.0f} ms · {s.decode_tokens_per_s:.1f} tok/s]")
 
 
 def _overflow_error(prompt_tokens: int, n_ctx: int) -> ValueError:
@@ -585,9 +472,9 @@ def cmd_chat(args) -> int:
     args.text = message_text(args)
     if not args.text.strip():
         raise ValueError("The message is empty; type something to send.")
-    chats = _open_chats(args)
+    chats = opening.open_chats(args)
     # Load the model first, so a bad model file leaves no trace in the conversations.
-    engine = _open_engine(args)
+    engine = opening.open_engine(args)
     if args.parent is not None:
         parent = chats.get_message(args.parent)
         if parent.role != "assistant":
@@ -629,7 +516,7 @@ def cmd_chat(args) -> int:
 
 
 def cmd_regenerate(args) -> int:
-    chats = _open_chats(args)
+    chats = opening.open_chats(args)
     msg = chats.get_message(args.message_id)
     if msg.role == "user" and not chats.children(msg.id, msg.conversation_id):
         parent_id = msg.id  # an unanswered message of the user's (a crash, Ctrl+C): answer it in place
@@ -639,7 +526,7 @@ def cmd_regenerate(args) -> int:
     else:
         parent_id = msg.parent_id
     conversation = chats.get_conversation(msg.conversation_id)
-    engine = _open_engine(args)
+    engine = opening.open_engine(args)
     label = engine.model_name() if engine.is_remote else _model_label(args)
     return _reply(args, engine, chats, conversation, parent_id, label)
 
@@ -649,7 +536,7 @@ def cmd_conversations(args) -> int:
     from storage.importers.branchwise import conversation_json
     from app.cli.terminal_text import echo
 
-    chats = _open_chats(args)
+    chats = opening.open_chats(args)
     if args.action == "list":
         rows = chats.list_conversations()
         if args.json:
@@ -670,7 +557,7 @@ def cmd_conversations(args) -> int:
     if args.action == "delete":
         from app.cli.storage_commands import cmd_delete
 
-        return cmd_delete(args, chats, lambda: _open_store(args))
+        return cmd_delete(args, chats, lambda: opening.open_store(args))
     if args.all:
         from app.cli.import_commands import run_export_all
 
@@ -698,7 +585,7 @@ def cmd_conversations(args) -> int:
 
 
 def cmd_cache(args) -> int:
-    store = _open_store(args)
+    store = opening.open_store(args)
     if args.action == "clear":
         store.clear()
         result = {"cleared": True, **store.stats()}

@@ -60,6 +60,7 @@ from app.serve.protocol import ApiError, ChatRequest, StopScanner
 from app.serve.replies import ReplyMemory
 from engine.chat_template import ChatMessage
 from engine.errors import ContextOverflowError, EngineError, TemplateError
+from engine.process_exit import RepeatFilter
 from engine.settings import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -186,9 +187,6 @@ class ApiServer:
         if _drop_bind_errors not in uvicorn_log.filters:
             uvicorn_log.addFilter(_drop_bind_errors)
         owner = self
-
-        from app.cli.interrupts import RepeatFilter
-
         repeats = RepeatFilter()
 
         class _Server(uvicorn.Server):

@@ -1,5 +1,5 @@
-"""The command-line side of the OpenAI-compatible API: ``branchwise serve`` and the
-``--engine-url`` options of ``chat`` and ``regenerate`` (hooked in by app/cli/commands.py)."""
+"""``branchwise serve``: the command-line side of the OpenAI-compatible API (the server
+itself is app/serve/server.py; the ``--engine-url`` client is engine/remote.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from app.cli import opening
 from app.serve import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_QUEUE
 
 SERVE_HELP = """\
@@ -43,33 +44,6 @@ def add_serve_parser(sub, parents: list) -> None:
                    help=f"requests that may wait behind the running one before 429 (default {DEFAULT_QUEUE})")
 
 
-def add_remote_arguments(parser) -> None:
-    """``--engine-url/--engine-key/--engine-model`` for ``chat`` and ``regenerate``."""
-    parser.add_argument("--engine-url", metavar="URL",
-                        help="send the request to this OpenAI-compatible server (e.g. http://gpu-box:8000/v1) "
-                             "instead of the local model; the conversation stays here. The only network "
-                             "connection Branchwise makes, and only to this URL")
-    parser.add_argument("--engine-key", metavar="KEY", help="API key for --engine-url (env BRANCHWISE_ENGINE_KEY)")
-    parser.add_argument("--engine-model", metavar="NAME",
-                        help="model name to request from --engine-url (default: the first it lists)")
-
-
-def open_remote_engine(args):
-    import os
-
-    from engine.remote import RemoteEngine
-
-    key = args.engine_key or os.environ.get("BRANCHWISE_ENGINE_KEY") or None
-    return RemoteEngine(args.engine_url, key, args.engine_model)
-
-
-def remote_stats_line(conversation_id: int, message_id: int, s) -> str:
-    cached = f"cached {s.restored_tokens:,} of {s.prompt_tokens:,} prompt tokens · " if s.reported else \
-        "no usage reported · "
-    return (f"[conversation {conversation_id} · message {message_id} · {s.model} at {s.server} · {cached}"
-            f"TTFT {s.ttft_ms:.0f} ms · {s.decode_tokens_per_s:.1f} tok/s]")
-
-
 def cmd_serve(args) -> int:
     import os
 
@@ -83,14 +57,10 @@ def cmd_serve(args) -> int:
                          f"could use the model. Pass --api-key KEY, or leave --host at {DEFAULT_HOST}.")
     if not 0 <= args.port <= 65535:
         raise ServeError(f"--port must be between 0 and 65535, not {args.port}.")
-    from app.cli.commands import _data_dir, _open_engine
-
-    from app.cli.commands import _sampling
-
-    engine = _open_engine(args)
-    defaults = _sampling(args, _NoConversation())
+    engine = opening.open_engine(args)
+    defaults = opening.sampling(args, _NoConversation())
     model_id = Path(args.model).stem if args.model else "SmolLM2-135M-Instruct.Q4_1"
-    memory = ReplyMemory(_data_dir(args) / FILE_NAME)
+    memory = ReplyMemory(opening.data_dir(args) / FILE_NAME)
     server = ApiServer(engine, model_id, host=args.host, port=args.port, api_key=api_key,
                        queue_size=max(args.queue_size, 1), reply_memory=memory,
                        sampling=defaults, use_cache=not args.no_cache,
