@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 from app.cli.arguments import parse_size
-from app.cli.models_commands import resolve_model
 from app.cli.progress import TerminalProgress
 from app.cli.storage_commands import check_model_path
 
@@ -117,3 +116,14 @@ def open_remote_engine(args):
 
     key = args.engine_key or os.environ.get("BRANCHWISE_ENGINE_KEY") or None
     return RemoteEngine(args.engine_url, key, args.engine_model)
+
+
+def resolve_model(model: str | None, data_dir: Path) -> str | None:
+    """``chat --model X``: X itself when it is a path that exists or looks like one, else
+    the library model called X (its first part), else X unchanged (the load then names it)."""
+    if not model or Path(model).exists() or "/" in model or "\\" in model:
+        return model
+    from engine.hub.library import find
+
+    found = find(data_dir, model)
+    return found.path if found else model

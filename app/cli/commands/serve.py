@@ -8,7 +8,14 @@ import sys
 from pathlib import Path
 
 from app.cli import opening
+from app.cli.arguments import common_options, engine_options
 from app.serve import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_QUEUE
+
+NAME = "serve"
+LOADS_ENGINE = True
+"""Runs in the supervised child (app/cli/supervisor.py)."""
+STOP_ON_TERM = False
+"""uvicorn takes SIGTERM itself."""
 
 SERVE_HELP = """\
 Serve the model and its KV prefix store over an OpenAI-compatible HTTP API:
@@ -31,9 +38,10 @@ It listens on 127.0.0.1 only, unless --host names another address; that needs
 --api-key, and then every request must send 'Authorization: Bearer KEY'."""
 
 
-def add_serve_parser(sub, parents: list) -> None:
-    """Add ``serve`` to the CLI's subcommands (``parents``: the data-dir and engine options;
-    the sampling options become the defaults for fields a request leaves out)."""
+def add_parser(sub) -> None:
+    """Add ``serve`` to the CLI's subcommands (with the data-dir and engine options; the
+    sampling options become the defaults for fields a request leaves out)."""
+    parents = [common_options(), engine_options()]
     p = sub.add_parser("serve", parents=parents, help="an OpenAI-compatible API for other tools",
                        description=SERVE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST}; "
@@ -44,7 +52,12 @@ def add_serve_parser(sub, parents: list) -> None:
                    help=f"requests that may wait behind the running one before 429 (default {DEFAULT_QUEUE})")
 
 
-def cmd_serve(args) -> int:
+def run(args) -> int:
+    """Serve until SIGINT or SIGTERM; returns the exit code (0 once stopped).
+
+    Raises:
+        ServeError: a public ``--host`` without an API key, or a port out of range.
+    """
     import os
 
     from app.serve.replies import FILE_NAME, ReplyMemory
