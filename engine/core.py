@@ -294,7 +294,7 @@ class Engine:
             if cancel is not None and cancel.is_set():
                 stats.finish_reason = "cancelled"
                 break
-            token = sampler.sample(llama._ctx, -1)
+            token = llama_cpp.llama_sampler_sample(sampler.sampler, llama.ctx, -1)
             if t_first is None:
                 t_first = time.perf_counter()
                 stats.ttft_ms = (t_first - t0) * 1000
