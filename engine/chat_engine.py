@@ -48,20 +48,30 @@ class GenerationStats:
     checkpoint_tokens: int = 0  # position of the checkpoint restored (models with checkpoints)
     cache_note: str = ""  # why the store could not be used for this request, in words
     finish_reason: str = ""  # "stop" (end of turn), "length" (max tokens), "context", "cancelled"
+    reasoning_tokens: int = 0  # generated tokens of the reply's thinking (engine/reasoning.py)
+    reasoning_ms: float = 0.0  # from the first generated token to the end of the thinking
+    speculative: str = "none"  # the speculative decoding used: "none", "lookup", "draft:PATH"
+    drafted_tokens: int = 0  # tokens drafted for verification (engine/speculative.py)
+    accepted_tokens: int = 0  # of those, accepted: emitted without a step of their own
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        for k in ("restore_ms", "prefill_ms", "ttft_ms", "decode_tokens_per_s", "snapshot_ms", "recompute_ms"):
+        for k in ("restore_ms", "prefill_ms", "ttft_ms", "decode_tokens_per_s", "snapshot_ms", "recompute_ms",
+                  "reasoning_ms"):
             d[k] = round(d[k], 2)
         return d
 
 
 @dataclass
 class GenerationResult:
+    """``text`` is the answer; ``reasoning`` the thinking before it (None: the model wrote
+    none, and ``text`` is the whole reply); ``token_ids`` every generated id, both parts."""
+
     text: str
     token_ids: list[int]
     stats: GenerationStats
     prompt_ids: list[int] = field(default_factory=list)
+    reasoning: str | None = None
 
 
 @runtime_checkable

@@ -26,6 +26,7 @@ marker, before it is shown or saved (:mod:`engine.stop_strings`).
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from collections import OrderedDict
@@ -35,6 +36,7 @@ from enum import StrEnum
 
 from engine.errors import TemplateError
 from engine.stop_strings import StopMatcher, Tokenize
+from engine.tool_calls import ToolFormat, detect_format, generic_chat_messages, template_message
 from engine.template_sandbox import (  # re-exported: importers name them from here
     MAX_INT_BITS,
     MAX_OUTPUT_CHARS,
@@ -73,22 +75,54 @@ CHATML_TEMPLATE = (
 )
 
 _SENTINEL = "\ue000bw{}\ue001"  # private-use code points: never in a template's own text
-_SENTINEL_RE = re.compile("\ue000bw(\\d+)\ue001")
+_SENTINEL_RE = re.compile("\ue000b([wr])(\\d+)\ue001")  # w: a message's content, r: its reasoning
+_REASONING_SENTINEL = "\ue000br{}\ue001"
+REASONING_FIELDS = ("reasoning_content", "thinking")
+"""Keys an earlier assistant turn's reasoning is passed in: Qwen3-style templates (and
+DeepSeek's API) read ``reasoning_content``, gpt-oss's reads ``thinking``. A template that
+reads neither never sees the reasoning."""
+
+
+def _message_dict(m: ChatMessage, content: str, reasoning: str | None = None) -> dict:
+    """A message as the template sees it (``engine.tool_calls.template_message``: tool
+    calls and results), the reasoning of an assistant reply in the keys of
+    :data:`REASONING_FIELDS` (only when it has one)."""
+    d = template_message(m, content)
+    if m.role == "assistant" and m.reasoning is not None:
+        for key in REASONING_FIELDS:
+            d[key] = m.reasoning if reasoning is None else reasoning
+    return d
 
 
 @dataclass(frozen=True)
 class ChatMessage:
-    """One message of the prompt. ``token_ids`` are the generated ids of an assistant reply."""
+    """One message of the prompt. ``token_ids`` are the generated ids of an assistant reply;
+    ``reasoning`` its thinking when a reasoning model wrote one (None: none), ``content``
+    then being the answer alone (see :meth:`PromptBuilder.build`)."""
 
     role: str
     content: str
     token_ids: Sequence[int] | None = None
-
+    reasoning: str | None = None
+    tool_calls: tuple[dict, ...] | None = None  # an assistant's calls, OpenAI's objects
+    tool_call_id: str | None = None  # a "tool" message: the call it answers
+    name: str | None = None  # a "tool" message: the tool's name
 
     def to_dict(self) -> dict:
         """The form the engine process receives (``engine.worker``)."""
         ids = [int(t) for t in self.token_ids] if self.token_ids is not None else None
-        return {"role": self.role, "content": self.content, "token_ids": ids}
+        out = {"role": self.role, "content": self.content, "token_ids": ids, "reasoning": self.reasoning}
+        for key in ("tool_calls", "tool_call_id", "name"):
+            if getattr(self, key) is not None:
+                out[key] = list(self.tool_calls) if key == "tool_calls" else getattr(self, key)
+        return out
+
+    def template_dict(self, content: str, reasoning: str | None = None) -> dict:
+        """The message as a chat template sees it, with ``content`` in place of its own
+        (tool calls' arguments as objects, as templates that loop over them expect; the
+        reasoning of an assistant reply in :data:`REASONING_FIELDS`, ``reasoning`` in place
+        of it when given)."""
+        return _message_dict(self, content, reasoning)
 
 
 def conversation_messages(system_prompt: str, path) -> list[ChatMessage]:
@@ -96,7 +130,8 @@ def conversation_messages(system_prompt: str, path) -> list[ChatMessage]:
     such as ``storage.chats.Message``): the system prompt first when it is not blank, then
     the user and assistant messages, assistant ones with the ids that were generated."""
     out = [ChatMessage("system", system_prompt)] if system_prompt.strip() else []
-    out += [ChatMessage(m.role, m.content, m.token_ids if m.role == "assistant" else None)
+    out += [ChatMessage(m.role, m.content, m.token_ids if m.role == "assistant" else None,
+                        getattr(m, "reasoning", None) if m.role == "assistant" else None)
             for m in path if m.role in ("user", "assistant")]
     return out
 
@@ -241,12 +276,14 @@ class PromptBuilder:
         self.format = PromptFormat.MODEL_TEMPLATE
         self.note = ""
         self.stop_strings: tuple[str, ...] = ()
+        self.tool_format = ToolFormat.GENERIC  # the tool-call syntax (engine.tool_calls)
         if template is None or not template.strip():
             why = missing_reason or ("The model file has no chat template" if template is None
                                      else "The model's chat template is blank")
             self._use_chatml(why)
             return
         self._template = compile_template(template)
+        self.tool_format = detect_format(template)
         probe = "Hello \u2013 what is 2+2?"
         try:
             text = self._render([{"role": "user", "content": probe}], True)
@@ -260,6 +297,7 @@ class PromptBuilder:
     def _use_chatml(self, why: str) -> None:
         self._template = compile_template(CHATML_TEMPLATE)
         self.format = PromptFormat.CHATML_FALLBACK
+        self.tool_format = ToolFormat.GENERIC
         self.stop_strings = CHATML_STOP_STRINGS
         self.note = (f"{why}, so Branchwise uses the ChatML prompt format and ends each reply at "
                      "ChatML's <|im_end|> marker. Replies may be poor: this may be a base model, "
@@ -272,12 +310,14 @@ class PromptBuilder:
 
     def render(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> str:
         """The template's text for ``messages`` (for display and debugging)."""
-        return self._render([{"role": m.role, "content": m.content} for m in messages], add_generation_prompt)
+        return self._render([_message_dict(m, m.content) for m in messages], add_generation_prompt)
 
-    def _render(self, msgs: list[dict], add_generation_prompt: bool) -> str:
+    def _render(self, msgs: list[dict], add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
+        extra = {"tools": tools} if tools else {}
         try:
             return render_bounded(
                 self._template,
+                **extra,
                 messages=msgs,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
@@ -288,15 +328,26 @@ class PromptBuilder:
         except Exception as exc:  # jinja2 errors and template-side type errors
             raise TemplateError(f"The model's chat template failed: {exc}") from exc
 
-    def build(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
-        """Prompt token ids for ``messages``, ending with the assistant's turn header."""
-        placeholders = [{"role": m.role, "content": _SENTINEL.format(i)} for i, m in enumerate(messages)]
-        text = self._render(placeholders, add_generation_prompt)
-        found = [int(g) for g in _SENTINEL_RE.findall(text)]
+    def build(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
+              tools: list[dict] | None = None) -> list[int]:
+        """Prompt token ids for ``messages``, ending with the assistant's turn header.
+        ``tools`` (OpenAI's function objects) are rendered by the template, or with
+        :attr:`tool_format` GENERIC described in a system message (``engine.tool_calls``).
+
+        An assistant reply with ``reasoning`` (not None) goes to the template with the
+        answer as ``content`` and the reasoning in :data:`REASONING_FIELDS`; whatever the
+        template keeps of the two is tokenized as text (the reply's generated ids hold
+        the thinking, which most templates drop from earlier turns)."""
+        if self.tool_format is ToolFormat.GENERIC and (tools or any(m.tool_calls or m.role == "tool" for m in messages)):
+            messages, tools = generic_chat_messages(messages, tools), None
+        placeholders = [m.template_dict(_SENTINEL.format(i), _REASONING_SENTINEL.format(i))
+                        for i, m in enumerate(messages)]
+        text = self._render(placeholders, add_generation_prompt, tools)
+        found = [int(i) for kind, i in _SENTINEL_RE.findall(text) if kind == "w"]
         if found != list(range(len(messages))):
             # The template transforms or reorders content; render it for real. Prefix
             # stability may suffer, correctness does not.
-            return self._with_bos(self._fallback(messages, add_generation_prompt))
+            return self._with_bos(self._fallback(messages, add_generation_prompt, tools))
 
         ids: list[int] = []
         pending: list[str] = []
@@ -310,15 +361,18 @@ class PromptBuilder:
         for match in _SENTINEL_RE.finditer(text):
             pending.append(text[pos : match.start()])
             pos = match.end()
-            m = messages[int(match.group(1))]
-            if m.role == "assistant" and m.token_ids is not None:
+            m = messages[int(match.group(2))]
+            content = m.content if match.group(1) == "w" else (m.reasoning or "")
+            if m.role == "tool" and text[match.start() - 1 : match.start()] == text[match.end() : match.end() + 1] == '"':
+                content = json.dumps(content, ensure_ascii=False)[1:-1]  # the template tojson'd a tool result
+            if m.role == "assistant" and m.token_ids is not None and m.reasoning is None:
                 flush()
                 ids.extend(int(t) for t in m.token_ids)
-            elif self._is_plain(m.content):
-                pending.append(m.content)
+            elif self._is_plain(content):
+                pending.append(content)
             else:
                 flush()
-                ids.extend(self._tokenize(m.content, False))
+                ids.extend(self._tokenize(content, False))
         pending.append(text[pos:])
         flush()
         return self._with_bos(ids)
@@ -329,14 +383,15 @@ class PromptBuilder:
             self._tokenize(content, True) == self._tokenize(content, False)
         )
 
-    def _fallback(self, messages: Sequence[ChatMessage], add_generation_prompt: bool) -> list[int]:
-        if not all(self._is_plain(m.content) for m in messages):
+    def _fallback(self, messages: Sequence[ChatMessage], add_generation_prompt: bool,
+                  tools: list[dict] | None = None) -> list[int]:
+        if not all(self._is_plain(m.content) and self._is_plain(m.reasoning or "") for m in messages):
             raise TemplateError(
                 "This model's chat template cannot safely include text that looks like "
                 "control tokens. Remove them from the message."
             )
-        msgs = [{"role": m.role, "content": m.content} for m in messages]
-        return self._tokenize(self._render(msgs, add_generation_prompt), True)
+        msgs = [m.template_dict(m.content) for m in messages]
+        return self._tokenize(self._render(msgs, add_generation_prompt, tools), True)
 
     def _with_bos(self, ids: list[int]) -> list[int]:
         if self.add_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):

@@ -32,11 +32,9 @@ through them: position, prefill, decode, snapshot.
 
 from __future__ import annotations
 
-import codecs
 import ctypes
 import json
 import logging
-import random
 import sys
 import threading
 import time
@@ -46,15 +44,17 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from engine import cpu, kv_codec
+from engine import kv_codec, speculative
 from engine.cache_strategy import CacheStrategy, strategy_for
 from engine.cache_strategy.base import CUT_CHUNK_BYTES, MIN_RESTORE_TOKENS
 from engine.chat_engine import ChatEngine, GenerationResult, GenerationStats, ProgressFn, TokenFn
 from engine.chat_template import ChatMessage
+from engine.decoding import decode_reply
 from engine.errors import ContextOverflowError, EngineError
 from engine.fingerprint import cached_file_digest, fingerprint
 from engine.live_context import MIN_BATCH, LiveContext, batches
 from engine.model import LoadedModel
+from engine.reasoning import ReasoningSteer, grammar_from_env
 from engine.settings import EngineSettings, SamplingParams
 from storage.errors import StorageFullError
 from storage.prefix_store import PrefixStore, StoreError
@@ -152,6 +152,18 @@ class Engine:
         self.mode = self.model.cache_mode
         self.kind = self.mode.state_kind
         self.cache = strategy_for(self.mode)(self, cut_buffer)
+        self.grammar = grammar_from_env()  # internal: a GBNF every reply is sampled with (tests)
+        self.steer: ReasoningSteer | None = None
+        # Speculative decoding cuts rejected drafts off the live context: only for models
+        # whose state can be cut back (dense attention).
+        setting = self.settings.speculative  # parsed by EngineSettings
+        self.speculation: speculative.Speculation | None = None
+        if setting != speculative.NONE and self.cache.cuts_back:
+            try:
+                self.speculation = speculative.Speculation(setting, self.llama, self.settings.threads)
+            except EngineError:
+                self.model.close()
+                raise
 
     # -- prompts ---------------------------------------------------------------------
 
@@ -199,12 +211,22 @@ class Engine:
         on_progress: ProgressFn | None = None,
         cancel: threading.Event | None = None,
         snapshot: bool = True,
+        on_reasoning: TokenFn | None = None,
+        thinking_budget: int | None = None,
+        tools: list[dict] | None = None,
+        grammar: str | None = None,
     ) -> GenerationResult:
         """Generate the assistant's reply to ``messages``.
 
         ``use_cache=False`` neither reads nor writes the prefix store nor reuses the live
         context: every prompt token is prefilled. With ``snapshot`` the new KV blocks are
-        stored before returning (their cost is in ``stats.snapshot_ms``).
+        stored before returning (their cost is in ``stats.snapshot_ms``). ``tools`` (OpenAI
+        function objects) go to the chat template (``PromptBuilder.build``); ``grammar``
+        (GBNF text, e.g. ``engine.tool_grammar.tool_call_grammar``) constrains sampling.
+
+        A reasoning model's thinking (``engine/reasoning.py``) streams to ``on_reasoning``
+        and its answer to ``on_token``; ``thinking_budget`` (tokens) closes the thinking
+        when that many were generated and lets the model answer (None: no limit).
 
         Raises:
             ContextOverflowError: the prompt does not fit n_ctx.
@@ -214,7 +236,7 @@ class Engine:
         with self.lock:
             t0 = time.perf_counter()
             stats = GenerationStats()
-            prompt = self.prompt_tokens(messages)
+            prompt = self.model.prompts.build(messages, True, tools) if tools else self.prompt_tokens(messages)
             n_ctx = self.llama.n_ctx()
             stats.prompt_tokens = len(prompt)
             if len(prompt) + 1 > n_ctx:
@@ -226,10 +248,23 @@ class Engine:
             if not self._prefill(prompt, stats, on_progress, cancel, use_cache):
                 stats.finish_reason = "cancelled"  # stopped while reading the prompt
                 return GenerationResult("", [], stats, prompt)
-            text, ids = self._decode(sampling, stats, t0, on_token, cancel)
+            model = self.model
+            closing = (model.tokenize(model.reasoning.closing_text, True)
+                       if thinking_budget is not None and model.reasoning.closing_text else [])
+            steer = self.steer = ReasoningSteer(model.reasoning, model.reasoning_specials, thinking_budget, closing)
+            try:
+                text, ids = self._decode(sampling, stats, t0, steer.wrap(on_token, on_reasoning), cancel, grammar)
+                steer.finish()
+            finally:
+                self.steer = None
+            split = steer.splitter
+            reasoning = split.reasoning
+            if reasoning is not None:  # else the answer is the whole reply, unchanged
+                text = split.answer
+                stats.reasoning_tokens, stats.reasoning_ms = split.reasoning_tokens, split.reasoning_ms
             if snapshot and use_cache:
                 self.snapshot(stats)
-            return GenerationResult(text, ids, stats, prompt)
+            return GenerationResult(text, ids, stats, prompt, reasoning)
 
     def position(self, prompt: list[int], stats: GenerationStats, *, use_cache: bool = True,
                  on_progress: ProgressFn | None = None, record: bool = True) -> None:
@@ -275,71 +310,11 @@ class Engine:
         stats.prefill_ms = (time.perf_counter() - t) * 1000
         return True
 
-    def _decode(self, sp: SamplingParams, stats: GenerationStats, t0: float, on_token, cancel) -> tuple[str, list[int]]:
-        llama = self.llama
-        cpu.debug_crash("before-first-token")
-        llama.set_seed(sp.seed if sp.seed is not None else random.getrandbits(31))
-        sampler = llama._init_sampler(
-            top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p, temp=sp.temperature,
-            repeat_penalty=sp.repeat_penalty,
-        )
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        stop = self.model.prompts.stop_matcher()  # None unless the prompt format needs stop strings
-        ids: list[int] = []
-        parts: list[str] = []
-        n_ctx = llama.n_ctx()
-        t_first = None
-        stats.finish_reason = "length"
-        while len(ids) < sp.max_tokens:
-            if cancel is not None and cancel.is_set():
-                stats.finish_reason = "cancelled"
-                break
-            token = llama_cpp.llama_sampler_sample(sampler.sampler, llama.ctx, -1)
-            if t_first is None:
-                t_first = time.perf_counter()
-                stats.ttft_ms = (t_first - t0) * 1000
-            if self.model.is_end_of_turn(token):
-                stats.finish_reason = "stop"
-                break
-            ids.append(token)
-            delta = decoder.decode(self.model.token_bytes(token))
-            if stop is not None:  # hold back what may be a stop string's start
-                delta = stop.feed(delta)
-            parts.append(delta)
-            if on_token:
-                on_token(delta, token)
-            if stop is not None and stop.hit:
-                ids = self._end_at_stop(stop, ids)
-                stats.finish_reason = "stop"
-                break
-            if len(ids) >= sp.max_tokens:
-                break
-            if llama.n_tokens + 1 >= n_ctx:
-                stats.finish_reason = "context"
-                break
-            self.live.evaluate([token])
-        # An incomplete UTF-8 sequence at the end (a reply cut by max_tokens) is dropped,
-        # not shown as U+FFFD; the token ids keep it.
-        if stop is not None and not stop.hit and (tail := stop.flush()):
-            parts.append(tail)
-            if on_token:
-                on_token(tail, ids[-1])
-        sampler.close()
-        stats.generated_tokens = len(ids)
-        if t_first is not None and len(ids) > 1:
-            stats.decode_tokens_per_s = (len(ids) - 1) / max(time.perf_counter() - t_first, 1e-9)
-        return "".join(parts), ids
-
-    def _end_at_stop(self, stop, ids: list[int]) -> list[int]:
-        """The reply's ids once ``stop`` met a stop string: those that spell the text before
-        it (``StopMatcher.cut_ids``); the live context drops the KV of the rest."""
-        kept, n_evaluated = stop.cut_ids(ids, self.model.tokenize)
-        n = self.llama.n_tokens - (len(ids) - 1) + n_evaluated  # every id but the last was evaluated
-        if self.live.truncate(n):
-            self.llama.n_tokens = n
-        else:
-            self.live.clear()
-        return kept
+    def _decode(self, sp: SamplingParams, stats: GenerationStats, t0: float, on_token, cancel,
+                grammar: str | None = None) -> tuple[str, list[int]]:
+        """Sample the reply (``engine.decoding.decode_reply``: one token a step, or verified
+        drafts with speculative decoding on; ``grammar`` GBNF text constrains it)."""
+        return decode_reply(self, sp, stats, t0, on_token, cancel, grammar)
 
     # -- snapshot --------------------------------------------------------------------
 
@@ -363,6 +338,9 @@ class Engine:
             self.live.clear()
 
     def close(self) -> None:
-        """Free the model and its context."""
+        """Free the model, its context and a draft model."""
+        if self.speculation is not None:
+            self.speculation.close()
+            self.speculation = None
         self.model.close()
 

@@ -1,6 +1,6 @@
 """What the window and the engine process say to each other: typed requests and events.
 
-The window (``app/window/engine_client.py``) and the engine process
+The window (``app/window/workers/engine_client.py``) and the engine process
 (``engine/worker.py``) exchange these dataclasses over a ``multiprocessing`` pipe
 (pickled; both processes import this module, so neither builds or parses a dict).
 Every request that expects an answer carries an ``id`` (a positive int chosen by the
@@ -23,7 +23,7 @@ Events, engine -> window::
     LoadedEvent        facts (ModelFacts dict)  | LoadFailedEvent message
     ProgressEvent      id, phase (Phase), done, total (tokens)
     TokenEvent         id, text
-    DoneEvent          id, text, token_ids, stats (GenerationStats dict)
+    DoneEvent          id, text, token_ids, stats (GenerationStats dict), reasoning
     SnapshotEvent      id, snapshot_ms, bytes_written (after DoneEvent, when the KV was stored)
     ErrorEvent         id, kind (ErrorKind), message, prompt_tokens, n_ctx
     CountEvent         id, prompt_tokens, n_ctx, message_tokens
@@ -213,6 +213,7 @@ class DoneEvent:
     text: str
     token_ids: list[int]
     stats: dict
+    reasoning: str | None = None  # the thinking before the answer ``text`` (engine/reasoning.py)
 
     @property
     def finish_reason(self) -> FinishReason | None:

@@ -39,12 +39,12 @@ def cached_file_digest(path: Path, cache, progress=None) -> str:
     st = os.stat(path)
     key = (str(path), f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}")
     if cache is not None:
-        hit = cache.cached_file_digest(*key)
+        hit = cache.digests.cached(*key)
         if hit:
             return hit
     digest = file_digest(path, progress)
     if cache is not None:
-        cache.remember_file_digest(*key, digest)
+        cache.digests.remember(*key, digest)
     return digest
 
 

@@ -22,7 +22,7 @@ until ``branchwise cache clear``. The same model under another KV type or flash
 attention setting is matched (same tokens, other fingerprint).
 
 Undo: the window keeps a delete undoable by deferring ``ChatStore.delete_conversation``
-until the undo time has passed (``app/window/sidebar.py``); forgetting belongs to that same
+until the undo time has passed (``app/window/tree/sidebar.py``); forgetting belongs to that same
 moment, after the undo window, so Undo never needs a block back.
 
 Nothing here recurses over the message tree: paths are followed through a dict of
@@ -82,7 +82,7 @@ def sharing_token_paths(
     for other in chats.list_conversations():
         if other.id == conversation_id:
             continue
-        roots = chats.children(None, other.id)
+        roots = chats.branches.children(None, other.id)
         starts = [build(conversation_messages(other.system_prompt, [root]), root.role == "user")
                   for root in roots]
         if any(_may_share(tuple(s[:block_size]), heads) for s in starts):

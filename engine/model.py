@@ -6,6 +6,7 @@ import collections
 import ctypes
 import logging
 import os
+import re
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -13,10 +14,12 @@ from pathlib import Path
 import llama_cpp
 
 from engine import cpu
-from engine.chat_template import PromptBuilder, disable_library_chat_templates, template_from_metadata
-from engine.errors import ModelLoadError
+from engine.chat_template import (PromptBuilder, TemplateLimitError, disable_library_chat_templates,
+                                  template_from_metadata)
+from engine.errors import ContextOverflowError, ModelLoadError
 from engine.kv_codec import StateKind
 from engine.model_file import check_gguf
+from engine.reasoning import model_syntax
 from engine.settings import KV_TYPES, EngineSettings
 
 log = logging.getLogger(__name__)
@@ -65,6 +68,7 @@ class ModelFacts:
     chat_template_note: str = ""  # why the model's own template is not used ("" when it is)
     cache_mode: str = "blocks"  # a CacheMode value: how the prefix store keeps this model's state
     n_threads: int = 0  # CPU threads in use
+    reasoning_format: str = "none"  # engine.reasoning.ReasoningFormat: how the model writes its thinking
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -85,6 +89,7 @@ class LoadedModel:
 
     def __init__(self, path: str | Path, settings: EngineSettings, crash_verdict: bool = False):
         p = check_gguf(path)
+        check_context_fits(p, settings)  # before llama.cpp allocates the KV cache
         _recent_log.clear()
         self.repack = cpu.decide_repack(settings.repack, os.environ.get(cpu.ENV_VAR), cpu.system_info(),
                                         crash_verdict)
@@ -105,6 +110,9 @@ class LoadedModel:
                     verbose=False,
                 )
         except (ValueError, RuntimeError, OSError) as exc:
+            if not p.exists():  # deleted or moved while llama.cpp read it
+                raise ModelLoadError(f"The model file {p} was deleted or moved while it was loading; "
+                                     "put it back, or choose another model file.") from exc
             detail = next(
                 (line for line in reversed(_recent_log) if "error" in line.lower() or "failed" in line.lower()),
                 "",
@@ -117,7 +125,7 @@ class LoadedModel:
         meta = self.llama.metadata
         self.template_text, template_missing = template_from_metadata(meta, self._meta_bytes)
         bos, eos = llama_cpp.llama_vocab_bos(self.vocab), llama_cpp.llama_vocab_eos(self.vocab)
-        self.prompts = PromptBuilder(
+        self.prompts = _LengthAwarePrompts(self, PromptBuilder(
             self.template_text,
             self.tokenize,
             bos_token=self.token_text(bos) if bos >= 0 else "",
@@ -125,7 +133,9 @@ class LoadedModel:
             bos_id=bos if bos >= 0 else None,
             add_bos=llama_cpp.llama_vocab_get_add_bos(self.vocab),
             missing_reason=template_missing,
-        )
+        ))
+        # engine/reasoning.py: the reasoning format, from the template and the vocabulary
+        self.reasoning, self.reasoning_specials = model_syntax(self.template_text, self.prompts, self.tokenize)
         kind = dict(
             n_swa=llama_cpp.llama_model_n_swa(self.llama.model),
             recurrent=llama_cpp.llama_model_is_recurrent(self.llama.model),
@@ -140,7 +150,7 @@ class LoadedModel:
             name=meta.get("general.name") or p.stem,
             architecture=meta.get("general.architecture", "unknown"),
             parameters=int(llama_cpp.llama_model_n_params(self.llama.model)),
-            size_bytes=p.stat().st_size,
+            size_bytes=_size_or_zero(p),
             quantization=_QUANT_NAMES.get(ftype, meta.get("general.file_type", "unknown")),
             context_length=int(llama_cpp.llama_model_n_ctx_train(self.llama.model)),
             n_ctx=self.llama.n_ctx(),
@@ -152,6 +162,7 @@ class LoadedModel:
             repack=("on" if self.repack.repack else "off") + f" ({self.repack.reason})",
             cache_mode=self.cache_mode.value,
             n_threads=settings.threads,
+            reasoning_format=str(self.reasoning.format),
         )
 
         self._warm_up()
@@ -183,7 +194,7 @@ class LoadedModel:
 
     def tokenize(self, text: str, special: bool) -> list[int]:
         """Token ids of ``text`` (no BOS); ``special`` parses control-token text."""
-        return self.llama.tokenize(text.encode("utf-8"), add_bos=False, special=special)
+        return self.llama.tokenize(utf8(text), add_bos=False, special=special)
 
     def token_text(self, token: int) -> str:
         return self.token_bytes(token, special=True).decode("utf-8", "replace")
@@ -205,6 +216,51 @@ class LoadedModel:
 
     def close(self) -> None:
         self.llama.close()
+
+
+class HistoryTooLongError(ContextOverflowError):
+    """A prompt whose messages alone hold more tokens than the context window, found
+    after the chat template ran past its limits on it (a long history, not a hostile
+    template). ``prompt_tokens`` is a lower bound: the messages' own tokens."""
+
+    def __init__(self, prompt_tokens: int, n_ctx: int, n_messages: int):
+        super().__init__(prompt_tokens, n_ctx)
+        self.n_messages = n_messages
+        self.args = (f"This conversation is too long: its {n_messages:,} messages hold at least "
+                     f"{prompt_tokens:,} tokens, but the context window holds {n_ctx:,}.",)
+
+
+class _LengthAwarePrompts:
+    """The model's :class:`PromptBuilder`, except that a render stopped by its limits on a
+    history whose messages alone overflow the context is reported as what it is (too
+    long: :class:`HistoryTooLongError` with the counts), not as a hostile template."""
+
+    def __init__(self, model: "LoadedModel", builder: PromptBuilder):
+        self._model, self._builder = model, builder
+
+    def __getattr__(self, name):
+        return getattr(self._builder, name)
+
+    def build(self, messages, add_generation_prompt: bool = True, tools: list[dict] | None = None) -> list[int]:
+        """:meth:`PromptBuilder.build`.
+
+        Raises:
+            HistoryTooLongError: the template hit a limit and the messages' own tokens
+                exceed the context window.
+            TemplateError: the template failed otherwise.
+        """
+        try:
+            return self._builder.build(messages, add_generation_prompt, tools)
+        except TemplateLimitError:
+            n_ctx, total = self._model.llama.n_ctx(), 0
+            for m in messages:
+                ids = m.token_ids if m.role == "assistant" and m.token_ids is not None else None
+                total += len(ids) if ids is not None else len(self._model.tokenize(m.content, False))
+                if total > 64 * n_ctx:  # enough to say so: stop counting
+                    break
+            if total + len(messages) > n_ctx:
+                raise HistoryTooLongError(total, n_ctx, len(messages)) from None
+            raise
 
 
 class CacheMode(StrEnum):
@@ -259,8 +315,55 @@ def cache_policy(n_swa: int, recurrent: bool, hybrid: bool) -> str:
     return "full"
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def utf8(text: str) -> bytes:
+    """``text`` as UTF-8, a lone surrogate (``"\\ud800"`` from JSON, undecodable bytes
+    from a command line) as U+FFFD: it is no character and has no UTF-8 form."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _LONE_SURROGATE.sub("\ufffd", text).encode("utf-8")
+
+
+def _size_or_zero(path: Path) -> int:
+    """The file's size in bytes; 0 when it is gone (deleted after llama.cpp read it)."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def check_context_fits(path: Path, settings: EngineSettings) -> None:
+    """Refuse a context the model at ``path`` or this machine's memory cannot hold, from the
+    GGUF header alone (engine/gguf_meta.py), before llama.cpp allocates anything: at most
+    ``engine.limits.CTX_TRAIN_FACTOR`` times the trained context, and a KV cache no larger
+    than the memory available now; and a thread count within ``engine.limits.max_threads``.
+
+    Raises:
+        ModelLoadError: one sentence with the figures (nothing is checked when the header
+            does not give the model's shape).
+    """
+    from engine import gguf_meta, limits
+    from engine.machine import memory_bytes
+
+    try:
+        limits.check_threads(settings.n_threads, "The CPU thread count")
+    except limits.LimitError as exc:  # llama.cpp crashes on 100,000 threads
+        raise ModelLoadError(f"{exc} Choose fewer threads (--threads).") from None
+    shape = gguf_meta.model_shape(path)
+    if shape is None:
+        return
+    problem = limits.context_problem(settings.n_ctx, shape.trained,
+                                     shape.kv_bytes_per_token(settings.type_k, settings.type_v),
+                                     memory_bytes()[1], path.name)
+    if problem:
+        raise ModelLoadError(problem)
+
+
 def _load_error_text(path: Path, detail: str) -> str:
-    size = path.stat().st_size
+    size = _size_or_zero(path)
     reason = f" llama.cpp said: {detail.strip()}" if detail else ""
     if "bounds" in detail or "incomplete" in detail or "corrupted" in detail or "truncat" in detail:
         return (

@@ -17,6 +17,14 @@ is read when there is no usage. A server that reports neither leaves those stats
 Only the portable OpenAI sampling fields are sent (temperature, top_p, max_tokens,
 seed); top_k, min_p and the repeat penalty are the server's own settings.
 
+Bounds, so a hostile or broken server cannot grow the client or hold it forever: one
+line (one event) of at most ``MAX_LINE_BYTES``; ``max_tokens`` counted here, one token
+a text chunk (and ``MAX_CHARS_PER_TOKEN`` characters each), ending the request with
+finish reason "length" when the server does not stop; ``timeout_s`` without progress
+(``:`` keep-alives are no progress) and ``deadline_s`` for the whole reply; an error
+answer's body read up to 64 KiB. A redirect, an HTML page and a chunk of the wrong shape
+each get their own sentence.
+
 Failures raise :class:`RemoteEngineError` with one sentence naming the server and
 what to do; a connection lost mid-reply carries the text received so far in
 ``partial`` (the caller keeps it, marked stopped).
@@ -41,6 +49,9 @@ from engine.settings import SamplingParams
 
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 300.0  # between two chunks: a CPU server prefilling a long prompt is slow
+DEADLINE_S = 3600.0  # one whole reply, keep-alives or not
+MAX_LINE_BYTES = 1024 * 1024  # one SSE line (one event): real chunks are a few hundred bytes
+MAX_CHARS_PER_TOKEN = 256  # text allowed per --max-tokens token (no vocabulary has longer tokens)
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
 
 
@@ -97,13 +108,16 @@ class RemoteEngine:
         url: the server's base URL (``http://host:8000/v1``) or its chat-completions URL.
         api_key: sent as ``Authorization: Bearer KEY`` when given.
         model: the model name to request; None asks ``GET {base}/models`` for the first.
-        timeout_s: longest wait for the connection and for each chunk.
+        timeout_s: longest wait for the connection, and without progress (``:``
+            keep-alives are no progress).
+        deadline_s: longest time for one whole reply.
     """
 
     is_remote = True  # engine.chat_engine.ChatEngine
 
     def __init__(self, url: str, api_key: str | None = None, model: str | None = None, *,
-                 timeout_s: float = READ_TIMEOUT_S, transport: httpx.BaseTransport | None = None):
+                 timeout_s: float = READ_TIMEOUT_S, deadline_s: float = DEADLINE_S,
+                 transport: httpx.BaseTransport | None = None):
         self.url = chat_completions_url(url)
         self.base = self.url.removesuffix("/chat/completions")
         self.host = urlsplit(self.url).netloc
@@ -115,7 +129,7 @@ class RemoteEngine:
             headers=headers, trust_env=False, follow_redirects=False, transport=transport,
             timeout=httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s)),
         )
-        self.timeout_s = timeout_s
+        self.timeout_s, self.deadline_s = timeout_s, deadline_s
         self._lock = threading.Lock()
 
     # -- the ChatEngine surface (engine/chat_engine.py) ----------------------------------
@@ -140,7 +154,7 @@ class RemoteEngine:
             return self._model_name
         with self._errors():
             r = self._client.get(self.base + "/models")
-        if r.status_code >= 400:
+        if r.status_code >= 300:
             raise self._status_error(r)
         try:
             self._model_name = str(r.json()["data"][0]["id"])
@@ -159,8 +173,15 @@ class RemoteEngine:
         on_progress: ProgressFn | None = None,
         cancel: threading.Event | None = None,
         snapshot: bool = True,
+        on_reasoning: TokenFn | None = None,
+        thinking_budget: int | None = None,
     ) -> GenerationResult:
         """Stream the reply to ``messages`` from the server.
+
+        Reasoning that the server sends apart (``reasoning_content``, as llama-server,
+        vLLM and DeepSeek's API do, or ``reasoning``) goes to ``on_reasoning(delta, -1)``
+        and ``result.reasoning``; earlier replies' reasoning is sent back in
+        ``reasoning_content``. ``thinking_budget`` is the Engine's; servers take none here.
 
         ``use_cache`` and ``snapshot`` are accepted for the Engine's signature; the
         server decides about its own cache. ``on_token(delta, -1)`` gets each text piece
@@ -175,7 +196,8 @@ class RemoteEngine:
             model = self.model_name()
             body = {
                 "model": model,
-                "messages": [{"role": m.role, "content": m.content} for m in messages],
+                "messages": [{"role": m.role, "content": m.content,
+                              **({"reasoning_content": m.reasoning} if m.reasoning else {})} for m in messages],
                 "stream": True,
                 "stream_options": {"include_usage": True},
                 "temperature": sp.temperature,
@@ -186,24 +208,30 @@ class RemoteEngine:
                 body["seed"] = sp.seed
             stats = RemoteStats(server=self.host, model=model, restore_source="server")
             parts: list[str] = []
+            thoughts: list[str] = []  # reasoning_content deltas
             t0 = time.perf_counter()
             t_first = t_last = None
             chunks = 0
+            bounds = _StreamBounds(self, sp.max_tokens, parts)
             with self._errors(parts):
                 with self._client.stream("POST", self.url, json=body) as r:
-                    if r.status_code >= 400:
-                        r.read()
-                        raise self._status_error(r)
+                    if r.status_code >= 300:
+                        raise self._status_error(r, _read_capped(r) if r.status_code >= 400 else b"")
+                    self._check_stream_type(r)
                     if on_progress:
                         on_progress("prefill", 0, 0)
-                    for line in r.iter_lines():
+                    ended = False
+                    for line in bounds.lines(r):
                         if cancel is not None and cancel.is_set():
                             stats.finish_reason = "cancelled"
                             break
                         if not line.startswith("data:"):
-                            continue
+                            bounds.first_line = bounds.first_line or line
+                            continue  # ":" keep-alives, "event:", "id:": no progress
+                        bounds.events += 1
                         data = line[5:].strip()
                         if data == "[DONE]":
+                            ended = True
                             break
                         try:
                             event = json.loads(data)
@@ -215,11 +243,12 @@ class RemoteEngine:
                             raise RemoteEngineError(self._server_says(event, r.status_code), r.status_code,
                                                     "".join(parts))
                         self._read_usage(event, stats)
-                        for choice in event.get("choices") or []:
-                            if not isinstance(choice, dict):
-                                continue
-                            delta = (choice.get("delta") or {}).get("content")
-                            if isinstance(delta, str) and delta:
+                        for delta, thought, finish in self._choices(event, parts):
+                            if thought:
+                                thoughts.append(thought)
+                                if on_reasoning:
+                                    on_reasoning(thought, -1)
+                            if delta:
                                 now = time.perf_counter()
                                 if t_first is None:
                                     t_first = now
@@ -227,16 +256,25 @@ class RemoteEngine:
                                 t_last = now
                                 chunks += 1
                                 parts.append(delta)
+                                bounds.progress(len(delta))
                                 if on_token:
                                     on_token(delta, -1)
-                            if choice.get("finish_reason"):
-                                stats.finish_reason = _finish(choice["finish_reason"])
+                            if finish:
+                                stats.finish_reason = _finish(finish)
+                                bounds.progress(0)
+                        if bounds.reached_max_tokens(chunks):  # counted here: the server may not stop
+                            stats.finish_reason = "length"
+                            ended = True
+                            break
                     else:
-                        if not stats.finish_reason:  # the stream ended without [DONE]
-                            raise RemoteEngineError(
-                                f"The server at {self.host} closed the connection mid-reply"
-                                + ("; the partial reply is kept, marked stopped." if parts else "."),
-                                None, "".join(parts))
+                        ended = bool(stats.finish_reason)
+                    if not ended and stats.finish_reason != "cancelled":  # the stream ended without [DONE]
+                        if not bounds.events and bounds.first_line.lstrip().startswith("<"):
+                            raise self._html_error(r.status_code)
+                        raise RemoteEngineError(
+                            f"The server at {self.host} closed the connection mid-reply"
+                            + ("; the partial reply is kept, marked stopped." if parts else "."),
+                            None, "".join(parts))
             if not stats.generated_tokens:
                 stats.generated_tokens = chunks
             if t_first is not None and t_last is not None and stats.generated_tokens > 1 and t_last > t_first:
@@ -244,9 +282,51 @@ class RemoteEngine:
             if stats.reported and stats.prompt_tokens:
                 stats.prefilled_tokens = max(stats.prompt_tokens - stats.restored_tokens, 0)
             stats.finish_reason = stats.finish_reason or "stop"
-            return GenerationResult("".join(parts), None, stats, [])  # type: ignore[arg-type]
+            return GenerationResult("".join(parts), None, stats, [],  # type: ignore[arg-type]
+                                    "".join(thoughts) if thoughts else None)
 
     # -- helpers -------------------------------------------------------------------------
+
+    def _choices(self, event: dict, parts: list[str]):
+        """``(delta text, reasoning text, finish_reason)`` of each choice of a chunk; the
+        reasoning is ``reasoning_content`` (DeepSeek, vLLM, llama-server) or ``reasoning``.
+
+        Raises:
+            RemoteEngineError: ``choices`` or a choice is not the shape OpenAI's chunk has.
+        """
+        choices = event.get("choices")
+        if choices is None:
+            return
+        if not isinstance(choices, list):
+            raise self._malformed(f"'choices' is {_kind(choices)}, not a list", parts)
+        for choice in choices:
+            if not isinstance(choice, dict):
+                raise self._malformed(f"a choice is {_kind(choice)}, not an object", parts)
+            delta = choice.get("delta")
+            if delta is not None and not isinstance(delta, dict):
+                raise self._malformed(f"'delta' is {_kind(delta)}, not an object", parts)
+            content = (delta or {}).get("content")
+            if content is not None and not isinstance(content, str):
+                raise self._malformed(f"'content' is {_kind(content)}, not a string", parts)
+            thought = (delta or {}).get("reasoning_content") or (delta or {}).get("reasoning")
+            yield content or "", thought if isinstance(thought, str) else "", choice.get("finish_reason")
+
+    def _malformed(self, what: str, parts: list[str] | None) -> RemoteEngineError:
+        partial = "".join(parts or [])
+        kept = "; the partial reply is kept, marked stopped" if partial else ""
+        return RemoteEngineError(f"The server at {self.host} sent an event that is not an OpenAI chat-completion "
+                                 f"chunk ({what}){kept}.", None, partial)
+
+    def _check_stream_type(self, r: httpx.Response) -> None:
+        """Refuse a 2xx answer that is a web page (a login portal, a proxy, the wrong URL)."""
+        kind = r.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind in ("text/html", "application/xhtml+xml"):
+            raise self._html_error(r.status_code)
+
+    def _html_error(self, status: int) -> RemoteEngineError:
+        return RemoteEngineError(f"The server at {self.host} answered with an HTML page, not an OpenAI-compatible "
+                                 f"stream: is --engine-url right? It usually ends in /v1 ({clean(self.url)}).",
+                                 status)
 
     @staticmethod
     def _read_usage(event: dict, stats: RemoteStats) -> None:
@@ -285,12 +365,19 @@ class RemoteEngine:
         code = f" ({status})" if status else ""
         return f"The server at {self.host} refused the request{code}: {clean(msg) or 'no reason given'}"
 
-    def _status_error(self, r: httpx.Response) -> RemoteEngineError:
+    def _status_error(self, r: httpx.Response, body: bytes | None = None) -> RemoteEngineError:
+        """The error for ``r``'s status; ``body`` is its (capped) body when ``r`` streams,
+        None to read ``r.content``."""
         status = r.status_code
+        if 300 <= status < 400:
+            where = clean(r.headers.get("location", ""), 200) or "another address"
+            return RemoteEngineError(f"The server at {self.host} redirected to {where} ({status}); Branchwise does "
+                                     "not follow redirects: pass the address you mean as --engine-url.", status)
+        raw = r.content if body is None else body
         try:
-            payload = r.json()
+            payload = json.loads(raw)
         except ValueError:
-            payload = {"error": r.text[:300]}
+            payload = {"error": raw.decode("utf-8", "replace")[:300]}
         if status in (401, 403):
             return RemoteEngineError(f"The server at {self.host} refused the API key ({status}): pass the right "
                                      "one with --engine-key KEY.", status)
@@ -331,6 +418,89 @@ class RemoteEngine:
 
     def _errors(self, parts: list[str] | None = None) -> "RemoteEngine._Guard":
         return RemoteEngine._Guard(self, parts)
+
+
+class _StreamBounds:
+    """What one streamed reply may take: lines of at most :data:`MAX_LINE_BYTES` (an
+    event is one ``data:`` line), ``max_tokens`` text chunks (each chunk counted as a
+    token: a server that ignores ``max_tokens`` is cut here), :data:`MAX_CHARS_PER_TOKEN`
+    characters per allowed token, ``timeout_s`` without progress (text, a finish or
+    usage; ``:`` keep-alives do not count) and ``deadline_s`` in all."""
+
+    def __init__(self, engine: "RemoteEngine", max_tokens: int, parts: list[str]):
+        self.engine, self.max_tokens, self.parts = engine, max(int(max_tokens), 1), parts
+        self.started = self.last_progress = time.monotonic()
+        self.chars = self.events = 0
+        self.first_line = ""  # the first line that is not an event (an HTML page's "<!DOCTYPE html>")
+
+    def progress(self, chars: int) -> None:
+        self.last_progress = time.monotonic()
+        self.chars += chars
+        if self.chars > self.max_tokens * MAX_CHARS_PER_TOKEN:
+            self._fail(f"sent more than {self.max_tokens * MAX_CHARS_PER_TOKEN:,} characters for a reply of at most "
+                       f"{self.max_tokens:,} tokens (--max-tokens)")
+
+    def reached_max_tokens(self, chunks: int) -> bool:
+        return chunks >= self.max_tokens
+
+    def lines(self, r: httpx.Response):
+        """The response's lines (without their ending), each checked against the bounds.
+
+        Raises:
+            RemoteEngineError: a line over :data:`MAX_LINE_BYTES`, no progress for
+                ``timeout_s``, or past the overall deadline.
+        """
+        buf = bytearray()
+        for chunk in r.iter_bytes():
+            self._check_time()
+            start = 0
+            while True:
+                nl = chunk.find(b"\n", start)
+                if nl < 0:
+                    buf += chunk[start:]
+                    break
+                buf += chunk[start:nl]
+                if len(buf) > MAX_LINE_BYTES:
+                    self._line_too_long()
+                yield buf.rstrip(b"\r").decode("utf-8", "replace")
+                buf.clear()
+                start = nl + 1
+            if len(buf) > MAX_LINE_BYTES:
+                self._line_too_long()
+        if buf:
+            yield buf.decode("utf-8", "replace")
+
+    def _check_time(self) -> None:
+        now, e = time.monotonic(), self.engine
+        if now - self.started > e.deadline_s:
+            self._fail(f"did not finish the reply within {e.deadline_s:,.0f} s")
+        if now - self.last_progress > e.timeout_s:
+            self._fail(f"sent nothing but keep-alives for {e.timeout_s:,.0f} s")
+
+    def _line_too_long(self) -> None:
+        self._fail(f"sent a line longer than {MAX_LINE_BYTES // 1024 ** 2} MiB (no OpenAI chunk is that large)")
+
+    def _fail(self, what: str) -> None:
+        partial = "".join(self.parts)
+        kept = "; the partial reply is kept, marked stopped" if partial else ""
+        raise RemoteEngineError(f"The server at {self.engine.host} {what}, so the request was ended{kept}.",
+                                None, partial)
+
+
+def _read_capped(r: httpx.Response, limit: int = 64 * 1024) -> bytes:
+    """At most ``limit`` bytes of a streamed error answer's body: an error object is small,
+    a hostile one need not be."""
+    body = bytearray()
+    for chunk in r.iter_bytes():
+        body += chunk
+        if len(body) >= limit:
+            break
+    return bytes(body[:limit])
+
+
+def _kind(value) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number" if isinstance(value, (int, float)) else type(value).__name__)
 
 
 def _int(value, default: int) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 
 from engine.machine import default_threads
+from engine.speculative_setting import DEFAULT as SPECULATIVE_DEFAULT
+from engine.speculative_setting import parse as parse_speculative
 from storage.chat_records import DEFAULT_SAMPLING as _SAMPLING
 
 KV_TYPES = {"f16": 1, "q8_0": 8}  # ggml type ids (ggml/include/ggml.h: GGML_TYPE_F16, GGML_TYPE_Q8_0)
@@ -26,6 +28,10 @@ class EngineSettings:
     repack: llama.cpp's CPU weight repacking ("extra buffer types", llama_model_params.
         use_extra_bufts): "on", "off", or "auto" (decided per machine by engine/cpu.py;
         the environment variable BRANCHWISE_REPACK overrides it, for bug reports).
+    speculative: speculative decoding (engine/speculative.py): "none", "lookup" (n-gram
+        drafts from the conversation itself) or "draft:PATH" (a small model with the same
+        vocabulary drafts). Models whose state cannot be cut back (sliding window,
+        recurrent, hybrid) decode plainly whatever it says.
     """
 
     n_ctx: int = 8192
@@ -35,6 +41,7 @@ class EngineSettings:
     flash_attn: bool = False
     n_batch: int = 512
     repack: str = "auto"
+    speculative: str = SPECULATIVE_DEFAULT
 
     def __post_init__(self):
         for name in ("type_k", "type_v"):
@@ -46,6 +53,9 @@ class EngineSettings:
             raise ValueError(f"repack must be one of {', '.join(REPACK_CHOICES)}")
         if self.n_ctx < 256:
             raise ValueError("n_ctx must be at least 256 tokens")
+        if not isinstance(self.speculative, str):
+            raise ValueError("speculative must be none, lookup or draft:PATH")
+        object.__setattr__(self, "speculative", parse_speculative(self.speculative))
 
     @classmethod
     def for_kv_type(cls, kv_type: str, **kw) -> "EngineSettings":

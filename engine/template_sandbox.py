@@ -15,6 +15,7 @@ The prompt formats that use it are in :mod:`engine.chat_template`.
 from __future__ import annotations
 
 import functools
+import json
 import re
 import sys
 import threading
@@ -268,6 +269,16 @@ def render_bounded(template: jinja2.Template, limit_s: float = RENDER_TIME_LIMIT
         _active.guard = outer
 
 
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    """``tojson`` as Hugging Face ``transformers`` defines it for chat templates (plain
+    ``json.dumps``, keys in their order, no HTML escaping): jinja2's own sorts keys and
+    returns markup, so ``'"a": ' + x|tojson`` would come out HTML-escaped (a tool schema
+    in Mistral's and gpt-oss's templates)."""
+    if indent is not None and (not isinstance(indent, int) or abs(indent) > 64):
+        indent = 4
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 def compile_template(source: str) -> jinja2.Template:
     """Compile a chat template in a :class:`BoundedSandbox`.
 
@@ -282,6 +293,7 @@ def compile_template(source: str) -> jinja2.Template:
 
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(str(fmt)[:100])
+    env.filters["tojson"] = _guard_filter(_tojson)
     try:
         code = env.compile(source, filename=_TEMPLATE_FILENAME)
         return env.template_class.from_code(env, code, env.make_globals(None))

@@ -327,7 +327,7 @@ class _Server:
             self.cancels.pop(rid, None)
             ready = self._account_prewarm(result)
         stats = {**result.stats.to_dict(), **ready, "queued_ms": queued_ms}
-        self.send(DoneEvent(rid, result.text, list(result.token_ids), stats))
+        self.send(DoneEvent(rid, result.text, list(result.token_ids), stats, getattr(result, "reasoning", None)))
         if msg.use_cache:  # a remote engine stores nothing (0 bytes); the window still expects the event
             self.engine.snapshot(result.stats)
             self.send(SnapshotEvent(rid, round(result.stats.snapshot_ms, 2), result.stats.snapshot_bytes_written))

@@ -22,18 +22,31 @@ The rules that keep the store consistent (``storage/prefix_store.py`` applies th
 
 No fsync on write: the store is disposable, and a power loss that tears a file is caught
 by the checksum. Files are created 0600 and the folder 0700 (``storage/paths.py``).
+
+Only Branchwise's own files are ever changed (issue 30). The folder may be a symbolic
+link (a cache moved to another disk): it is followed. But only names of the block-file
+pattern (:data:`storage.paths.BLOCK_NAME`) are opened, zeroed or removed; anything else
+in the folder is left alone and logged once. A block file is opened without following
+symbolic links (``O_NOFOLLOW``, relative to a descriptor of the folder where the
+platform has ``dir_fd``): a link is unlinked, never written through, and a file that is
+not a regular file of this user is skipped; one with other hard links is unlinked
+without being zeroed (its bytes belong to the other name too).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import mmap
 import os
+import stat
 from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
 
-from storage.paths import DIR_MODE, FILE_MODE
+from storage.paths import BLOCK_NAME, DIR_MODE, FILE_MODE
+
+log = logging.getLogger(__name__)
 
 _TMP = ".tmp"
 _ZEROS = bytes(1 << 20)
@@ -41,6 +54,10 @@ _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # fault the whole mapping in one g
 _BINARY = getattr(os, "O_BINARY", 0)  # Windows opens files in text mode otherwise
 _datasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
 _CACHE_MAPS = os.name == "posix"  # Windows cannot delete a file that is still mapped
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # Windows has none: lstat first (see _lstat)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_DIR_FD = bool(_DIRECTORY) and {os.open, os.stat, os.unlink} <= os.supports_dir_fd
+_UID = os.getuid() if hasattr(os, "getuid") else None
 MAP_CACHE_BYTES = 256 * 1024**2
 """Most bytes of block files kept mapped between restores: the active conversation of a
 context up to ~11,000 tokens of the default model. The pages are the page cache's (shared
@@ -62,6 +79,7 @@ class BlockFiles:
         self.folder = Path(folder)
         self._maps: OrderedDict[bytes, tuple[tuple[int, int, int], memoryview]] = OrderedDict()
         self._mapped = 0  # bytes in _maps
+        self._warned = False  # a foreign entry in the folder was logged
 
     def path(self, key: bytes) -> Path:
         return self.folder / key.hex()
@@ -73,7 +91,12 @@ class BlockFiles:
         final = self.path(key)
         tmp = self.folder / f"{key.hex()}.{os.getpid()}{_TMP}"
         view = memoryview(data).cast("B")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _BINARY, FILE_MODE)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY  # never through a link
+        try:
+            fd = os.open(tmp, flags, FILE_MODE)
+        except FileExistsError:  # left by a killed process of the same id (or planted): unlink it
+            os.remove(tmp)
+            fd = os.open(tmp, flags, FILE_MODE)
         try:
             try:
                 while view:  # resumed after a short write
@@ -100,7 +123,7 @@ class BlockFiles:
         path = self.path(key)
         if cache and _CACHE_MAPS:
             try:
-                st = os.stat(path)
+                st = os.stat(path, follow_symlinks=False)
             except OSError:
                 self._forget_map(key)
                 return None
@@ -127,12 +150,13 @@ class BlockFiles:
     @staticmethod
     def _map_file(path: Path) -> memoryview | None:
         try:
-            fd = os.open(path, os.O_RDONLY | _BINARY)
+            fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _BINARY)  # a link is damage: not read
         except OSError:
             return None
         try:
-            size = os.fstat(fd).st_size
-            if size == 0:
+            st = os.fstat(fd)
+            size = st.st_size
+            if size == 0 or not stat.S_ISREG(st.st_mode):
                 return None
             if hasattr(mmap, "MAP_SHARED"):
                 return memoryview(mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ))
@@ -144,23 +168,69 @@ class BlockFiles:
 
     def size(self, key: bytes) -> int:
         try:
-            return self.path(key).stat().st_size
+            return os.stat(self.path(key), follow_symlinks=False).st_size
         except OSError:
             return 0
 
     def scrub(self, keys: Iterable[bytes], sync: bool = False) -> None:
-        """Overwrite the files of ``keys`` with zeros, then unlink them (missing ones are skipped)."""
-        for key in keys:
-            self._forget_map(key)
-            self._scrub_path(self.path(key), sync)
+        """Overwrite the files of ``keys`` with zeros, then unlink them (missing ones are
+        skipped; a symbolic link is unlinked, its target untouched; see the module notes)."""
+        with self._open_dir() as dir_fd:
+            for key in keys:
+                self._forget_map(key)
+                self._scrub_name(key.hex(), sync, dir_fd)
 
-    def _scrub_path(self, path: Path, sync: bool) -> None:
+    @contextlib.contextmanager
+    def _open_dir(self):
+        """A descriptor of the folder (following a symlinked folder) for ``dir_fd``-relative
+        operations, or None where the platform has none or the folder is missing."""
+        fd = None
+        if _DIR_FD:
+            with contextlib.suppress(OSError):
+                fd = os.open(self.folder, os.O_RDONLY | _DIRECTORY)
         try:
-            fd = os.open(path, os.O_WRONLY | _BINARY)
+            yield fd
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def _scrub_name(self, name: str, sync: bool, dir_fd: int | None) -> bool:
+        """Zero and unlink the block file ``name``. A symbolic link is unlinked without
+        being followed; a name outside the block-file pattern, or an entry that is not a
+        regular file of this user, is left alone. True when the name went."""
+        if not BLOCK_NAME.fullmatch(name):
+            self._note_foreign(name)
+            return False
+        where = {"dir_fd": dir_fd} if dir_fd is not None else {}
+        target = name if dir_fd is not None else os.path.join(self.folder, name)
+        try:
+            st = os.stat(target, follow_symlinks=False, **where)
+        except OSError:
+            return False
+        if not stat.S_ISLNK(st.st_mode):
+            if not _own_regular_file(st):
+                self._note_foreign(name)
+                return False
+            if st.st_nlink == 1:  # another hard link's bytes are not ours to zero
+                self._zero(target, st, sync, where)
+        try:
+            os.unlink(target, **where)
+        except OSError:
+            return False
+        return True
+
+    @staticmethod
+    def _zero(target: str, st: os.stat_result, sync: bool, where: dict) -> None:
+        """Overwrite the regular file ``target`` (the one ``st`` describes) with zeros."""
+        try:
+            fd = os.open(target, os.O_WRONLY | _NOFOLLOW | _BINARY, **where)
         except OSError:
             return
         try:
-            left = os.fstat(fd).st_size
+            now = os.fstat(fd)
+            if (now.st_ino, now.st_dev) != (st.st_ino, st.st_dev) or not _own_regular_file(now):
+                return  # swapped since the lstat: leave it
+            left = now.st_size
             while left > 0:
                 left -= os.write(fd, _ZEROS[: min(left, len(_ZEROS))])
             if sync:
@@ -169,47 +239,64 @@ class BlockFiles:
             pass  # a full disk cannot stop a deletion: unlink anyway
         finally:
             os.close(fd)
-        with contextlib.suppress(OSError):
-            os.remove(path)
+
+    def _note_foreign(self, name: str) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning("%s holds %s, which Branchwise did not make: left as it is", self.folder, name)
 
     def names(self) -> list[str]:
-        """Every file name in the folder (keys in hex, and temporary files)."""
+        """The block-file names in the folder (keys in hex, and temporary files), files or
+        symbolic links, never followed. Any other entry is left out (and logged once)."""
+        out = []
         try:
-            return [e.name for e in os.scandir(self.folder) if e.is_file(follow_symlinks=False)]
-        except FileNotFoundError:
-            return []
+            with os.scandir(self.folder) as it:
+                for e in it:
+                    if BLOCK_NAME.fullmatch(e.name) and (e.is_symlink() or e.is_file(follow_symlinks=False)):
+                        out.append(e.name)
+                    else:
+                        self._note_foreign(e.name)
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        return out
 
     def reclaim(self, keep: set[str]) -> int:
-        """Scrub every file whose name is not in ``keep`` (hex keys): temporary files and
-        orphans of a write that never committed. Call it holding the index's write lock.
-        Returns how many files went."""
+        """Scrub every block file whose name is not in ``keep`` (hex keys): temporary
+        files and orphans of a write that never committed. Files of other names are not
+        touched. Call it holding the index's write lock. Returns how many files went."""
         gone = 0
         self._maps.clear()
         self._mapped = 0
-        for name in self.names():
-            if name not in keep:
-                self._scrub_path(self.folder / name, False)
-                gone += 1
+        with self._open_dir() as dir_fd:
+            for name in self.names():
+                if name not in keep and self._scrub_name(name, False, dir_fd):
+                    gone += 1
         return gone
 
     def total_bytes(self) -> int:
-        """Bytes of every file in the folder."""
+        """Bytes of every block file in the folder (symbolic links count as their own size)."""
         total = 0
-        with contextlib.suppress(FileNotFoundError):
-            for e in os.scandir(self.folder):
-                with contextlib.suppress(OSError):
-                    total += e.stat(follow_symlinks=False).st_size
+        with contextlib.suppress(OSError):
+            with os.scandir(self.folder) as it:
+                for e in it:
+                    if BLOCK_NAME.fullmatch(e.name):
+                        with contextlib.suppress(OSError):
+                            total += e.stat(follow_symlinks=False).st_size
         return total
 
     def remove_all(self) -> None:
-        """Unlink every file and the folder (a reset of the store)."""
+        """Unlink every block file, then the folder if that leaves it empty (a reset of
+        the store). Other entries, and a symlinked folder's link, stay."""
         self._maps.clear()
         self._mapped = 0
-        for name in self.names():
+        with self._open_dir() as dir_fd:
+            where = {"dir_fd": dir_fd} if dir_fd is not None else {}
+            for name in self.names():
+                with contextlib.suppress(OSError):
+                    os.unlink(name if dir_fd is not None else os.path.join(self.folder, name), **where)
+        if not self.folder.is_symlink():
             with contextlib.suppress(OSError):
-                os.remove(self.folder / name)
-        with contextlib.suppress(OSError):
-            os.rmdir(self.folder)
+                os.rmdir(self.folder)  # fails, as it should, if anything else is in it
 
     def drop_cache(self) -> None:
         """Evict the files from the page cache (``posix_fadvise(DONTNEED)``, after an
@@ -220,6 +307,11 @@ class BlockFiles:
         self._mapped = 0
         for name in self.names():
             drop_file_cache(self.folder / name)
+
+
+def _own_regular_file(st: os.stat_result) -> bool:
+    """A regular file owned by this user (any owner where the platform has no uids)."""
+    return stat.S_ISREG(st.st_mode) and (_UID is None or st.st_uid == _UID)
 
 
 def drop_file_cache(path: Path | str) -> None:

@@ -53,7 +53,7 @@ CONVERSATION_COLUMNS = (
 )
 MESSAGE_FIELDS = (
     "id", "conversation_id", "parent_id", "role", "content", "token_ids", "stats_json", "status",
-    "model", "created_at",
+    "model", "created_at", "reasoning",
 )
 MESSAGE_COLUMNS = ", ".join(MESSAGE_FIELDS)
 
@@ -83,7 +83,8 @@ class Message:
     ``token_ids`` are the exact ids the model generated (None if not generated,
     for example a user message); ``stats`` are generation statistics (tokens,
     milliseconds; the engine decides the keys); ``model`` names the model that
-    wrote it. ``created_at`` is in unix seconds.
+    wrote it. ``created_at`` is in unix seconds. ``reasoning`` is the thinking a
+    reasoning model wrote before its answer (``content``), None when it wrote none.
     """
 
     id: int
@@ -96,6 +97,7 @@ class Message:
     status: str
     model: str | None
     created_at: float
+    reasoning: str | None = None
 
 
 def encode_token_ids(token_ids: Sequence[int]) -> bytes:
@@ -142,7 +144,7 @@ def conversation_from_row(row: Sequence[Any]) -> Conversation:
 
 def message_from_row(row: Sequence[Any]) -> Message:
     """Build a Message from a row of MESSAGE_COLUMNS."""
-    mid, cid, parent, role, content, blob, stats_json, status, model, created = row
+    mid, cid, parent, role, content, blob, stats_json, status, model, created, *rest = row
     return Message(
         id=mid,
         conversation_id=cid,
@@ -154,6 +156,7 @@ def message_from_row(row: Sequence[Any]) -> Message:
         status=status,
         model=model,
         created_at=created,
+        reasoning=rest[0] if rest else None,
     )
 
 

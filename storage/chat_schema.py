@@ -24,6 +24,7 @@ from typing import Final
 import sqlite_utils
 
 from storage.errors import StorageError
+from storage.reasoning_quotes import split_reasoning_quotes
 
 Migration = Callable[[sqlite3.Connection], None]
 
@@ -206,7 +207,37 @@ def _migration_import_sources(conn: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: list[Migration] = [_migration_1, _migration_2, _migration_import_sources]
+def _migration_reasoning(conn: sqlite3.Connection) -> None:
+    """A reply's reasoning beside its answer: ``messages.reasoning`` (NULL: the model wrote
+    none), searched with the content (``messages_fts`` gets the column). Replies imported
+    before kept their reasoning as a quote in the text (``storage.reasoning_quotes``); it
+    moves into the column."""
+    conn.execute("ALTER TABLE messages ADD COLUMN reasoning TEXT NULL")
+    rows = conn.execute(
+        "SELECT id, content FROM messages WHERE source_id IS NOT NULL AND role = 'assistant'"
+        " AND content LIKE '%> **%'").fetchall()
+    moved = []
+    for mid, content in rows:
+        found, answer = split_reasoning_quotes(content)
+        if found is not None:
+            moved.append((answer, found, mid))
+    conn.executemany("UPDATE messages SET content = ?, reasoning = ? WHERE id = ?", moved)
+    db = _Database(conn)
+    for trigger in db["messages"].triggers:  # sqlite-utils' messages_ai/_ad/_au, made again below
+        if trigger.name in ("messages_ai", "messages_ad", "messages_au"):
+            db.execute(f"DROP TRIGGER {sqlite_utils.db.quote_identifier(trigger.name)}")
+    db["messages_fts"].drop()
+    db["messages"].enable_fts(
+        list(MESSAGE_SEARCH_COLUMNS), fts_version="FTS5", create_triggers=True,
+        tokenize=SEARCH_TOKENIZER, replace=True,
+    )
+
+
+MESSAGE_SEARCH_COLUMNS: Final = ("content", "reasoning")
+"""The columns of ``messages_fts`` from schema 4 on (SEARCHED_COLUMNS names the column of
+schema 2, which migration 2 builds)."""
+
+MIGRATIONS: list[Migration] = [_migration_1, _migration_2, _migration_import_sources, _migration_reasoning]
 """Ordered migrations; ``MIGRATIONS[i]`` moves the schema from version i to i + 1."""
 
 

@@ -20,6 +20,11 @@ class DataDirError(StorageError):
     """The data folder cannot be created, or Branchwise cannot write in it."""
 
 
+class ForeignDataDirError(DataDirError):
+    """The data folder chosen already holds other files and is not a Branchwise data
+    folder (``storage.paths.is_data_folder``): the CLI refuses it, the window asks."""
+
+
 class NotFoundError(StorageError, LookupError):
     """An unknown conversation or message id was asked for.
 

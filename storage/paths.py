@@ -11,8 +11,13 @@ chosen in this order:
    ``~/Library/Application Support/Branchwise`` on macOS,
    ``%LOCALAPPDATA%\\Branchwise`` on Windows.
 
+A folder that already holds other files and none of Branchwise's databases is not
+taken: the command line refuses it (naming a ``Branchwise`` subfolder to use instead)
+and the window asks first. Whatever folder it is, Branchwise only ever changes, empties
+or deletes the files it made there (:data:`OWN_FILES`, :data:`OWN_DIRS`).
+
 Who can read it: the conversations are private, so the folder is made 0700 and
-everything in it 0600 (directories inside it 0700), as ssh and gpg do with their
+the files Branchwise makes in it 0600 (its folders 0700), as ssh and gpg do with their
 folders. :func:`resolve_data_dir` sets the process umask to 077 so every file the
 app creates afterwards (the databases and SQLite's ``-wal``/``-shm``/``-journal``
 sidecars, which SQLite creates with the mode of the database file,
@@ -28,6 +33,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import shutil
 import stat
 import sys
@@ -36,7 +42,7 @@ from pathlib import Path
 
 import platformdirs
 
-from storage.errors import DataDirError
+from storage.errors import DataDirError, ForeignDataDirError
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +59,71 @@ FILE_MODE = 0o600
 PRIVATE_UMASK = 0o077
 """The umask set by :func:`resolve_data_dir`: new files 0600, new folders 0700."""
 
+BLOCKS_DIR = KVCACHE_DB + "-blocks"
+"""The folder of the prefix store's block files (``storage/block_files.py``)."""
+CHECKPOINTS_DIR = KVCACHE_DB + "-checkpoints"
+"""The folder of the prefix store's checkpoint files (``storage/prefix/checkpoints.py``),
+named like block files."""
+BLOCK_NAME = re.compile(r"[0-9a-f]{64}(\.[0-9]{1,10}\.tmp)?")
+"""A block file's name: its 32-byte key in hex, or that plus ``.PID.tmp`` while it is
+written. Nothing else in the blocks folder is ever opened for writing or removed."""
+LOGS_DIR = "logs"
+LOG_NAME = re.compile(r"(app|engine|cli)\.log(\.[0-9]{1,3})?")
+"""The log files in ``logs/``, rotated ones (``app.log.1``) included."""
+_DATABASES = (CHATS_DB, KVCACHE_DB, "serve-replies.sqlite3")
+OWN_FILES = frozenset(
+    [db + suffix for db in _DATABASES for suffix in ("", "-wal", "-shm", "-journal")]
+    + ["settings.json", "settings.json.tmp", "settings.json.unreadable",
+       "cpu-verdict.json", "cpu-verdict.tmp", "hub-token"])
+"""Every file Branchwise makes directly in the data folder: the three databases and
+SQLite's sidecars, the window's settings (with its temporary and set-aside copies) and
+the crash verdict (``engine/cpu.py``) and the model hub's token (``engine/hub/catalog.py``).
+The folder also holds :data:`LOGS_DIR`, :data:`BLOCKS_DIR`, :data:`CHECKPOINTS_DIR` and :data:`MODELS_DIR`, and
+``.branchwise-probe-*`` files live a moment at start."""
+MODELS_DIR = "models"
+"""Downloaded models (``engine/hub/library.py``): GGUF files, and ``.partial/`` while one downloads."""
+MODEL_NAME = re.compile(r"[^/\\]+\.gguf")
+OWN_DIRS = {LOGS_DIR: LOG_NAME, BLOCKS_DIR: BLOCK_NAME, CHECKPOINTS_DIR: BLOCK_NAME, MODELS_DIR: MODEL_NAME}
+"""The folders Branchwise makes in the data folder, with the pattern of the files in them."""
+_PROBE = ".branchwise-probe-"
 
-def resolve_data_dir(cli_value: str | None) -> Path:
+
+_DESKTOP_FILES = frozenset([".DS_Store", "Thumbs.db", "desktop.ini", ".directory"])
+"""What a file manager leaves in any folder it shows: never a sign of someone else's files."""
+
+
+def is_own_name(name: str) -> bool:
+    """True when ``name`` (an entry directly in the data folder) is one Branchwise makes, or
+    one a file manager leaves in every folder it opens (never touched: see tighten_permissions)."""
+    return name in OWN_FILES or name in OWN_DIRS or name.startswith(_PROBE) or name in _DESKTOP_FILES
+
+
+def is_data_folder(path: Path) -> bool:
+    """True when ``path`` is a folder Branchwise may use as its data folder: missing,
+    empty, holding only names Branchwise makes, or holding one of its databases as a
+    regular file (a data folder the user also keeps other files in)."""
+    try:
+        with os.scandir(path) as it:
+            entries = list(it)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return True  # not listable: the write probe says why, in one line
+    if all(is_own_name(e.name) for e in entries):
+        return True
+    return any(e.name in _DATABASES and e.is_file(follow_symlinks=False) for e in entries)
+
+
+def resolve_data_dir(cli_value: str | None, allow_foreign: bool = False) -> Path:
     """Return the data folder as an absolute path, creating it if needed.
 
     Args:
         cli_value: the ``--data-dir`` value, or None (an empty or blank string
             counts as not given). ``~`` is expanded; a relative path is taken
             relative to the current working directory.
+        allow_foreign: use a folder that already holds other files and no Branchwise
+            database (the window asks the user first); without it that is refused.
+            Either way Branchwise touches only the files it makes there.
 
     Returns:
         The absolute path of an existing folder Branchwise can write in.
@@ -77,6 +140,11 @@ def resolve_data_dir(cli_value: str | None) -> Path:
     else:
         raw, source = platformdirs.user_data_dir(APP_NAME, appauthor=False), "the default"
     path = Path(raw).expanduser().absolute()
+    if not allow_foreign and path.is_dir() and not is_data_folder(path):
+        raise ForeignDataDirError(
+            f"The data folder {path} ({source}) already holds other files and no Branchwise "
+            f"database, and Branchwise keeps its files in a folder of its own: pass a new or "
+            f"empty folder, for example {path / APP_NAME}.")
     make_private()
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -97,41 +165,65 @@ def make_private() -> None:
 
 
 def tighten_permissions(folder: Path) -> list[Path]:
-    """Make ``folder`` 0700 and everything below it 0600 (sub-folders 0700).
+    """Make what Branchwise created in ``folder`` private: its files 0600, its folders
+    (``logs/``, the blocks folder) 0700, and ``folder`` itself 0700 when it holds
+    nothing but Branchwise's names (a folder that also holds the user's files keeps
+    its mode: it is theirs).
 
-    Walks the folder's entries iteratively (no recursion), never follows symbolic
-    links, and only ever removes permission bits (a file the owner made read-only
-    stays read-only). Entries that vanish meanwhile or cannot be changed (another
-    owner) are skipped. Returns the paths whose mode changed. A no-op on Windows,
-    where the profile's ACLs apply (see the module docstring).
+    Only names Branchwise makes are touched (:data:`OWN_FILES`, :data:`OWN_DIRS` and
+    the file patterns in them); nothing else is walked into. Symbolic links are never
+    followed, a file with other hard links is skipped (a symlinked blocks folder keeps its target's mode), and permission bits
+    are only ever removed (a file the owner made read-only stays read-only). Entries
+    that vanish meanwhile or cannot be changed (another owner) are skipped. Returns the
+    paths whose mode changed. A no-op on Windows, where the profile's ACLs apply (see
+    the module docstring).
     """
     if sys.platform == "win32":
         return []
+    folder = Path(folder)
     changed: list[Path] = []
-    pending = [Path(folder)]
-    while pending:
-        current = pending.pop()
-        if _restrict(current, DIR_MODE):
-            changed.append(current)
+    try:
+        with os.scandir(folder) as it:
+            entries = list(it)
+    except OSError:
+        return changed
+    if all(is_own_name(e.name) for e in entries) and _restrict(folder, DIR_MODE):
+        changed.append(folder)
+    for entry in entries:
+        path = Path(entry.path)
         try:
-            entries = list(os.scandir(current))
+            if entry.name in OWN_FILES and entry.is_file(follow_symlinks=False):
+                if _restrict(path, FILE_MODE):
+                    changed.append(path)
+            elif entry.name in OWN_DIRS and entry.is_dir(follow_symlinks=False):
+                changed += _tighten_own_dir(path, OWN_DIRS[entry.name])
         except OSError:
             continue
-        for entry in entries:
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    pending.append(Path(entry.path))
-                elif entry.is_file(follow_symlinks=False) and _restrict(Path(entry.path), FILE_MODE):
+    return changed
+
+
+def _tighten_own_dir(folder: Path, names: re.Pattern) -> list[Path]:
+    """``folder`` 0700 and its regular files whose names match ``names`` 0600."""
+    changed = [folder] if _restrict(folder, DIR_MODE) else []
+    try:
+        with os.scandir(folder) as it:
+            for entry in it:
+                if (names.fullmatch(entry.name) and entry.is_file(follow_symlinks=False)
+                        and _restrict(Path(entry.path), FILE_MODE)):
                     changed.append(Path(entry.path))
-            except OSError:
-                continue
+    except OSError:
+        pass
     return changed
 
 
 def _restrict(path: Path, allowed: int) -> bool:
-    """Clear the permission bits of ``path`` outside ``allowed``; True if any were set."""
+    """Clear the permission bits of ``path`` outside ``allowed``; True if any were set.
+    A file with other hard links is left alone: its mode is also the other name's."""
     try:
-        mode = stat.S_IMODE(os.lstat(path).st_mode)
+        st = os.lstat(path)
+        mode = stat.S_IMODE(st.st_mode)
+        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+            return False
         if mode & ~allowed:
             os.chmod(path, mode & allowed, follow_symlinks=False)
             return True
@@ -175,7 +267,7 @@ def disk_full_message(folder: Path, not_saved: str) -> str:
 def _check_writable(path: Path, source: str) -> None:
     """Write and delete a small probe file in ``path``; raise DataDirError if that fails."""
     try:
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".branchwise-probe-") as probe:
+        with tempfile.NamedTemporaryFile(dir=path, prefix=_PROBE) as probe:
             probe.write(b"ok")
             probe.flush()
     except OSError as exc:

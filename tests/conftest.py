@@ -56,7 +56,7 @@ def data_dir(tmp_path):
 @pytest.fixture
 def open_window(qtbot, no_leaks):
     """``open_window(data_dir, wait=True, **kw)`` -> a shown MainWindow with its model loaded."""
-    from app.window.main_window import MainWindow
+    from app.window.shell.main_window import MainWindow
 
     windows = []
 

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 
@@ -61,7 +62,8 @@ class BranchwiseServe(ServerProcess):
     def __init__(self, data_dir, *args, log_path=None):
         super().__init__([sys.executable, "-m", "app.cli", "serve", "--json", "--port", "0", "--data-dir",
                           str(data_dir), "--ctx-size", "4096", *map(str, args)], {"BRANCHWISE_LOG": "INFO"})
-        self.stderr_path = log_path or (data_dir / "serve-stderr.log")
+        data_dir = Path(data_dir)  # the log sits beside the data folder: a file of its own in it is refused
+        self.stderr_path = log_path or data_dir.parent / f"{data_dir.name}-serve-stderr.log"
 
     def start(self) -> "BranchwiseServe":
         self.proc = subprocess.Popen(self.argv, env=self.env, stdout=subprocess.PIPE,

@@ -80,14 +80,14 @@ def count_rows(db_path: Path, table: str) -> int:
 
 def test_edit_and_regenerate_create_siblings_in_creation_order(store: ChatStore) -> None:
     m = build_tree(store)
-    assert ids(store.siblings(m["a1"].id)) == [m["a1"].id, m["a1r"].id]
-    assert ids(store.siblings(m["a1r"].id)) == [m["a1"].id, m["a1r"].id]
-    assert ids(store.siblings(m["u1"].id)) == [m["u1"].id, m["u1b"].id]  # roots are siblings
-    assert ids(store.siblings(m["u2"].id)) == [m["u2"].id]
+    assert ids(store.branches.siblings(m["a1"].id)) == [m["a1"].id, m["a1r"].id]
+    assert ids(store.branches.siblings(m["a1r"].id)) == [m["a1"].id, m["a1r"].id]
+    assert ids(store.branches.siblings(m["u1"].id)) == [m["u1"].id, m["u1b"].id]  # roots are siblings
+    assert ids(store.branches.siblings(m["u2"].id)) == [m["u2"].id]
     cid = m["u1"].conversation_id
-    assert ids(store.children(None, cid)) == [m["u1"].id, m["u1b"].id]
-    assert ids(store.children(m["u1"].id, cid)) == [m["a1"].id, m["a1r"].id]
-    assert store.children(m["u2"].id, cid) == []
+    assert ids(store.branches.children(None, cid)) == [m["u1"].id, m["u1b"].id]
+    assert ids(store.branches.children(m["u1"].id, cid)) == [m["a1"].id, m["a1r"].id]
+    assert store.branches.children(m["u2"].id, cid) == []
 
 
 def test_messages_keep_their_fields(store: ChatStore) -> None:
@@ -106,8 +106,8 @@ def test_messages_keep_their_fields(store: ChatStore) -> None:
 def test_path_to_and_active_path(store: ChatStore) -> None:
     m = build_tree(store)
     cid = m["u1"].conversation_id
-    assert ids(store.path_to(m["u2"].id)) == [m["u1"].id, m["a1r"].id, m["u2"].id]
-    assert ids(store.path_to(m["u1"].id)) == [m["u1"].id]
+    assert ids(store.branches.path_to(m["u2"].id)) == [m["u1"].id, m["a1r"].id, m["u2"].id]
+    assert ids(store.branches.path_to(m["u1"].id)) == [m["u1"].id]
     # add_message made the last message the active leaf
     assert store.get_conversation(cid).active_leaf_id == m["a1b"].id
     assert ids(store.active_path(cid)) == [m["u1b"].id, m["a1b"].id]
@@ -120,13 +120,13 @@ def test_path_to_and_active_path(store: ChatStore) -> None:
 def test_deepest_leaf_follows_the_latest_child(store: ChatStore) -> None:
     m = build_tree(store)
     cid = m["u1"].conversation_id
-    assert store.deepest_leaf(m["u1"].id).id == m["u2"].id  # via a1r, the newer child
-    assert store.deepest_leaf(m["a1"].id).id == m["a1"].id  # a leaf is its own deepest leaf
-    assert store.deepest_leaf(m["u1b"].id).id == m["a1b"].id
+    assert store.branches.deepest_leaf(m["u1"].id).id == m["u2"].id  # via a1r, the newer child
+    assert store.branches.deepest_leaf(m["a1"].id).id == m["a1"].id  # a leaf is its own deepest leaf
+    assert store.branches.deepest_leaf(m["u1b"].id).id == m["a1b"].id
     newest = store.add_message(cid, m["a1"].id, "user", "Later follow-up on a1")
-    assert store.deepest_leaf(m["a1"].id).id == newest.id
+    assert store.branches.deepest_leaf(m["a1"].id).id == newest.id
     # greedy: from u1 the newest child is still a1r, whatever happens under a1
-    assert store.deepest_leaf(m["u1"].id).id == m["u2"].id
+    assert store.branches.deepest_leaf(m["u1"].id).id == m["u2"].id
 
 
 def test_tree_lists_every_message_parents_first(store: ChatStore) -> None:
@@ -177,7 +177,7 @@ def test_fork_copies_only_the_path(store: ChatStore) -> None:
     source_id = m["u1"].conversation_id
     store.set_system_prompt(source_id, "Be brief.")
     store.set_sampling(source_id, {"temperature": 0.1})
-    fork = store.fork(m["a1r"].id)
+    fork = store.copies.fork(m["a1r"].id)
     assert fork.id != source_id
     assert fork.title == "Fork of Tree"
     assert fork.system_prompt == "Be brief."
@@ -197,7 +197,7 @@ def test_fork_copies_only_the_path(store: ChatStore) -> None:
 
 def test_fork_keeps_token_ids_and_times(store: ChatStore) -> None:
     m = build_tree(store)
-    fork = store.fork(m["a1"].id)
+    fork = store.copies.fork(m["a1"].id)
     original, copy = store.get_message(m["a1"].id), store.active_path(fork.id)[-1]
     assert copy.token_ids == original.token_ids == (5, 6)
     assert copy.created_at == original.created_at
@@ -209,7 +209,7 @@ def test_duplicate_copies_tree_and_active_leaf(store: ChatStore) -> None:
     source_id = m["u1"].conversation_id
     store.set_active_leaf(source_id, m["u2"].id)
     store.set_pinned(source_id, True)
-    dup = store.duplicate_conversation(source_id)
+    dup = store.copies.duplicate_conversation(source_id)
     assert dup.title == "Tree (copy)"
     assert dup.pinned is False
     source_tree, dup_tree = store.tree(source_id), store.tree(dup.id)
@@ -229,7 +229,7 @@ def test_duplicate_copies_tree_and_active_leaf(store: ChatStore) -> None:
 
 def test_duplicate_of_empty_conversation(store: ChatStore) -> None:
     conv = store.create_conversation(title="Empty")
-    dup = store.duplicate_conversation(conv.id)
+    dup = store.copies.duplicate_conversation(conv.id)
     assert dup.active_leaf_id is None and store.tree(dup.id) == []
 
 
@@ -256,7 +256,7 @@ def test_fts_index_stays_consistent(store: ChatStore, db_path: Path) -> None:
     m = build_tree(store)
     store.update_message(m["a1"].id, content="rewritten")
     store.rename(m["u1"].conversation_id, "Renamed")
-    store.fork(m["u2"].id)
+    store.copies.fork(m["u2"].id)
     store.delete_conversation(m["u1"].conversation_id)
     with sqlite3.connect(db_path) as conn:  # raises "database disk image is malformed" if not
         conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('integrity-check')")
@@ -305,16 +305,16 @@ def test_not_found_errors_name_the_id(store: ChatStore) -> None:
         (lambda: store.get_conversation(999), "There is no conversation with id 999"),
         (lambda: store.rename(999, "x"), "There is no conversation with id 999"),
         (lambda: store.set_pinned(999, True), "There is no conversation with id 999"),
-        (lambda: store.duplicate_conversation(999), "There is no conversation with id 999"),
+        (lambda: store.copies.duplicate_conversation(999), "There is no conversation with id 999"),
         (lambda: store.active_path(999), "There is no conversation with id 999"),
         (lambda: store.tree(999), "There is no conversation with id 999"),
-        (lambda: store.children(None, 999), "There is no conversation with id 999"),
+        (lambda: store.branches.children(None, 999), "There is no conversation with id 999"),
         (lambda: store.get_message(12345), "There is no message with id 12345"),
         (lambda: store.update_message(12345, content="x"), "There is no message with id 12345"),
-        (lambda: store.fork(12345), "There is no message with id 12345"),
-        (lambda: store.path_to(12345), "There is no message with id 12345"),
-        (lambda: store.siblings(12345), "There is no message with id 12345"),
-        (lambda: store.deepest_leaf(12345), "There is no message with id 12345"),
+        (lambda: store.copies.fork(12345), "There is no message with id 12345"),
+        (lambda: store.branches.path_to(12345), "There is no message with id 12345"),
+        (lambda: store.branches.siblings(12345), "There is no message with id 12345"),
+        (lambda: store.branches.deepest_leaf(12345), "There is no message with id 12345"),
     ]
     for call, expected in cases:
         with pytest.raises(NotFoundError) as info:
@@ -561,7 +561,7 @@ def test_reopen_keeps_everything(db_path: Path) -> None:
     with ChatStore(db_path) as store:
         m = build_tree(store)
         store.set_pinned(m["u1"].conversation_id, True)
-        store.fork(m["u2"].id)
+        store.copies.fork(m["u2"].id)
         conversations = store.list_conversations()
         trees = {c.id: store.tree(c.id) for c in conversations}
     with ChatStore(db_path) as store:
@@ -577,8 +577,8 @@ def test_pragmas(store: ChatStore, db_path: Path) -> None:
     with sqlite3.connect(db_path) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("PRAGMA user_version").fetchone()[0] == len(chat_schema.MIGRATIONS)
-    assert store._conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
-    assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+    assert store.database.conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+    assert store.database.conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
 
 
 def test_migrations_run_once(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -644,8 +644,8 @@ def test_a_file_that_is_not_a_database(db_path: Path) -> None:
 
 def test_full_disk_becomes_storage_full_error(store: ChatStore) -> None:
     conv = store.create_conversation()
-    pages = store._conn.execute("PRAGMA page_count").fetchone()[0]
-    store._conn.execute(f"PRAGMA max_page_count = {pages}")  # the database cannot grow
+    pages = store.database.conn.execute("PRAGMA page_count").fetchone()[0]
+    store.database.conn.execute(f"PRAGMA max_page_count = {pages}")  # the database cannot grow
     with pytest.raises(StorageFullError, match="is full") as info:
         store.add_message(conv.id, None, "user", "x" * 1_000_000)
     assert "Free some space" in str(info.value)
@@ -771,11 +771,11 @@ def test_delete_subtree_removes_a_message_and_its_replies_and_restores_them(stor
     cid, ids = _chain(store, 4)
     other = store.add_message(cid, ids[0], "assistant", "sibling reply")  # beside ids[1]
     store.set_active_leaf(cid, ids[3])
-    removed = store.delete_subtree(ids[1])
+    removed = store.deletion.delete_subtree(ids[1])
     assert [m.id for m in removed] == ids[1:]
     assert [m.id for m in store.tree(cid)] == [ids[0], other.id]
     assert store.get_conversation(cid).active_leaf_id == other.id  # the remaining sibling's branch
-    new_ids = store.restore_messages(removed, active_leaf_id=ids[3])
+    new_ids = store.deletion.restore_messages(removed, active_leaf_id=ids[3])
     path = store.active_path(cid)
     assert [m.content for m in path] == ["m0", "m1", "m2", "m3"]
     assert path[-1].id == new_ids[ids[3]] and path[1].parent_id == ids[0]
@@ -788,20 +788,20 @@ def test_deleting_the_shown_branch_continues_on_the_nearest_sibling_s_newest_lea
     newest = store.add_message(cid, below.id, "assistant", "newest under the first")
     last = store.add_message(cid, ids[0], "assistant", "last reply")
     store.set_active_leaf(cid, last.id)
-    store.delete_subtree(last.id)  # the one before it: "first", down to its newest leaf
+    store.deletion.delete_subtree(last.id)  # the one before it: "first", down to its newest leaf
     assert store.get_conversation(cid).active_leaf_id == newest.id
     store.set_active_leaf(cid, ids[1])
-    store.delete_subtree(ids[1])  # the oldest: none before it, so the one after it
+    store.deletion.delete_subtree(ids[1])  # the oldest: none before it, so the one after it
     assert store.get_conversation(cid).active_leaf_id == newest.id
-    store.delete_subtree(first.id)  # no sibling left: the parent
+    store.deletion.delete_subtree(first.id)  # no sibling left: the parent
     assert store.get_conversation(cid).active_leaf_id == ids[0]
 
 
 def test_delete_subtree_of_a_deep_branch_is_not_recursive(store: ChatStore) -> None:
     cid, ids = _chain(store, 3000)
-    removed = store.delete_subtree(ids[1])
+    removed = store.deletion.delete_subtree(ids[1])
     assert len(removed) == 2999 and [m.id for m in store.tree(cid)] == [ids[0]]
-    store.restore_messages(removed, active_leaf_id=ids[-1])
+    store.deletion.restore_messages(removed, active_leaf_id=ids[-1])
     assert len(store.active_path(cid)) == 3000
 
 

@@ -155,7 +155,7 @@ def test_checkpoints_count_against_the_budget_and_go_with_their_blocks(tmp_path)
     k0 = chain_keys(fp, tokens, 64)[0]
     store.put(fp, [NewBlock(k0, fp, 0, np.asarray(tokens[:64], dtype=np.int32), b"b" * 640)])
     store.put_checkpoint(fp, tokens[:70], b"w" * 100)
-    store._db.execute("BEGIN")
-    store._delete_subtree(k0)
-    store._db.execute("COMMIT")
+    store.index.db.execute("BEGIN")
+    store.blocks.delete_subtree(k0)
+    store.index.db.execute("COMMIT")
     assert store.lookup_checkpoint(fp, tokens[:100]).n_tokens == 20

@@ -87,11 +87,12 @@ def test_unknown_ids_fail_with_one_readable_line(tmp_path):
 def test_bad_model_file_fails_cleanly_and_stores_nothing(tmp_path):
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + os.urandom(4000))
-    r = bw(tmp_path, "chat", "--model", bad, "hello", check=False)
+    data = tmp_path / "data"  # a folder of its own: tmp_path holds the model file
+    r = bw(data, "chat", "--model", bad, "hello", check=False)
     assert r.returncode == 1
     assert "Traceback" not in r.stderr
     assert "broken.gguf" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    assert json.loads(bw(tmp_path, "conversations", "list", "--json").stdout) == []
+    assert json.loads(bw(data, "conversations", "list", "--json").stdout) == []
 
 
 def test_budget_is_respected_after_every_turn(tmp_path):
@@ -218,8 +219,8 @@ def test_the_stats_line_says_a_reply_was_cut_by_max_tokens(tmp_path):
 def test_small_cli_mistakes_and_help(tmp_path):
     r = bw(tmp_path, "chat", "--temperature", "-1", "hi", check=False)
     assert r.returncode == 2
-    assert r.stderr.strip() == ("branchwise: argument --temperature: must be 0 or more, not '-1' "
-                                "(see 'branchwise chat --help')")
+    assert r.stderr.strip() == ("branchwise: argument --temperature: must be between 0 and 2; got -1 "
+                                "(see 'branchwise chat --help')")  # the bound serve applies too (engine/limits.py)
     conv_help = bw(tmp_path, "conversations", "--help").stdout
     assert "every conversation: id, * when pinned, title" in conv_help
     assert "the active branch of one conversation" in conv_help

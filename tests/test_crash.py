@@ -165,7 +165,7 @@ def _unanswered(data_dir: Path) -> bool:
         return False
     try:
         with ChatStore(data_dir / "chats.sqlite3") as chats:
-            return chats.newest_unanswered_user_message(0) is not None
+            return chats.branches.newest_unanswered_user_message(0) is not None
     except Exception:  # noqa: BLE001 - being created by the process under test
         return False
 

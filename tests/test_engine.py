@@ -316,7 +316,7 @@ def test_no_prefill_batch_is_a_single_token():
 
 def test_a_full_disk_while_storing_loses_nothing_but_the_cache(model_path, store, monkeypatch):
     e = Engine(model_path, SETTINGS, store)
-    store._db.execute("PRAGMA max_page_count=4")  # the index may not grow: SQLite says "disk is full"
+    store.index.db.execute("PRAGMA max_page_count=4")  # the index may not grow: SQLite says "disk is full"
     real_write = store.files.write
     written = []
 
@@ -331,7 +331,7 @@ def test_a_full_disk_while_storing_loses_nothing_but_the_cache(model_path, store
     assert r.token_ids and r.stats.snapshot_bytes_written == 0 and written
     assert store.stats()["blocks"] == 0 and store.files.names() == []  # the written file went too
     monkeypatch.setattr(store.files, "write", real_write)
-    store._db.execute("PRAGMA max_page_count=1073741823")
+    store.index.db.execute("PRAGMA max_page_count=1073741823")
     r2 = e.generate([ChatMessage("user", "Hello")], GREEDY)  # the store still works afterwards
     assert r2.stats.snapshot_bytes_written > 0
     e.close()
@@ -344,7 +344,7 @@ def test_a_locked_store_means_prefill_not_an_error(model_path, store, tmp_path):
     e.reset_context()
     other = sqlite3.connect(tmp_path / "kvcache.sqlite3", timeout=0)
     other.execute("BEGIN EXCLUSIVE")
-    store._db.execute("PRAGMA busy_timeout=100")
+    store.index.db.execute("PRAGMA busy_timeout=100")
     locked = turn(e, msgs)
     other.rollback()
     other.close()

@@ -23,12 +23,12 @@ def test_enter_with_a_20000_line_paste_counts_first_and_stores_nothing_that_cann
     qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
     # Enter returned at once: the engine counts in its own process, the window says so
     assert w.overflow_flow.checking is not None and w.composer.button.text() == "Stop"
-    assert w.stats_label.text().startswith("Counting tokens (")
+    assert w.status.stats_label.text().startswith("Counting tokens (")
     assert w.store.active_path(cid) == []
-    qtbot.waitUntil(lambda: w.overflow_box is not None and w.overflow_box.isVisible(), timeout=REPLY_TIMEOUT_MS)
+    qtbot.waitUntil(lambda: w.overflow_flow.box is not None and w.overflow_flow.box.isVisible(), timeout=REPLY_TIMEOUT_MS)
     assert w.store.active_path(cid) == []  # nothing stored: it cannot fit
     assert w.composer.button.text() == "Send"
-    qtbot.mouseClick(w.overflow_box.buttons()[-1], Qt.MouseButton.LeftButton)  # "Edit the message"
+    qtbot.mouseClick(w.overflow_flow.box.buttons()[-1], Qt.MouseButton.LeftButton)  # "Edit the message"
     assert w.composer.text() == PASTE
 
 

@@ -38,7 +38,7 @@ def test_send_streams_reply_and_persists(qtbot, open_window, data_dir):
     assert reply.content.strip()
     assert len(reply.token_ids) == reply.stats["generated_tokens"] <= 24
     assert w.transcript.widgets[-1].text == reply.content
-    assert "prefilled" in w.stats_label.text()
+    assert "prefilled" in w.status.stats_label.text()
     assert w.store.get_conversation(cid).title == "Name three colours."
     # the snapshot's figures arrive after the reply and are stored with it (issue #8: they were 0)
     qtbot.waitUntil(lambda: w.store.get_message(mid).stats["snapshot_ms"] > 0, timeout=REPLY_TIMEOUT_MS)
@@ -81,7 +81,7 @@ def test_edit_creates_sibling_and_navigator_switches(qtbot, open_window, data_di
 
     path = w.store.active_path(cid)
     assert path[0].content == "Say goodbye."
-    assert [m.id for m in w.store.siblings(path[0].id)] == [first_user.id, path[0].id]
+    assert [m.id for m in w.store.branches.siblings(path[0].id)] == [first_user.id, path[0].id]
     user_widget = w.transcript.widgets[0]
     assert user_widget.position.text() == "2/2"
 
@@ -104,7 +104,7 @@ def test_regenerate_adds_a_sibling_reply(qtbot, open_window, data_dir):
         qtbot.mouseClick(assistant_widget.buttons["regenerate"], Qt.MouseButton.LeftButton)
     second = blocker.args[0]
     assert second != first
-    assert [m.id for m in w.store.siblings(second)] == [first, second]
+    assert [m.id for m in w.store.branches.siblings(second)] == [first, second]
     path = w.store.active_path(cid)
     assert [m.role for m in path] == ["user", "assistant"] and path[-1].id == second
     assert w.transcript.widgets[-1].position.text() == "2/2"

@@ -12,7 +12,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 import pytest  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
 
-from app.window.crash import crash_name, describe_exit  # noqa: E402
+from app.window.flows.crash import crash_name, describe_exit  # noqa: E402
 from engine.cpu import CrashVerdict  # noqa: E402
 from gui_helpers import LOAD_TIMEOUT_MS, REPLY_TIMEOUT_MS, new_chat, send_and_wait  # noqa: E402
 

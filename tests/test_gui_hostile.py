@@ -15,7 +15,7 @@ from PySide6.QtCore import QEvent, QPoint, Qt, QUrl  # noqa: E402
 from PySide6.QtGui import QFont, QHelpEvent, QTextDocument  # noqa: E402
 from PySide6.QtWidgets import QApplication, QMessageBox, QToolTip  # noqa: E402
 
-from app.window.plain import TOOLTIP_CHARS, elide  # noqa: E402
+from app.window.shell.plain import TOOLTIP_CHARS, elide  # noqa: E402
 from storage.chats import ChatStore  # noqa: E402
 from storage.paths import CHATS_DB  # noqa: E402
 
@@ -132,7 +132,7 @@ def test_hostile_text_is_plain_in_every_widget(qtbot, window, data_dir, text):
     doc = rendered(label.toolTip())
     assert_plain_document(doc)
     assert shown_text(doc).startswith(elide(f"Name: {text}", TOOLTIP_CHARS)[:200])
-    w.show_model_info()
+    w.model.show_info()
     box = next(b for b in w.findChildren(QMessageBox) if b.windowTitle() == "Model info")
     assert box.textFormat() == Qt.TextFormat.PlainText
     assert box.text().splitlines()[0] == f"Name: {text}"
@@ -167,7 +167,7 @@ def test_a_web_link_opens_only_after_a_confirmation_showing_the_full_url(qtbot, 
                                                                           monkeypatch):
     from PySide6.QtGui import QDesktopServices
 
-    from app.window.link_dialog import OpenLinkDialog
+    from app.window.flows.link_dialog import OpenLinkDialog
 
     url = "https://xn--pple-43d.com/login?next=" + "a" * 300 + "&x=<b>1</b>"
     with ChatStore(data_dir / CHATS_DB) as store:
@@ -185,22 +185,22 @@ def test_a_web_link_opens_only_after_a_confirmation_showing_the_full_url(qtbot, 
     # such links, were they clicked, do nothing at all
     for href in ("file:///etc/passwd", "javascript:alert(1)", "//host/share/x.png", "relative/a.html"):
         body.linkActivated.emit(href)
-        assert w.link_dialog is None and w.findChildren(OpenLinkDialog) == []
+        assert w.links.dialog is None and w.findChildren(OpenLinkDialog) == []
     assert opened == []
 
     # the web link: a dialog with the whole URL and the encoded host; Cancel opens nothing
     body.linkActivated.emit(hrefs[0])
-    dlg = w.link_dialog
+    dlg = w.links.dialog
     assert isinstance(dlg, OpenLinkDialog) and dlg.isVisible()
     assert dlg.url_view.toPlainText() == hrefs[0]  # what the browser would get, whole
     assert "xn--pple-43d.com" in dlg.question.text()
     assert dlg.question.textFormat() == Qt.TextFormat.PlainText
     qtbot.mouseClick(dlg.cancel_button, Qt.MouseButton.LeftButton)
-    assert opened == [] and w.link_dialog is None
+    assert opened == [] and w.links.dialog is None
 
     # again, and Open: the browser gets exactly that URL
     body.linkActivated.emit(hrefs[0])
-    qtbot.mouseClick(w.link_dialog.open_button, Qt.MouseButton.LeftButton)
+    qtbot.mouseClick(w.links.dialog.open_button, Qt.MouseButton.LeftButton)
     assert len(opened) == 1
     assert QUrl(opened[0]) == QUrl(url)
 
@@ -226,7 +226,7 @@ def test_a_chat_error_banner_goes_when_another_chat_is_shown(qtbot, window, data
     assert not w.banner.isVisible()
     # a model error is about the app, not a chat: it stays through a switch
     w.model._load_failed("bad file")
-    w.new_chat()
+    w.navigator.new_chat()
     assert w.banner.isVisible() and w.banner.text == "The model could not be loaded. bad file"
 
 
@@ -246,7 +246,7 @@ def _menu_action(qtbot, w, cid: int, text: str) -> None:
     """Right-click ``cid``'s row in the sidebar and choose ``text`` from the menu."""
     from PySide6.QtCore import QTimer
 
-    from app.window.sidebar import ID_ROLE
+    from app.window.tree.sidebar import ID_ROLE
 
     row = next(w.sidebar.list.item(i) for i in range(w.sidebar.list.count())
                if w.sidebar.list.item(i).data(ID_ROLE) == cid)
@@ -270,7 +270,7 @@ def test_delete_and_forget_drops_the_chats_kv_blocks_after_the_undo_time(qtbot, 
     time is up the engine process deletes the rows and the chat's own KV blocks."""
     from gui_helpers import new_chat, send_and_wait
 
-    from app.window.sidebar import FORGET_NOTE
+    from app.window.tree.sidebar import FORGET_NOTE
     from storage.errors import NotFoundError
 
     w = open_window(data_dir)
@@ -301,13 +301,13 @@ def test_delete_and_forget_drops_the_chats_kv_blocks_after_the_undo_time(qtbot, 
 
 def test_model_info_shows_the_real_kv_cache_per_token(qtbot, open_window, data_dir):
     """#10.6: Model info's "KV cache per token" is the loaded model's figure, not 0 bytes."""
-    from app.window.settings_dialog import human_bytes
+    from app.window.settings.settings_dialog import human_bytes
 
     w = open_window(data_dir)
     per_token = w.facts["kv_bytes_per_token"]
     # the default model, SmolLM2-135M: 30 layers x 3 KV heads x 64 x (K + V) x 2 bytes (f16)
     assert per_token == 30 * 3 * 64 * 2 * 2
-    w.show_model_info()
+    w.model.show_info()
     box = next(b for b in w.findChildren(QMessageBox) if b.windowTitle() == "Model info")
     assert f"KV cache per token: {human_bytes(per_token)}" in box.text().splitlines()
     box.close()
@@ -316,7 +316,7 @@ def test_model_info_shows_the_real_kv_cache_per_token(qtbot, open_window, data_d
 def test_the_pin_marker_is_drawn_not_an_emoji(qtbot, window, data_dir):
     """#10.6: a pinned chat's marker is a shape the delegate draws (no emoji font needed):
     the pinned row has dark pixels left of its title where the unpinned row has none."""
-    from app.window.sidebar import PIN_DOT, PINNED_ROLE
+    from app.window.tree.sidebar import PIN_DOT, PINNED_ROLE
 
     with ChatStore(data_dir / CHATS_DB) as store:
         plain = store.create_conversation(title="Wplain")
@@ -364,3 +364,28 @@ def test_every_unanswered_user_message_has_retry(qtbot, open_window, data_dir):
     roles = [(mw.message.id, mw.message.role) for mw in w.transcript.widgets]
     assert roles == [(first.id, "user"), (reply.id, "assistant")]
     assert "retry" not in w.transcript.widgets[0].buttons
+
+
+def test_deleting_a_chat_while_its_reply_streams_stops_it_first(qtbot, open_window, data_dir):
+    """Issue 30, item 5: Delete and forget of the chat whose reply is streaming cancels the
+    reply, then deletes the rows and the chat's KV blocks; nothing of it is kept."""
+    from gui_helpers import new_chat
+
+    from storage.errors import NotFoundError
+
+    w = open_window(data_dir)
+    cid = new_chat(w, sampling={"max_tokens": 1500})
+    w.composer.input.setPlainText("Passport QJVX-5518. Now write a long story about owls and foxes in the winter forest.")
+    qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: w.chat.reply is not None and len(w.chat.reply.text) > 20, timeout=120_000)
+    assert w.sidebar.busy_id == cid
+    with qtbot.waitSignal(w.reply_finished, timeout=60_000):
+        _menu_action(qtbot, w, cid, "Delete and forget")  # used to be disabled while busy
+    assert w.sidebar.busy_id is None and cid not in w.sidebar.ids()
+    with qtbot.waitSignal(w.forgotten, timeout=60_000):
+        w.sidebar.commit_delete()
+    with pytest.raises(NotFoundError):
+        w.store.get_conversation(cid)
+    assert _kv_blocks(data_dir) == 0  # the only chat: every block was its own
+    raw = b"".join(p.read_bytes() for p in data_dir.glob(CHATS_DB + "*") if p.is_file())
+    assert b"QJVX-5518" not in raw

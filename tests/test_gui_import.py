@@ -17,7 +17,7 @@ from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl  # noqa: E402
 from PySide6.QtGui import QDragEnterEvent, QDropEvent  # noqa: E402
 from PySide6.QtWidgets import QApplication, QFileDialog, QPushButton  # noqa: E402
 
-from app.window import import_dialog  # noqa: E402
+from app.window.flows import import_dialog  # noqa: E402
 from storage.importers import import_files  # noqa: E402
 from storage.importers import run as import_run  # noqa: E402
 from storage.paths import CHATS_DB  # noqa: E402
@@ -159,7 +159,7 @@ def test_progress_shows_and_a_send_during_the_import_waits_for_it(qtbot, open_wi
 
     forked = []
     monkeypatch.setattr(w.chat, "fork", forked.append)
-    w.fork(1234)  # a fork (as the transcript's Fork button asks) is held too, after the send
+    w.commands.fork(1234)  # a fork (as the transcript's Fork button asks) is held too, after the send
     assert "the fork will be made as soon as it finishes" in w.banner.text
     assert forked == []
 

@@ -16,7 +16,7 @@ from PySide6.QtCore import QPoint, Qt, QTimer  # noqa: E402
 from PySide6.QtGui import QContextMenuEvent, QGuiApplication  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from app.window.sidebar import HIT_ROLE, SNIPPET_ROLE, SPANS_ROLE, draw_marked  # noqa: E402
+from app.window.tree.sidebar import HIT_ROLE, SNIPPET_ROLE, SPANS_ROLE, draw_marked  # noqa: E402
 from storage.chats import ChatStore  # noqa: E402
 from storage.paths import CHATS_DB  # noqa: E402
 
@@ -125,7 +125,7 @@ def test_reply_footer_shows_tokens_per_second_ttft_and_time(qtbot, open_window, 
 def test_delete_a_message_with_its_replies_from_its_menu_then_undo(qtbot, open_window, data_dir):
     ids = _capitals(data_dir)
     w = _window(open_window, data_dir)
-    w.open_search_hit(ids["cid"], ids["madrid"])
+    w.navigator.open_search_hit(ids["cid"], ids["madrid"])
     before = [(m.role, m.content) for m in w.store.active_path(ids["cid"])]
     _menu_choose(qtbot, w.transcript.widget_for(ids["madrid"]), "Delete message and its replies")
     path = w.store.active_path(ids["cid"])
@@ -189,7 +189,7 @@ def test_a_table_in_a_message_has_a_visible_grid_and_images_stay_links(qtbot, op
         assert 'href="https://example.com/logo.png">Image: logo</a>' in body.text()
         image = body.grab().toImage()
         rows = _line_height(body) * 3  # three table rows, each taller than a line of text
-        assert _vertical_run(image, QColor(w.colors.muted)) >= rows, mid
+        assert _vertical_run(image, QColor(w.look.colors.muted)) >= rows, mid
 
 
 def _line_height(widget) -> int:
@@ -230,7 +230,7 @@ def test_changes_from_another_process_are_shown_before_the_window_sends(qtbot, o
                                                                       "Answered there"]
     with ChatStore(data_dir / CHATS_DB) as other:
         other.rename(ids["cid"], "Renamed elsewhere")
-    assert w.show_external_changes()  # what activating the window runs
-    assert not w.show_external_changes()  # nothing new since
+    assert w.navigator.show_external_changes()  # what activating the window runs
+    assert not w.navigator.show_external_changes()  # nothing new since
     titles = [w.sidebar.list.item(i).data(Qt.ItemDataRole.DisplayRole) for i in range(w.sidebar.list.count())]
     assert "Renamed elsewhere" in titles

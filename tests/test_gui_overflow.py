@@ -18,8 +18,8 @@ from app.session.overflow import largest_context  # noqa: E402
 def _press_enter(qtbot, w, text):
     w.composer.input.setPlainText(text)
     qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
-    qtbot.waitUntil(lambda: w.overflow_box is not None and w.overflow_box.isVisible(), timeout=REPLY_TIMEOUT_MS)
-    return w.overflow_box
+    qtbot.waitUntil(lambda: w.overflow_flow.box is not None and w.overflow_flow.box.isVisible(), timeout=REPLY_TIMEOUT_MS)
+    return w.overflow_flow.box
 
 
 def test_a_message_larger_than_any_allowed_context_is_offered_nothing_that_fails(qtbot, open_window, data_dir):
@@ -35,7 +35,7 @@ def test_a_message_larger_than_any_allowed_context_is_offered_nothing_that_fails
     assert 8192 < tokens < 12_000 and "the context holds 2,048" in box.text()
     assert "The largest context this model and this computer's memory allow is 8,192 tokens" in box.informativeText()
     assert "Shorten the message" in box.informativeText()
-    assert w.status.context_over and w.context_label.text() == f"context {tokens:,} / 2,048"
+    assert w.status.context_over and w.status.context_label.text() == f"context {tokens:,} / 2,048"
     assert [m.id for m in w.store.active_path(cid)] == before  # nothing stored
     qtbot.mouseClick(box.buttons()[0], Qt.MouseButton.LeftButton)
     assert w.composer.text() == text.strip()  # back in the composer (as sent: stripped), to shorten
@@ -58,7 +58,7 @@ def test_the_raise_offered_fits_the_tokens_and_no_branch_when_the_newest_alone_o
     assert reply.status == "complete" and w.facts["n_ctx"] == 4096
     assert json.loads((data_dir / "settings.json").read_text())["n_ctx"] == 4096
     assert [m.role for m in w.store.active_path(cid)] == ["user", "assistant", "user", "assistant"]
-    qtbot.waitUntil(lambda: w.context_used > 2048, timeout=REPLY_TIMEOUT_MS)
+    qtbot.waitUntil(lambda: w.status.context_used > 2048, timeout=REPLY_TIMEOUT_MS)
     assert not w.status.context_over
 
 
@@ -85,4 +85,4 @@ def test_a_message_that_surely_fits_is_sent_without_a_count_first(qtbot, open_wi
     w.composer.input.setPlainText("word " * 2100)
     qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
     assert not w.chat.streaming and w.overflow_flow.checking is not None
-    qtbot.waitUntil(lambda: w.overflow_box is not None and w.overflow_box.isVisible(), timeout=REPLY_TIMEOUT_MS)
+    qtbot.waitUntil(lambda: w.overflow_flow.box is not None and w.overflow_flow.box.isVisible(), timeout=REPLY_TIMEOUT_MS)

@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QApplication, QDialogButtonBox  # noqa: E402
 
 from gui_helpers import wait_for_tree  # noqa: E402
 
-from app.window import theme  # noqa: E402
+from app.window.shell import theme  # noqa: E402
 from storage.chats import ChatStore  # noqa: E402
 from storage.paths import CHATS_DB  # noqa: E402
 
@@ -24,7 +24,7 @@ def test_settings_dialog_saves_sampling_and_system_prompt(qtbot, open_window, da
     cid = w.store.create_conversation(title="Tuned").id
     w.show_conversation(cid)
     w.open_settings()
-    dlg = w.settings_dialog
+    dlg = w.settings_flow.dialog
     assert dlg is not None and dlg.isVisible()
     dlg.system_prompt.setPlainText("  You answer in French.  ")
     dlg.temperature.setValue(0.3)
@@ -35,7 +35,7 @@ def test_settings_dialog_saves_sampling_and_system_prompt(qtbot, open_window, da
     dlg.seed.setText("42")
     dlg.max_tokens.setValue(77)
     dlg.findChild(QDialogButtonBox).button(QDialogButtonBox.StandardButton.Ok).click()
-    assert w.settings_dialog is None
+    assert w.settings_flow.dialog is None
     conv = w.store.get_conversation(cid)
     assert conv.system_prompt == "You answer in French."
     assert conv.sampling == {"temperature": 0.3, "top_p": 0.8, "top_k": 12, "min_p": 0.1,
@@ -50,8 +50,8 @@ def test_settings_dialog_cancel_changes_nothing(qtbot, open_window, data_dir):
     w.show_conversation(cid)
     before = w.store.get_conversation(cid)
     w.open_settings()
-    w.settings_dialog.temperature.setValue(1.5)
-    w.settings_dialog.reject()
+    w.settings_flow.dialog.temperature.setValue(1.5)
+    w.settings_flow.dialog.reject()
     assert w.store.get_conversation(cid).sampling == before.sampling
 
 
@@ -59,14 +59,14 @@ def test_theme_switch_changes_the_palette(qtbot, open_window, data_dir):
     w = open_window(data_dir, wait=False, start_engine=False)
     app = QApplication.instance()
     try:
-        w.set_theme("dark")
+        w.look.set_theme("dark")
         assert app.palette().color(QPalette.ColorRole.Window).name() == theme.DARK.window
         assert app.palette().color(QPalette.ColorRole.Text).name() == theme.DARK.text
-        assert w.colors is theme.DARK
+        assert w.look.colors is theme.DARK
         assert json.loads((data_dir / "settings.json").read_text())["theme"] == "dark"
-        w.set_theme("light")
+        w.look.set_theme("light")
         assert app.palette().color(QPalette.ColorRole.Window).name() == theme.LIGHT.window
-        assert w.colors is theme.LIGHT
+        assert w.look.colors is theme.LIGHT
     finally:
         theme.apply(app, "light")
 
@@ -103,7 +103,7 @@ def test_wide_tree_scrolls_to_the_active_leaf(qtbot, open_window, data_dir):
     cid, user_id, replies = _wide_tree(data_dir, 20)
     w = open_window(data_dir, wait=False, start_engine=False)
     for target in (replies[-1], replies[0], replies[10]):
-        w.select_node(target)
+        w.chat.select(target)
         wait_for_tree(qtbot, w)
         qtbot.wait(30)
         scroll = w.tree.scroll

@@ -1,4 +1,4 @@
-"""Zero-wait turns in the real window (app/window/prewarm_controller.py): the draft is
+"""Zero-wait turns in the real window (app/window/flows/prewarm_controller.py): the draft is
 prefilled while it sits in the composer, Enter evaluates nothing (the first token is sampled
 from the prewarm's logits),
 the status line says what was ready, the reply is the one computed without any cache; and
@@ -11,7 +11,7 @@ import os
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 from PySide6.QtCore import Qt  # noqa: E402
-from app.window.prewarm_controller import IDLE_MS, PARTIAL_MS  # noqa: E402
+from app.window.flows.prewarm_controller import IDLE_MS, PARTIAL_MS  # noqa: E402
 from gui_helpers import REPLY_TIMEOUT_MS, new_chat, send_and_wait  # noqa: E402
 
 
@@ -36,10 +36,10 @@ def test_a_draft_prefilled_while_typing_leaves_nothing_for_enter(qtbot, open_win
     assert warm.stats["prefilled_tokens"] == 0
     assert warm.stats["prepared_tokens"] == warm.stats["prompt_tokens"] == ready["target_tokens"]
     assert 0 < warm.stats["typed_tokens"] < warm.stats["prepared_tokens"]
-    assert f"prefilled while you typed: {warm.stats['typed_tokens']:,} tokens" in w.stats_label.text()
-    assert "nothing left to prefill" in w.stats_label.text()
+    assert f"prefilled while you typed: {warm.stats['typed_tokens']:,} tokens" in w.status.stats_label.text()
+    assert "nothing left to prefill" in w.status.stats_label.text()
 
-    w.use_cache = False  # the same prompt from scratch gives the same reply (temperature 0)
+    w.chat.use_cache = False  # the same prompt from scratch gives the same reply (temperature 0)
     with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS) as blocker:
         qtbot.mouseClick(w.transcript.widgets[-1].buttons["regenerate"], Qt.MouseButton.LeftButton)
     fresh = w.store.get_message(blocker.args[0])
@@ -51,12 +51,12 @@ def test_nothing_is_prewarmed_when_off_or_hidden(qtbot, open_window, data_dir):
     w = open_window(data_dir)
     new_chat(w, system_prompt="Be brief.")
     qtbot.waitUntil(lambda: w.prewarm.requests > 0)  # the shown chat's system prompt and user header
-    w.settings.prewarm = False
+    w.settings.update(prewarm=False)
     sent = w.prewarm.requests
     w.composer.input.setPlainText("Hello there, how are")
     qtbot.wait(PARTIAL_MS + IDLE_MS + 200)
     assert w.prewarm.requests == sent
-    w.settings.prewarm = True
+    w.settings.update(prewarm=True)
     w.hide()
     w.composer.input.setPlainText("Hello there, how are you")
     qtbot.wait(PARTIAL_MS + IDLE_MS + 200)

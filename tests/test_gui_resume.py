@@ -28,10 +28,10 @@ def test_reopen_and_continue_restores_with_same_reply(qtbot, open_window, data_d
     assert cached.stats["restore_source"] == "store"
     assert cached.stats["restored_tokens"] > 0
     assert cached.stats["prefilled_tokens"] < cached.stats["prompt_tokens"]
-    assert "restored" in w2.stats_label.text() and "nothing restored" not in w2.stats_label.text()
+    assert "restored" in w2.status.stats_label.text() and "nothing restored" not in w2.status.stats_label.text()
 
     # the same prompt without the cache gives the same reply (temperature 0)
-    w2.use_cache = False
+    w2.chat.use_cache = False
     with qtbot.waitSignal(w2.reply_finished, timeout=REPLY_TIMEOUT_MS) as blocker:
         qtbot.mouseClick(w2.transcript.widgets[-1].buttons["regenerate"], Qt.MouseButton.LeftButton)
     fresh = w2.store.get_message(blocker.args[0])

@@ -12,7 +12,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QLabel  # noqa: E402
-from app.window.send_timeline import STEPS  # noqa: E402
+from app.window.transcript.send_timeline import STEPS  # noqa: E402
 from engine.events import DoneEvent, TokenEvent  # noqa: E402
 from gui_helpers import REPLY_TIMEOUT_MS, new_chat, send_and_wait  # noqa: E402
 

@@ -79,7 +79,7 @@ def test_a_port_in_use_fails_with_the_servers_reason(qtbot, open_window, data_di
         busy.listen()
         _settings(data_dir, api_port=busy.getsockname()[1])
         w = open_window(data_dir, wait=False, start_engine=False)
-        w.start_api_server()
+        w.api_server.start()
         qtbot.waitUntil(lambda: w.api_server.state in ("running", "failed"), timeout=START_TIMEOUT_MS)
     assert w.api_server.state == "failed"
     assert w.banner.isVisible() and "did not start" in w.banner.text
@@ -88,12 +88,12 @@ def test_a_port_in_use_fails_with_the_servers_reason(qtbot, open_window, data_di
 
 
 def test_the_settings_dialog_sets_address_port_and_key(qtbot, open_window, data_dir):
-    from app.window.app_settings import AppSettings
+    from app.window.settings.app_settings import AppSettings
 
     w = open_window(data_dir, wait=False, start_engine=False)
     assert (w.settings.api_host, w.settings.api_port, w.settings.api_key) == ("127.0.0.1", 8080, "")
     w.open_settings()
-    dlg = w.settings_dialog
+    dlg = w.settings_flow.dialog
     tab = next(i for i in range(dlg.tabs.count()) if dlg.tabs.tabText(i) == "API server")
     dlg.tabs.setCurrentIndex(tab)
     assert dlg.api_key.echoMode() == dlg.api_key.EchoMode.Password
@@ -120,7 +120,7 @@ def test_the_engine_setting_sends_replies_to_a_server_and_keeps_the_tree_local(q
         _settings(data_dir, engine_url=server.url)
         w = open_window(data_dir)
         host = server.url.split("//", 1)[1].split("/", 1)[0]
-        assert w.model_label.text() == f"SmolLM2-135M-Instruct.Q4_1 @ {host}"
+        assert w.status.model_label.text() == f"SmolLM2-135M-Instruct.Q4_1 @ {host}"
         assert w.settings.recent_models == []  # a server is not a model file to remember
         cid = new_chat(w)
         mid = send_and_wait(qtbot, w, "Name a colour.")
@@ -137,7 +137,7 @@ def test_the_engine_setting_sends_replies_to_a_server_and_keeps_the_tree_local(q
         qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
     assert w.banner.isVisible() and w.banner.kind == "error"
     assert host in w.banner.text and "Traceback" not in w.banner.text
-    users = [m for m in w.store.path_to(w.store.get_conversation(cid).active_leaf_id) if m.role == "user"]
+    users = [m for m in w.store.branches.path_to(w.store.get_conversation(cid).active_leaf_id) if m.role == "user"]
     assert [m.content for m in users] == ["Name a colour.", "Still there?"]
 
 
@@ -145,7 +145,7 @@ def test_switching_the_engine_back_to_the_local_model_in_settings(qtbot, open_wi
     _settings(data_dir, engine_url="http://127.0.0.1:9/v1", engine_key="k", engine_model="m")
     w = open_window(data_dir, wait=False, start_engine=False)
     w.open_settings()
-    dlg = w.settings_dialog
+    dlg = w.settings_flow.dialog
     assert dlg.engine_kind.currentData() == "remote" and dlg.engine_url.isEnabled()
     assert dlg.engine_url.text() == "http://127.0.0.1:9/v1"
     dlg.engine_kind.setCurrentIndex(dlg.engine_kind.findData("local"))

@@ -14,7 +14,7 @@ from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QDialogButtonBox  # noqa: E402
 from gui_helpers import LOAD_TIMEOUT_MS, REPLY_TIMEOUT_MS  # noqa: E402
 
-from app.window.app_settings import AppSettings  # noqa: E402
+from app.window.settings.app_settings import AppSettings  # noqa: E402
 
 
 def _ok(dlg):
@@ -29,15 +29,15 @@ def test_q8_0_kv_precision_loads_and_is_kept_after_a_restart(qtbot, open_window,
     w = open_window(data_dir)
     f16_bytes = w.facts["kv_bytes_per_token"]
     w.open_settings()
-    dlg = w.settings_dialog
+    dlg = w.settings_flow.dialog
     _app_tab(dlg)
     dlg.kv.setCurrentIndex(dlg.kv.findText("q8_0 (half the memory)"))
     with qtbot.waitSignal(w.model_ready, timeout=LOAD_TIMEOUT_MS) as ready:
         _ok(dlg)
-    assert w.settings_dialog is None and w.model_state == "ready"
+    assert w.settings_flow.dialog is None and w.model_state == "ready"
     assert ready.args[0]["kv_bytes_per_token"] < f16_bytes * 0.6  # q8_0: 34 bytes per 32 values
     assert not (w.banner.isVisible() and w.banner.kind == "error"), w.banner.text
-    assert "Loading" not in w.model_label.text()
+    assert "Loading" not in w.status.model_label.text()
     saved = json.loads((data_dir / "settings.json").read_text())
     assert (saved["type_k"], saved["type_v"], saved["n_ctx"], saved["n_threads"]) == ("q8_0", "q8_0", 2048, 1)
     again = AppSettings.load(data_dir)  # the next launch keeps every field
@@ -47,12 +47,12 @@ def test_q8_0_kv_precision_loads_and_is_kept_after_a_restart(qtbot, open_window,
 
 def test_a_file_refused_before_loading_keeps_the_model_in_use(qtbot, open_window, data_dir, tmp_path):
     w = open_window(data_dir)
-    label = w.model_label.text()
+    label = w.status.model_label.text()
     text_file = tmp_path / "notes.gguf"
     text_file.write_text("these are my notes, not a model\n" * 20)
     with qtbot.waitSignal(w.model_failed, timeout=10_000):
         w.load_model(str(text_file))
-    assert w.model_state == "ready" and w.model_label.text() == label
+    assert w.model_state == "ready" and w.status.model_label.text() == label
     assert "notes.gguf is not a GGUF model file" in w.banner.text and "still loaded and in use" in w.banner.text
 
 
@@ -83,7 +83,7 @@ def test_new_chat_settings_before_the_first_message_and_app_wide_defaults(qtbot,
     w = open_window(data_dir)
     # app-wide defaults and a preset, set in the "New chats" tab
     w.open_settings()
-    dlg = w.settings_dialog
+    dlg = w.settings_flow.dialog
     assert [dlg.tabs.tabText(i) for i in range(2)] == ["New chat", "New chats"]
     d = dlg.defaults_form
     d.temperature.setValue(0.0)
@@ -99,9 +99,9 @@ def test_new_chat_settings_before_the_first_message_and_app_wide_defaults(qtbot,
     assert json.loads((data_dir / "settings.json").read_text())["default_sampling"]["max_tokens"] == 8
 
     # a new chat starts from the defaults
-    w.new_chat()
+    w.navigator.new_chat()
     w.open_settings()
-    dlg = w.settings_dialog
+    dlg = w.settings_flow.dialog
     assert dlg.chat_form.system_prompt.toPlainText() == "You are terse."
     assert dlg.chat_form.max_tokens.value() == 8
     # ... and is editable before its first message: choose the preset, fewer tokens
@@ -117,7 +117,7 @@ def test_new_chat_settings_before_the_first_message_and_app_wide_defaults(qtbot,
     assert w.store.get_message(done.args[0]).stats["generated_tokens"] <= 5
 
     # the next new chat starts from the defaults again
-    w.new_chat()
+    w.navigator.new_chat()
     assert w.chat.new_chat_settings()[0] == "You are terse."
 
 
@@ -130,10 +130,16 @@ def test_automatic_threads_leave_a_core_free(qtbot, open_window, tmp_path):
     w = open_window(folder)
     assert w.facts["n_threads"] == default_threads() == max(1, physical_cores() - 1)
     w.open_settings()
-    dlg = w.settings_dialog
+    dlg = w.settings_flow.dialog
     _app_tab(dlg)
     assert dlg.threads.value() == 0
     assert dlg.threads.specialValueText() == f"automatic ({default_threads()} of {physical_cores()} cores)"
+    from engine.limits import check_threads, max_threads
+
+    # the spinner offers no count the engine refuses (engine/limits.py: cores x 4), and stops at it
+    assert dlg.threads.maximum() == max_threads() == check_threads(max_threads())
+    dlg.threads.setValue(max_threads() + 1)
+    assert dlg.threads.value() == max_threads()
     dlg.reject()
 
 
@@ -147,7 +153,7 @@ def test_ok_refuses_a_seed_that_is_not_a_number_and_a_context_past_the_model_s_t
         (lambda d: (_app_tab(d), d.n_ctx.setValue(trained * 2)), "trained for at most 8,192 tokens"),
     ):
         w.open_settings()
-        dlg = w.settings_dialog
+        dlg = w.settings_flow.dialog
         qtbot.keyClicks(dlg.chat_form.seed, "x")  # the field takes digits only
         assert dlg.chat_form.seed.text() == ""
         setup(dlg)
@@ -156,8 +162,8 @@ def test_ok_refuses_a_seed_that_is_not_a_number_and_a_context_past_the_model_s_t
         dlg.reject()
         assert w.settings.n_ctx != trained * 2
     w.open_settings()
-    w.settings_dialog.chat_form.seed.setText("42")
-    _ok(w.settings_dialog)
+    w.settings_flow.dialog.chat_form.seed.setText("42")
+    _ok(w.settings_flow.dialog)
     assert w.chat.new_chat_settings()[1]["seed"] == 42
 
 
@@ -170,6 +176,6 @@ def test_an_unreadable_settings_file_is_moved_aside_and_said(qtbot, open_window,
     assert w.banner.isVisible() and w.banner.text.startswith(
         f"The settings file could not be used. {data_dir / 'settings.json'}: it could not be read (")
     assert f"it was moved to {aside}. Every setting is back to its default." in w.banner.text
-    w.save_settings()
+    w.settings.save()
     assert "unreadable" not in json.loads((data_dir / "settings.json").read_text())
     assert aside.read_text() == '{"n_ctx": 3072, "theme": "da'

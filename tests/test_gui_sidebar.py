@@ -12,7 +12,7 @@ import time  # noqa: E402
 from PySide6.QtCore import QTimer  # noqa: E402
 from PySide6.QtWidgets import QApplication, QInputDialog  # noqa: E402
 
-from app.window.sidebar import DATE_ROLE, PINNED_ROLE, SNIPPET_ROLE, relative_date  # noqa: E402
+from app.window.tree.sidebar import DATE_ROLE, PINNED_ROLE, SNIPPET_ROLE, relative_date  # noqa: E402
 from storage.chats import ChatStore  # noqa: E402
 from storage.paths import CHATS_DB  # noqa: E402
 

@@ -18,10 +18,11 @@ from gui_helpers import wait_for_tree  # noqa: E402
 from PySide6.QtCore import QTimer  # noqa: E402
 from PySide6.QtGui import QGuiApplication  # noqa: E402
 
-import app.window.tree_panel as tree_panel  # noqa: E402
-from app.window.sidebar import SNIPPET_ROLE, SPANS_ROLE  # noqa: E402
-from app.window.theme import LIGHT  # noqa: E402
-from app.window.transcript import NEAR_TOP_PX, MessageWidget  # noqa: E402
+import app.window.tree.tree_panel as tree_panel  # noqa: E402
+from app.window.tree.sidebar import SNIPPET_ROLE, SPANS_ROLE  # noqa: E402
+from app.window.shell.theme import LIGHT  # noqa: E402
+from app.window.transcript.message_widget import MessageWidget  # noqa: E402
+from app.window.transcript.transcript_view import NEAR_TOP_PX  # noqa: E402
 from storage.chats import ChatStore  # noqa: E402
 from storage.paths import CHATS_DB  # noqa: E402
 
@@ -164,7 +165,7 @@ def test_a_streamed_reply_redraws_only_its_last_block(qtbot):
 
 
 def test_the_tree_coverage_request_is_built_off_the_ui_thread(qtbot, open_window, data_dir, monkeypatch):
-    from app.window.engine_client import EngineClient
+    from app.window.workers.engine_client import EngineClient
     from gui_helpers import new_chat, send_and_wait
 
     packed_on = []

@@ -34,27 +34,27 @@ def test_context_figure_of_an_opened_chat_and_branch_switch(qtbot, open_window, 
     cid, short_leaf, long_leaf = _seed_two_branches(data_dir)
     w = open_window(data_dir)
     assert w.conversation_id == cid
-    qtbot.waitUntil(lambda: w.context_used > 0, timeout=REPLY_TIMEOUT_MS)
-    long_tokens = w.context_used
+    qtbot.waitUntil(lambda: w.status.context_used > 0, timeout=REPLY_TIMEOUT_MS)
+    long_tokens = w.status.context_used
     assert long_tokens > 12 * 5  # the long branch: at least the words of its messages
-    assert w.context_label.text() == f"context {long_tokens:,} / 2,048"
-    assert w.stats_label.text() == ""  # the long branch's reply has no saved figures
+    assert w.status.context_label.text() == f"context {long_tokens:,} / 2,048"
+    assert w.status.stats_label.text() == ""  # the long branch's reply has no saved figures
 
-    w.select_node(short_leaf)
-    qtbot.waitUntil(lambda: 0 < w.context_used < long_tokens, timeout=REPLY_TIMEOUT_MS)
-    assert w.context_used < long_tokens // 2  # "Hi!" and "Hello." plus the chat template
-    assert w.stats_label.text().startswith("Last reply on this branch: nothing restored · prefilled 31")
+    w.chat.select(short_leaf)
+    qtbot.waitUntil(lambda: 0 < w.status.context_used < long_tokens, timeout=REPLY_TIMEOUT_MS)
+    assert w.status.context_used < long_tokens // 2  # "Hi!" and "Hello." plus the chat template
+    assert w.status.stats_label.text().startswith("Last reply on this branch: nothing restored · prefilled 31")
 
-    w.select_node(long_leaf)
-    qtbot.waitUntil(lambda: w.context_used == long_tokens, timeout=REPLY_TIMEOUT_MS)
-    assert w.stats_label.text() == ""
+    w.chat.select(long_leaf)
+    qtbot.waitUntil(lambda: w.status.context_used == long_tokens, timeout=REPLY_TIMEOUT_MS)
+    assert w.status.stats_label.text() == ""
 
 
 def test_model_name_is_the_file_name(qtbot, open_window, data_dir, model_path):
     w = open_window(data_dir)
     stem = model_path.name.removesuffix(".gguf")
-    assert w.model_label.text().startswith(f"{stem} · ")
-    from app.window.model_controller import facts_text
+    assert w.status.model_label.text().startswith(f"{stem} · ")
+    from app.window.flows.model_controller import facts_text
 
     assert f"Name: {w.facts['name']}" in facts_text(w.facts)  # the Model info dialog
 
@@ -66,15 +66,15 @@ def test_overflow_offers_a_choice_and_raising_the_context_answers(qtbot, open_wi
     cid = new_chat(w, {"max_tokens": 8})
     w.composer.input.setPlainText("Summarise this: " + "the quick brown fox jumps over the lazy dog. " * 40)
     w.composer.button.click()
-    qtbot.waitUntil(lambda: getattr(w, "overflow_box", None) is not None and w.overflow_box.isVisible(),
+    qtbot.waitUntil(lambda: w.overflow_flow.box is not None and w.overflow_flow.box.isVisible(),
                     timeout=REPLY_TIMEOUT_MS)
-    box = w.overflow_box
+    box = w.overflow_flow.box
     assert "256" in box.text()
     labels = sorted(b.text() for b in box.buttons())
     assert labels == ["Edit the message", "Raise context to 1,024"]  # nothing older to drop: no new branch
     raise_button = next(b for b in box.buttons() if b.text().startswith("Raise context to"))
     assert w.store.active_path(cid) == []  # checked before storing: nothing written yet
-    assert w.context_label.text().endswith("/ 256") and w.status.context_over
+    assert w.status.context_label.text().endswith("/ 256") and w.status.context_over
     with qtbot.waitSignal(w.reply_finished, timeout=2 * REPLY_TIMEOUT_MS) as blocker:
         raise_button.click()
     reply = w.store.get_message(blocker.args[0])
@@ -97,9 +97,9 @@ def test_overflow_continue_on_a_new_branch_drops_the_oldest_turns(qtbot, open_wi
     assert w.conversation_id == conv.id
     w.composer.input.setPlainText("And lakes?")
     w.composer.button.click()
-    qtbot.waitUntil(lambda: getattr(w, "overflow_box", None) is not None and w.overflow_box.isVisible(),
+    qtbot.waitUntil(lambda: w.overflow_flow.box is not None and w.overflow_flow.box.isVisible(),
                     timeout=REPLY_TIMEOUT_MS)
-    branch_button = next(b for b in w.overflow_box.buttons() if b.text() == "Continue on a new branch")
+    branch_button = next(b for b in w.overflow_flow.box.buttons() if b.text() == "Continue on a new branch")
     with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS) as blocker:
         branch_button.click()
     reply = w.store.get_message(blocker.args[0])

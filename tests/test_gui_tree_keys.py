@@ -16,8 +16,8 @@ from PySide6.QtWidgets import QComboBox, QLineEdit, QPlainTextEdit, QWidget  # n
 
 from gui_helpers import wait_for_tree  # noqa: E402
 
-from app.window.a11y import CONTROLS, is_internal  # noqa: E402
-from app.window.tree_panel import ROOT_ID, R  # noqa: E402
+from app.window.shell.a11y import CONTROLS, is_internal  # noqa: E402
+from app.window.tree.tree_panel import ROOT_ID, R  # noqa: E402
 from storage.chats import ChatStore  # noqa: E402
 from storage.paths import CHATS_DB  # noqa: E402
 
@@ -133,20 +133,20 @@ def test_every_control_has_an_accessible_name(qtbot, open_window, data_dir):
     assert _unnamed(w) == []
     assert bubble.buttons["prev"].accessibleName() == "Previous version"
     w.open_settings()
-    dialog = w.settings_dialog
+    dialog = w.settings_flow.dialog
     qtbot.waitExposed(dialog)
     assert _unnamed(dialog) == []
     dialog.reject()
-    w.confirm_link("https://example.com/a?b=1")
-    qtbot.waitExposed(w.link_dialog)
-    assert _unnamed(w.link_dialog) == []
-    w.link_dialog.reject()
+    w.links.confirm("https://example.com/a?b=1")
+    qtbot.waitExposed(w.links.dialog)
+    assert _unnamed(w.links.dialog) == []
+    w.links.dialog.reject()
 
 
 def test_a_node_reads_as_text_not_as_markdown_syntax():
     from types import SimpleNamespace
 
-    from app.window.tree_panel import node_label
+    from app.window.tree.tree_panel import node_label
 
     def label(text: str) -> str:
         return node_label(SimpleNamespace(content=text, status="complete"))

@@ -18,8 +18,8 @@ from PySide6.QtCore import Qt  # noqa: E402
 
 from gui_helpers import wait_for_tree  # noqa: E402
 
-from app.window.transcript import FIRST_BUBBLES, SHOWN_MESSAGES  # noqa: E402
-from app.window.tree_panel import layout_tree  # noqa: E402
+from app.window.transcript.transcript_view import FIRST_BUBBLES, SHOWN_MESSAGES  # noqa: E402
+from app.window.tree.tree_panel import layout_tree  # noqa: E402
 from storage.chats import ChatStore  # noqa: E402
 from storage.paths import CHATS_DB  # noqa: E402
 
@@ -112,7 +112,7 @@ def test_window_opens_on_a_10000_message_branch_and_a_2000_sibling_fan_out(qtbot
 
 
 def test_a_chat_that_fails_to_render_is_skipped_with_a_banner(qtbot, window, data_dir, monkeypatch):
-    import app.window.tree_panel as tree_panel
+    import app.window.tree.tree_panel as tree_panel
 
     real = tree_panel.layout_tree
 

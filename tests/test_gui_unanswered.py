@@ -47,7 +47,7 @@ def test_esc_before_the_first_token_keeps_an_empty_stopped_reply_with_retry(qtbo
         qtbot.mouseClick(bubble.buttons["retry"], Qt.MouseButton.LeftButton)
     reply = w.store.get_message(blocker.args[0])
     assert reply.status == "complete" and reply.content and reply.parent_id == path[0].id
-    assert [m.id for m in w.store.children(path[0].id, cid)] == [reply.id]  # the empty one is gone
+    assert [m.id for m in w.store.branches.children(path[0].id, cid)] == [reply.id]  # the empty one is gone
 
 
 def test_sending_under_an_unanswered_question_asks_answer_it_first(qtbot, open_window, data_dir):
@@ -56,7 +56,7 @@ def test_sending_under_an_unanswered_question_asks_answer_it_first(qtbot, open_w
     assert w.conversation_id == cid
     w.composer.input.setPlainText("And say bye.")
     qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
-    box = w.unanswered_box
+    box = w.chat.unanswered_box
     assert box is not None and box.isVisible()
     assert "Say hi." in box.text()
     assert [m.id for m in w.store.active_path(cid)] == [q]  # nothing sent yet
@@ -67,7 +67,7 @@ def test_sending_under_an_unanswered_question_asks_answer_it_first(qtbot, open_w
     assert w.composer.text() == "And say bye."  # kept, to be sent after
     with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS):
         qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)  # now nothing to ask
-    assert w.unanswered_box is None
+    assert w.chat.unanswered_box is None
     assert [m.role for m in w.store.active_path(cid)] == ["user", "assistant", "user", "assistant"]
 
 
@@ -77,9 +77,9 @@ def test_sending_under_an_unanswered_question_can_replace_it(qtbot, open_window,
     w.composer.input.setPlainText("Say bye instead.")
     qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
     with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS):
-        qtbot.mouseClick(w.unanswered_box.replace, Qt.MouseButton.LeftButton)
+        qtbot.mouseClick(w.chat.unanswered_box.replace, Qt.MouseButton.LeftButton)
     path = w.store.active_path(cid)
     assert [(m.role, m.content) for m in path][0] == ("user", "Say bye instead.")
     assert [m.role for m in path] == ["user", "assistant"]
-    assert [m.id for m in w.store.siblings(path[0].id)] == [q, path[0].id]  # the old one stays
+    assert [m.id for m in w.store.branches.siblings(path[0].id)] == [q, path[0].id]  # the old one stays
     assert w.composer.text() == ""

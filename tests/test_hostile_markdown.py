@@ -16,8 +16,8 @@ from PySide6.QtCore import QUrl
 from PySide6.QtGui import QImage, QTextDocument
 from PySide6.QtWidgets import QLabel
 
-from app.window.markdown_view import LinkKind, MarkdownView, SafeTextDocument, classify_link, to_html
-from app.window.theme import LIGHT
+from app.window.transcript.markdown_view import LinkKind, MarkdownView, SafeTextDocument, classify_link, to_html
+from app.window.shell.theme import LIGHT
 
 HOSTILE_IMAGES = [
     "![z](/dev/zero)",
@@ -118,10 +118,10 @@ def test_dev_zero_image_renders_in_bounded_memory(tmp_path):
         os.environ["QT_QPA_PLATFORM"] = "offscreen"
         resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
         from PySide6.QtWidgets import QApplication, QLabel
-        from app.window.markdown_view import to_html
-        from app.window.theme import LIGHT
+        from app.window.transcript.markdown_view import to_html
+        from app.window.shell.theme import LIGHT
         app = QApplication([])
-        from app.window.markdown_view import MarkdownView, SafeTextDocument
+        from app.window.transcript.markdown_view import MarkdownView, SafeTextDocument
         label = QLabel(to_html("![z](/dev/zero) ![y](file:///dev/zero)", LIGHT))
         label.show()
         label.sizeHint()

@@ -11,6 +11,7 @@ import copy
 import io
 import json
 import sqlite3
+from contextlib import closing
 import threading
 import zipfile
 from pathlib import Path
@@ -49,6 +50,16 @@ def snapshot(db: Path) -> list[tuple]:
     return out
 
 
+def reasonings(db: Path) -> list[dict[int, str]]:
+    """Per conversation (as in ``snapshot``), message index -> its stored reasoning (messages
+    with none left out)."""
+    out = []
+    with ChatStore(db) as chats:
+        for c in sorted(chats.list_conversations(), key=lambda c: c.id):
+            out.append({i: m.reasoning for i, m in enumerate(chats.tree(c.id)) if m.reasoning is not None})
+    return out
+
+
 def dump(db: Path) -> list[str]:
     conn = sqlite3.connect(db)
     try:
@@ -77,11 +88,11 @@ def test_chatgpt_keeps_every_branch_and_the_current_node(db: Path) -> None:
                              "*\\[File: cat \\[1\\].png (not imported)\\]*"),
         (4, 3, "assistant", "gpt-4o", "It is a cat."),
         # thoughts, tool call, code-interpreter output and answer: one ChatGPT turn, one message
-        (5, 3, "assistant", "o3", "> **Reasoning**\n>\n> **Counting**\n>\n> Count the whiskers.\n\n"
-                                  "*\\[Tool call: python (the call is kept, it was not run here)\\]*\n\n"
+        (5, 3, "assistant", "o3", "*\\[Tool call: python (the call is kept, it was not run here)\\]*\n\n"
                                   "```python\nprint(6 * 7)\n```\n\n*\\[Code interpreter output: python\\]*\n\n"
                                   "```\n42\n```\n\nA cat with 42 whiskers 🐱."),
     ]
+    assert reasonings(db) == [{5: "**Counting**\n\nCount the whiskers."}]  # beside the answer
     with ChatStore(db) as chats:
         c = chats.list_conversations()[0]
         assert c.created_at == 1717000000.5 and c.updated_at == 1717000900.25
@@ -96,13 +107,14 @@ def test_claude_links_by_parent_uuid(db: Path) -> None:
     assert rows == [
         (0, None, "user", None, "Write a haiku about 雪\n\n*\\[Attached file: notes.txt (its text follows)\\]*"
                                 "\n\n```\nsnow, quiet\n```"),
-        (1, 0, "assistant", None, "> **Reasoning**\n>\n> Five, seven, five.\n\nSnow falls on the roof ❄️"),
+        (1, 0, "assistant", None, "Snow falls on the roof ❄️"),
         (2, 1, "user", None, "Now in Arabic\n\n*\\[File: photo.jpg (not imported)\\]*"),
         (3, 2, "assistant", None, "ثلج يتساقط"),
         (4, 0, "assistant", None, "*\\[Tool call: web\\_search (the call is kept, it was not run here)\\]*\n\n"
                                   "```json\n{\n  \"query\": \"haiku\"\n}\n```\n\n"
                                   "*\\[Tool result: web\\_search (not imported)\\]*\n\nWhite hush on the pines"),
     ]
+    assert reasonings(db) == [{1: "Five, seven, five."}]
 
 
 def test_open_webui_history_tree(db: Path) -> None:
@@ -112,13 +124,14 @@ def test_open_webui_history_tree(db: Path) -> None:
     assert rows == [
         (0, None, "system", None, f"{HIDDEN}\n\nHidden note: the user is vegetarian."),
         (1, 0, "user", None, "How do I make ラーメン?\n\n*\\[Image: bowl.png (not imported)\\]*"),
-        (2, 1, "assistant", "llama3.1:8b", "> **Reasoning**\n>\n> Broth first.\n\nStart with the broth."),
+        (2, 1, "assistant", "llama3.1:8b", "Start with the broth."),
         (3, 2, "user", None, "And in Hebrew? בבקשה"),
         (4, 3, "assistant", "qwen2.5:7b", "מרק ראמן"),
         (5, 3, "assistant", "llama3.1:8b",
          "*\\[Tool call: translate (the call is kept in the original app, not here)\\]*\n\nראמן"),
         (6, 1, "assistant", "llama3.1:8b", "Buy instant noodles."),
     ]
+    assert reasonings(db) == [{2: "Broth first."}]
 
 
 def test_lm_studio_versions_become_siblings(db: Path) -> None:
@@ -130,12 +143,13 @@ def test_lm_studio_versions_become_siblings(db: Path) -> None:
         (0, None, "system", None, f"{HIDDEN}\n\nHidden: grade 5 level."),
         (1, 0, "user", None, "What is 2+2?"),
         (2, 0, "user", None, "二加二是多少？\n\n*\\[Image: sum.png (not imported)\\]*"),
-        (3, 2, "assistant", model, "> **Thought for 1 second**\n>\n> Simple addition.\n\n是四 ✅"),
+        (3, 2, "assistant", model, "是四 ✅"),
         (4, 3, "user", None, "And in Arabic?"),
         (5, 3, "user", None, "Say it in Arabic"),
-        (6, 5, "assistant", model, "> **Reasoning**\n>\n> Arabic four\n\nأربعة"),
+        (6, 5, "assistant", model, "أربعة"),
         (7, 5, "assistant", model, "٤"),
     ]
+    assert reasonings(db) == [{3: "Simple addition.", 6: "Arabic four"}]
 
 
 def test_sillytavern_swipes_become_siblings(db: Path) -> None:
@@ -146,12 +160,13 @@ def test_sillytavern_swipes_become_siblings(db: Path) -> None:
         (0, None, "assistant", None, "Welcome, traveller 🌲"),
         (1, 0, "user", None, "Where am I? 我在哪里？\n\n*\\[Image: map.png (not imported)\\]*"),
         (2, 1, "assistant", None, "In the forest."),
-        (3, 1, "assistant", "mistral-small", "> **Reasoning**\n>\n> They look lost.\n\nIn the glade. مرحبا"),
+        (3, 1, "assistant", "mistral-small", "In the glade. مرحبا"),
         (4, 3, "system", None, f"{HIDDEN}\n\n**System:**\n\nThe user hid this note."),
         (5, 4, "user", None, "Thanks!"),
         (6, 5, "assistant", "mistral-small", "Rest now."),
         (7, 5, "assistant", None, "Sleep well."),
     ]
+    assert reasonings(db) == [{3: "They look lost."}]
 
 
 @pytest.mark.parametrize("path, fmt", [
@@ -651,10 +666,13 @@ def test_the_source_migration_keeps_existing_chats(db: Path, monkeypatch: pytest
     from storage import chat_schema
 
     shipped = list(chat_schema.MIGRATIONS)
-    monkeypatch.setattr(chat_schema, "MIGRATIONS", shipped[:-1])  # a database from before this migration
+    before = shipped[:shipped.index(chat_schema._migration_import_sources)]
+    monkeypatch.setattr(chat_schema, "MIGRATIONS", before)  # a database from before this migration
     with ChatStore(db) as chats:
         c = chats.create_conversation(title="Older")
-        chats.add_message(c.id, None, "user", "kept")
+    with closing(sqlite3.connect(db)) as conn, conn:  # that schema's columns (ChatStore now writes later ones too)
+        conn.execute("INSERT INTO messages (conversation_id, role, content, created_at) VALUES (?, 'user', 'kept', 0)",
+                     (c.id,))
     monkeypatch.setattr(chat_schema, "MIGRATIONS", shipped)
     import_files([CLAUDE], db)
     assert [(t, [r[4] for r in rows]) for t, _, _, _, rows in snapshot(db)][0] == ("Older", ["kept"])
@@ -666,7 +684,7 @@ def test_the_source_migration_keeps_existing_chats(db: Path, monkeypatch: pytest
         conn.close()
     assert sources == [("Older", None), ("Haiku about 雪 ❄️", "claude:5e1f0000-0000-4000-8000-0000000000aa")]
     with ChatStore(db) as chats:  # a copy is not the import: re-importing still finds the original
-        chats.duplicate_conversation(2)
+        chats.copies.duplicate_conversation(2)
     assert import_files([CLAUDE], db).files[0].status == FileStatus.UNCHANGED
 
 

@@ -38,3 +38,21 @@ def test_no_class_over_400_lines_in_the_app():
             if isinstance(node, ast.ClassDef):
                 length = node.end_lineno - node.lineno + 1
                 assert length <= 400, f"{file.relative_to(ROOT)}: class {node.name} is {length} lines"
+
+
+def test_the_window_is_in_rooms_and_main_window_only_assembles():
+    """Issue #26.4: app/window/ has its rooms and no flat modules; MainWindow has no mixins
+    and at most 25 methods; no flow reaches through the window (``self.w``)."""
+    import ast
+
+    window = ROOT / "app" / "window"
+    assert sorted(p.name for p in window.glob("*.py")) == ["__init__.py"]
+    rooms = {p.name for p in window.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert {"shell", "transcript", "tree", "flows", "workers", "settings"} <= rooms
+    tree = ast.parse((window / "shell" / "main_window.py").read_text(encoding="utf-8"))
+    main = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "MainWindow")
+    assert [ast.unparse(b) for b in main.bases] == ["QMainWindow"]
+    methods = [n.name for n in main.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    assert len(methods) <= 25, methods
+    for file in window.rglob("*.py"):
+        assert not re.search(r"self\.w\b", file.read_text(encoding="utf-8")), file.relative_to(ROOT)

@@ -356,7 +356,7 @@ def test_migration_from_version_3_keeps_every_block(tmp_path):
     store = PrefixStore(path, budget_bytes=10**9, block_size=B)
     assert restored_tokens(store, seq(20)) == seq(20)
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 4
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 5  # 4 (block files), then 5 (checkpoint files)
     assert db.execute("SELECT count(*) FROM sqlite_master WHERE name='block_data'").fetchone()[0] == 0
     db.close()
     assert store.verify().bad == 0

@@ -272,3 +272,70 @@ def test_a_busy_port_is_one_line(tmp_path):
     assert r.returncode == 1
     assert r.stderr.count("\n") == 1, r.stderr  # not uvicorn's "ERROR: [Errno 98] ..." first
     assert r.stderr.startswith(f"branchwise: Could not listen on 127.0.0.1:{port}: the port")
+
+
+# -- cross-site requests (issue 30, item 8) -----------------------------------------------
+
+HI = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
+
+
+def test_cross_site_requests_get_403(server):
+    port = httpx.URL(server.url).port
+    with httpx.Client(trust_env=False, timeout=600) as h:
+        json_type = {"Content-Type": "application/json"}
+        refused = [
+            h.post(server.url + "/chat/completions", content=HI, headers={**json_type, "Origin": "https://evil.example"}),
+            h.post(server.url + "/chat/completions", content=HI, headers={**json_type, "Host": f"evil.example:{port}"}),
+            h.post(server.url + "/chat/completions", content=HI, headers={"Content-Type": "text/plain"}),
+            h.post(server.url + "/chat/completions", content=HI, headers={"Content-Type": ""}),
+            h.get(server.url + "/models", headers={"Host": f"rebound.example:{port}"}),
+            h.get(server.url + "/models", headers={"Host": "127.0.0.1:1"}),  # not this server's port
+            h.request("OPTIONS", server.url + "/chat/completions",
+                      headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}),
+        ]
+        for r in refused:
+            assert r.status_code == 403, (r.request.headers, r.text)
+            assert r.json()["error"]["code"] == "cross_site_refused" and "access-control-allow-origin" not in r.headers
+        assert "Origin" in refused[0].json()["error"]["message"]
+        assert "--allowed-host" in refused[1].json()["error"]["message"]
+        assert "application/json" in refused[2].json()["error"]["message"]
+        for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"LOCALHOST:{port}"):
+            r = h.get(server.url + "/models", headers={"Host": host})
+            assert r.status_code == 200, (host, r.text)
+        r = h.post(server.url + "/chat/completions", content=HI,
+                   headers={"Content-Type": "application/json; charset=utf-8"})
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_configured_hosts_and_origins_and_their_preflights():
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from app.serve.guard import CrossSiteGuard
+
+    async def echo(_request):
+        return JSONResponse({"ok": True})
+
+    inner = Starlette(routes=[Route("/v1/x", echo, methods=["GET", "POST"])])
+    guard = CrossSiteGuard(inner, "127.0.0.1", lambda: 8080, allowed_hosts=["bw.lan"],
+                           allowed_origins=["http://localhost:3000"])
+    with TestClient(guard, base_url="http://127.0.0.1:8080") as c:
+        assert c.get("/v1/x").status_code == 200
+        assert c.get("/v1/x", headers={"Host": "bw.lan:8080"}).status_code == 200
+        assert c.get("/v1/x", headers={"Host": "[::1]:8080"}).status_code == 200
+        assert c.get("/v1/x", headers={"Host": "other.lan:8080"}).status_code == 403
+        ok = c.post("/v1/x", json={}, headers={"Origin": "http://localhost:3000"})
+        assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "http://localhost:3000"
+        pre = c.options("/v1/x", headers={"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST",
+                                          "Access-Control-Request-Headers": "content-type, authorization"})
+        assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "http://localhost:3000"
+        assert c.options("/v1/x", headers={"Origin": "http://localhost:3001",
+                                           "Access-Control-Request-Method": "POST"}).status_code == 403
+        assert c.post("/v1/x", content=b"{}", headers={"Origin": "http://localhost:3000",
+                                                       "Content-Type": "text/plain"}).status_code == 403
+    public = CrossSiteGuard(inner, "0.0.0.0", lambda: 8080)
+    with TestClient(public, base_url="http://192.168.1.7:8080") as c:
+        assert c.get("/v1/x").status_code == 200  # an address of this machine
+        assert c.get("/v1/x", headers={"Host": "evil.example:8080"}).status_code == 403

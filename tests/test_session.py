@@ -165,7 +165,7 @@ def test_one_model_label_rule_for_cli_and_window(tmp_path):
 
 def test_one_budget_default():
     """Drift 3: app_settings said 2 GiB, the prefix store and the README 4 GiB."""
-    from app.window.app_settings import AppSettings
+    from app.window.settings.app_settings import AppSettings
     from storage.prefix_store import DEFAULT_BUDGET_BYTES, PrefixStore
 
     assert DEFAULT_BUDGET_BYTES == 4 * 1024**3
@@ -181,7 +181,7 @@ def test_one_set_of_sampling_and_engine_defaults():
     from dataclasses import asdict
 
     from app.cli import build_parser
-    from app.window.app_settings import AppSettings
+    from app.window.settings.app_settings import AppSettings
     from engine.settings import EngineSettings, SamplingParams
     from storage.chat_records import DEFAULT_SAMPLING
 
@@ -257,12 +257,12 @@ def test_recorder_cancel_before_any_text_stores_an_empty_stopped_reply(chats, se
     user = session.send(None, "Hi")
     rec = session.start_reply(user.id, "M")
     mid = rec.complete("", [], {"finish_reason": "cancelled", "prompt_tokens": 12})
-    (reply,) = chats.children(user.id, user.conversation_id)
+    (reply,) = chats.branches.children(user.id, user.conversation_id)
     assert reply.id == mid and reply.content == "" and reply.status == "stopped"
     assert reply.stats["prompt_tokens"] == 12
     assert session.unanswered_leaf(user.conversation_id).id == user.id
     assert session.retry(mid) == user.id  # Retry replaces the empty reply
-    assert chats.children(user.id, user.conversation_id) == []
+    assert chats.branches.children(user.id, user.conversation_id) == []
 
 
 def test_recorder_abandon_keeps_partial_text_with_the_given_status(chats, session):
@@ -340,11 +340,11 @@ def test_branch_dropping_oldest_keeps_the_newest_turns_from_a_user_message(chats
         if i < 5:
             _answer(session, last_user.id, f"answer {i} " + "y" * 300)
     new_id = session.branch_dropping_oldest(last_user.id, n_ctx=512)
-    kept = chats.path_to(new_id)
+    kept = chats.branches.path_to(new_id)
     assert kept[0].parent_id is None and kept[0].role == "user"
     assert kept[-1].content == last_user.content
     assert 1 < len(kept) < 11
-    assert [m.content[:10] for m in kept] == [m.content[:10] for m in chats.path_to(last_user.id)[-len(kept):]]
+    assert [m.content[:10] for m in kept] == [m.content[:10] for m in chats.branches.path_to(last_user.id)[-len(kept):]]
 
 
 def test_branch_dropping_oldest_refuses_when_the_newest_message_alone_does_not_fit(chats, session):

@@ -148,6 +148,27 @@ def test_a_full_disk_is_named_as_full_even_for_reading(small_fs, two_conversatio
     assert bw(data, "conversations", "list").returncode == 0
 
 
+def test_cache_clear_works_on_a_full_disk(small_fs, two_conversations):
+    """The one command that frees space (issue 30, item 10): it used to refuse with "the KV
+    cache is not used this time" because opening the store needs a little room."""
+    data = small_fs / "data"
+    shutil.copytree(two_conversations, data)
+    blocks = data / (KVCACHE_DB + "-blocks")
+    held = sum(p.stat().st_size for p in blocks.iterdir())
+    assert held > 100_000 and _blocks(data / KVCACHE_DB) > 0
+    _fill(data, 0)
+    r = bw(data, "cache", "clear")
+    err, out = r.stderr.decode(), r.stdout.decode()
+    assert r.returncode == 0, err
+    assert out.startswith("prefix store cleared\nblocks           0 ") and "Traceback" not in err
+    assert not list(blocks.glob("*"))
+    assert shutil.disk_usage(data).free >= held - 8192  # the block files' room is free again
+    assert _blocks(data / KVCACHE_DB) == 0
+    (data.parent / "filler").unlink()
+    with ChatStore(data / CHATS_DB) as chats:  # the conversations were not touched
+        assert len(chats.list_conversations()) == 2
+
+
 def test_prefix_store_on_a_full_disk_keeps_the_file(small_fs, tmp_path):
     path = small_fs / KVCACHE_DB
     store = PrefixStore(path, block_size=4)
@@ -193,18 +214,19 @@ def test_a_refused_message_leaves_no_new_chat(tmp_path):
 
 
 def test_chat_reads_a_long_message_from_stdin_and_from_a_file(tmp_path):
+    data = tmp_path / "data"  # a folder of its own: tmp_path holds the message file
     big = ("a line of text that repeats " * 5000)[:140_000]  # over 128 KB: too long for argv
     (tmp_path / "msg.txt").write_text(big + "END", encoding="utf-8")
     for args, stdin in ((["-"], (big + "END").encode()), (["--file", tmp_path / "msg.txt"], None)):
-        r = bw(tmp_path, "chat", "--ctx-size", "256", *args, stdin=stdin)
+        r = bw(data, "chat", "--ctx-size", "256", *args, stdin=stdin)
         # The model cannot take it (256 tokens), but the whole text was read:
         assert r.returncode == 1 and b"context window" in r.stderr, r.stderr
         assert b"tokens long" in r.stderr
-    r = bw(tmp_path, "chat", "--json", *ENGINE, "-", stdin="Say hi to 苹果".encode())
+    r = bw(data, "chat", "--json", *ENGINE, "-", stdin="Say hi to 苹果".encode())
     assert r.returncode == 0, r.stderr
-    with ChatStore(tmp_path / CHATS_DB) as chats:
-        assert chats.path_to(json.loads(r.stdout)["user_message_id"])[-1].content == "Say hi to 苹果"
-    r = bw(tmp_path, "chat", "--file", tmp_path / "missing.txt")
+    with ChatStore(data / CHATS_DB) as chats:
+        assert chats.branches.path_to(json.loads(r.stdout)["user_message_id"])[-1].content == "Say hi to 苹果"
+    r = bw(data, "chat", "--file", tmp_path / "missing.txt")
     assert r.returncode == 1 and str(tmp_path / "missing.txt").encode() in r.stderr
     assert b"no such file" in r.stderr
 

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     app = QApplication.instance() or QApplication([])
     app.setApplicationName("Branchwise")
 
-    from app.window.main_window import MainWindow
+    from app.window.shell.main_window import MainWindow
 
     with tempfile.TemporaryDirectory(prefix="branchwise-shots-") as tmp:
         data = Path(tmp)
@@ -80,15 +80,15 @@ def main(argv: list[str] | None = None) -> int:
             first_user = w.store.active_path(conv.id)[0]
             send_and_wait(w, lambda: w.send_message("Now explain it in one sentence."))
             # a branch: edit the first question (a sibling) and answer it
-            send_and_wait(w, lambda: w.edit_message(first_user.id, "What is the capital of France?"))
+            send_and_wait(w, lambda: w.commands.edit(first_user.id, "What is the capital of France?"))
             # back to the first branch, so the navigator shows 1/2 and the tree has two arms
-            w.switch_sibling(w.store.active_path(conv.id)[0].id, -1)
-            w.refresh_coverage()
+            w.chat.switch_sibling(w.store.active_path(conv.id)[0].id, -1)
+            w.chat.figures.refresh_coverage()
             wait_until(lambda: not w.chat.figures.coverage_pending and not w.tree.loading, 30_000)
             _settle()
             w.grab().save(str(out / "light.png"))
             w.tree.grab().save(str(out / "tree.png"))
-            w.set_theme("dark")
+            w.look.set_theme("dark")
             wait_until(lambda: not w.chat.figures.coverage_pending and not w.tree.loading, 30_000)
             _settle()
             w.grab().save(str(out / "dark.png"))

@@ -39,7 +39,7 @@ BEAT_MS = 5
 
 def measure(max_tokens: int) -> dict:
     app = QApplication.instance() or QApplication([])
-    from app.window.main_window import MainWindow
+    from app.window.shell.main_window import MainWindow
 
     with tempfile.TemporaryDirectory(prefix="branchwise-latency-") as tmp:
         data = Path(tmp)
@@ -124,7 +124,7 @@ def big_message() -> str:
 
 def measure_big() -> dict:
     app = QApplication.instance() or QApplication([])
-    from app.window.main_window import MainWindow
+    from app.window.shell.main_window import MainWindow
 
     text = big_message()
     out: dict = {"message_bytes": len(text.encode()), "message_lines": BIG_LINES}
@@ -163,10 +163,10 @@ def measure_big() -> dict:
             beat.start()
             t0 = time.perf_counter()
             w.composer.button.click()
-            wait_until(lambda: w.overflow_box is not None and w.overflow_box.isVisible(), 600_000)
+            wait_until(lambda: w.overflow_flow.box is not None and w.overflow_flow.box.isVisible(), 600_000)
             out["send"] = {**beat.stop(), "seconds": round(time.perf_counter() - t0, 2)}
-            w.overflow_box.reject()
-            w.overflow_box = None
+            w.overflow_flow.box.reject()
+            w.overflow_flow.box = None
             w.composer.input.clear()
 
             # opening the chat that holds it (as a click in the sidebar does)
@@ -174,7 +174,7 @@ def measure_big() -> dict:
             beat.start()
             t0 = time.perf_counter()
             w.sidebar.selected.emit(big.id)
-            wait_until(lambda: w.context_used > 4096, 600_000)  # the engine's count of it came back
+            wait_until(lambda: w.status.context_used > 4096, 600_000)  # the engine's count of it came back
             out["open"] = {**beat.stop(), "seconds": round(time.perf_counter() - t0, 2)}
 
             # opening a chat of 200 messages (bubbles are built as they come into view)

@@ -15,7 +15,7 @@ Prints the TTFT after Enter (the engine's ``ttft_ms``, request to first token, a
 window's, Enter to the first streamed text painted in the window), one decode step at that
 context length (from the reply's decode rate), the TTFT with the feature off, and the UI
 thread's longest stall while typing and streaming (5 ms heartbeat; target: none over 50 ms).
-Then where the window's TTFT goes (``app/window/send_timeline.py``): Enter to the request
+Then where the window's TTFT goes (``app/window/transcript/send_timeline.py``): Enter to the request
 on its way, waiting in the engine process (behind a prewarm batch), the engine's TTFT, the
 pipe, the UI thread busy when the token came, into the bubble, painted.
 """
@@ -33,7 +33,7 @@ from PySide6.QtCore import QTimer, Qt
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication
 
-from app.window.send_timeline import describe
+from app.window.transcript.send_timeline import describe
 from tools.screenshots import wait_until
 
 BEAT_MS = 5
@@ -51,7 +51,7 @@ SAMPLING = {"temperature": 0.0, "max_tokens": 32, "seed": 1}
 
 
 def _window(data: Path, prewarm: bool):
-    from app.window.main_window import MainWindow
+    from app.window.shell.main_window import MainWindow
 
     settings = json.loads((data / "settings.json").read_text())
     (data / "settings.json").write_text(json.dumps({**settings, "prewarm": prewarm}))
@@ -135,7 +135,7 @@ def _send(w, type_it: bool, cps: float, beats: list) -> dict:
     stats["window_ttft_ms"] = round((painted - t_enter[0]) * 1000, 1) if painted else None
     stats["window_token_ms"] = round((first[0] - t_enter[0]) * 1000, 1) if first else None
     stats["breakdown"] = w.chat.timeline.breakdown(reply.stats)
-    stats["status_line"] = w.stats_label.text()
+    stats["status_line"] = w.status.stats_label.text()
     typing, after = beats[: at_enter[0]], beats[at_enter[0]:]
     stats["typing_max_stall_ms"] = round(max(typing), 1) if typing else 0.0
     stats["typing_stalls_over_50ms"] = sum(b > 50 for b in typing)

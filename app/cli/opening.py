@@ -8,6 +8,7 @@ running a command that needs neither stays light.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
@@ -49,14 +50,19 @@ def open_store(args):
     ``--cache-budget``, else ``BRANCHWISE_CACHE_BUDGET``, else 4 GiB.
 
     Raises:
-        StorageError: the store cannot be opened; argparse.ArgumentTypeError: a bad
+        StorageError: the store cannot be opened; ValueError: a bad
             ``BRANCHWISE_CACHE_BUDGET``.
     """
     from storage.paths import KVCACHE_DB
     from storage.prefix_store import DEFAULT_BUDGET_BYTES, PrefixStore
 
-    budget = getattr(args, "cache_budget", None) or parse_size(os.environ.get("BRANCHWISE_CACHE_BUDGET", "")
-                                                               or str(DEFAULT_BUDGET_BYTES))
+    budget = getattr(args, "cache_budget", None)
+    if budget is None:
+        text = os.environ.get("BRANCHWISE_CACHE_BUDGET", "") or str(DEFAULT_BUDGET_BYTES)
+        try:
+            budget = parse_size(text)
+        except argparse.ArgumentTypeError as exc:
+            raise ValueError(f"BRANCHWISE_CACHE_BUDGET: {exc} (unset it, or give a size such as 2G).") from None
     return PrefixStore(data_dir(args) / KVCACHE_DB, budget_bytes=budget)
 
 
@@ -79,7 +85,8 @@ def open_engine(args):
     check_model_path(args.model)
     args.model = resolve_model(args.model, data_dir(args))  # a library name, or a path
     settings = EngineSettings.for_kv_type(args.kv_type, n_ctx=args.ctx_size, n_threads=args.threads,
-                                          flash_attn=args.flash_attn, repack=args.repack)
+                                          flash_attn=args.flash_attn, repack=args.repack,
+                                          speculative=args.speculative)
     store = None
     if not args.no_cache:
         from storage.errors import StorageError

@@ -10,8 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 
+from app.cli import arguments
+from storage.errors import NotFoundError, StorageError
 from storage.paths import human_bytes
 
 MAX_MESSAGE_BYTES = 64 * 1024**2
@@ -60,6 +63,87 @@ def message_text(args, stdin=None) -> str:
                          "valid UTF-8); save it as UTF-8 and try again.") from exc
 
 
+def clear_on_full_disk(path, open_store):
+    """``cache clear`` when the prefix store at ``path`` cannot even be opened because the
+    disk is full: its block files (most of its bytes, and disposable) are zeroed and
+    removed without the index, which frees the room to open it; as a last resort the
+    index files themselves are removed. Only the store's own files are touched
+    (``storage.block_files``). Returns ``open_store()``'s store, ready for ``clear()``.
+
+    Raises:
+        StoreFull: even an empty store cannot be created (something else fills the disk).
+    """
+    import contextlib
+    import os
+
+    from storage.block_files import BlockFiles
+    from storage.prefix_store import StoreFull
+
+    BlockFiles(f"{path}-blocks").reclaim(set())
+    try:
+        return open_store()
+    except StoreFull:
+        pass
+    for suffix in ("-journal", "-wal", "-shm", ""):  # unlinked: a symbolic link is not followed
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+            os.remove(f"{path}{suffix}")
+    return open_store()
+
+
+class ConversationDeleted(StorageError):
+    """The conversation was deleted (by another process or the window) while its reply
+    was being written: nothing of the reply was stored, nor its KV blocks."""
+
+    def __init__(self, conversation_id: int):
+        super().__init__(f"Conversation {conversation_id} was deleted while the reply was being "
+                         "written; nothing was kept.")
+
+
+class DeletionWatch:
+    """Notices that the conversation a reply is being written for was deleted meanwhile
+    (``conversations delete`` in another process): the user message the reply answers
+    is gone, or is another conversation's now (an id used again).
+
+    Args:
+        chats: the ``storage.chats.ChatStore``.
+        conversation_id, user_id: the conversation and the message the reply answers.
+        every_s: least seconds between two checks of :meth:`poll` (one indexed SELECT).
+    """
+
+    def __init__(self, chats, conversation_id: int, user_id: int, every_s: float = 0.5,
+                 clock=time.monotonic):
+        self.chats, self.conversation_id, self.user_id = chats, conversation_id, user_id
+        self.every_s, self.clock = every_s, clock
+        self.deleted = False
+        self._checked = clock()
+
+    def gone(self) -> bool:
+        """True when the conversation was deleted (checked now; once True, stays True)."""
+        if not self.deleted:
+            try:
+                self.deleted = self.chats.get_message(self.user_id).conversation_id != self.conversation_id
+            except NotFoundError:
+                self.deleted = True
+        return self.deleted
+
+    def poll(self) -> bool:
+        """:meth:`gone`, checked at most every ``every_s`` seconds (call it between tokens)."""
+        if self.deleted or self.clock() - self._checked >= self.every_s:
+            self._checked = self.clock()
+            return self.gone()
+        return False
+
+    def forget_written(self, engine, sequence: list[int]) -> int:
+        """Drop the KV blocks of ``sequence`` (the prompt and the reply's ids) that the
+        engine stored after the delete had forgotten the conversation, keeping what
+        another conversation shares (``engine.forget``). Returns blocks dropped."""
+        from engine.forget import sharing_token_paths
+
+        build = engine.model.prompts.build
+        keep = sharing_token_paths(self.chats, self.conversation_id, [sequence], build, engine.store.block_size)
+        return engine.store.forget([sequence], keep)
+
+
 def check_model_path(path: str | None) -> None:
     """Refuse a model path that is not valid UTF-8 with a message naming the cause.
 
@@ -98,10 +182,12 @@ class Saved:
 
 def error_json(exc: BaseException) -> str:
     """The one JSON object ``--json`` prints on stdout when a command fails:
-    ``{"error": message, "saved": {...} or null}``."""
+    ``{"error": message, "saved": {...} or null}``, and after a reply that failed to save
+    (a full disk) its ``conversation_id`` and ``assistant_message_id`` (the row holding the
+    part that was kept, or null)."""
     saved = getattr(exc, "saved", None)
-    return json.dumps({"error": str(exc), "saved": saved.to_dict() if saved else None},
-                      ensure_ascii=False)
+    return json.dumps({"error": str(exc), **(getattr(exc, "turn", None) or {}),
+                       "saved": saved.to_dict() if saved else None}, ensure_ascii=False)
 
 
 def stats_text(s: dict) -> str:
@@ -142,7 +228,7 @@ def add_delete_parser(conv_sub, common: argparse.ArgumentParser) -> None:
         "delete", parents=[common],
         help="delete a conversation and forget it: its messages, its words in the search index, "
              "and the KV cache blocks no other conversation shares")
-    delete.add_argument("id", type=int)
+    delete.add_argument("id", type=arguments.row_id)
     delete.add_argument("--model", help="the GGUF model whose tokenizer matches the cached blocks "
                         "(default: the embedded one)")
 
@@ -184,6 +270,6 @@ def cmd_delete(args, chats, open_store) -> int:
     return 0
 
 
-__all__ = ["MAX_MESSAGE_BYTES", "Saved", "add_delete_parser", "add_message_arguments",
-           "branch_note", "check_model_path", "cmd_delete", "error_json", "message_text",
+__all__ = ["MAX_MESSAGE_BYTES", "ConversationDeleted", "DeletionWatch", "Saved", "add_delete_parser", "add_message_arguments",
+           "branch_note", "check_model_path", "clear_on_full_disk", "cmd_delete", "error_json", "message_text",
            "stats_text"]

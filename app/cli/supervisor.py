@@ -79,7 +79,10 @@ def run_supervised(argv: list[str], data_dir: Path, repack_setting: str) -> int:
         os.close(report_w)
     interrupts, killed = 0, False
 
+    forwarded: set[int] = set()
+
     def forward(signum, _frame=None):  # `kill PID` of branchwise ends the child the same way
+        forwarded.add(signum)
         with contextlib.suppress(OSError):
             proc.send_signal(signum)
 
@@ -111,6 +114,9 @@ def run_supervised(argv: list[str], data_dir: Path, repack_setting: str) -> int:
         print(ended_message(data_dir, started, facts), file=sys.stderr)
         return EXIT_INTERRUPTED
     what = crash_description(returncode)
+    if what is None and returncode < 0 and -returncode not in forwarded:  # SIGKILL: the OOM killer, kill -9
+        print(killed_message(-returncode, data_dir, started, facts), file=sys.stderr)
+        return 128 - returncode
     if what is None:  # a normal exit, or ended by a signal that is no crash (SIGTERM: 128 + 15)
         return 128 - returncode if returncode < 0 else returncode
     print(crash_message(what, data_dir, repack_setting, started), file=sys.stderr)
@@ -131,6 +137,30 @@ def ended_message(data_dir: Path, started: float, facts: dict | None = None) -> 
         user_id = _unanswered_message(data_dir, started)
     kept = what_was_kept(facts.get("conversation"), user_id, reply_id, chars)
     return f"branchwise: ended the engine at the second Ctrl+C. {kept}"
+
+
+def killed_message(signum: int, data_dir: Path, started: float, facts: dict | None = None) -> str:
+    """The line printed when the child was ended by a signal nobody here sent (SIGKILL from
+    the kernel's out-of-memory killer or ``kill -9``): what the chats hold now."""
+    from app.cli.interrupts import what_was_kept
+
+    facts = facts or {}
+    reply_id, chars = facts.get("reply"), None
+    if reply_id is not None:
+        chars = _saved_reply_chars(data_dir, reply_id)
+        if chars is None:
+            reply_id = None
+    user_id = facts.get("user")
+    if user_id is None:
+        user_id = _unanswered_message(data_dir, started)
+    kept = what_was_kept(facts.get("conversation"), user_id, reply_id, chars)
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    why = " (by the system's out-of-memory killer, or by another program)" if signum == getattr(
+        signal, "SIGKILL", 9) else ""
+    return f"branchwise: the engine was ended by {name}{why}. {kept}"
 
 
 def _saved_reply_chars(data_dir: Path, message_id: int) -> int | None:
@@ -189,7 +219,7 @@ def _unanswered_message(data_dir: Path, since: float) -> int | None:
     from storage.chats import ChatStore
 
     with contextlib.suppress(Exception), ChatStore(path) as chats:
-        return chats.newest_unanswered_user_message(since)
+        return chats.branches.newest_unanswered_user_message(since)
     return None
 
 

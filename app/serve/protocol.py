@@ -11,11 +11,12 @@ becomes an :class:`ApiError`, which the server turns into an OpenAI-style error 
 
 from __future__ import annotations
 
-import math
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
 
+from engine import limits
 from engine.chat_template import ChatMessage
 from engine.settings import SamplingParams
 
@@ -75,22 +76,36 @@ def _bad(message: str, param: str | None = None, code: str | None = "invalid_val
     return ApiError(400, message, param=param, code=code)
 
 
-def _number(body: dict, name: str, lo: float, hi: float, *, integer: bool = False):
+def _number(body: dict, name: str, bound_name: str | None = None):
+    """The field ``name`` checked against its bound in :data:`engine.limits.SAMPLING`
+    (the same bound as the CLI flag), or None when absent."""
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
-        kind = "an integer" if integer else "a number"
-        raise _bad(f"'{name}' must be {kind}, not {type(value).__name__}.", name, "invalid_type")
-    if not (lo <= value <= hi) or (isinstance(value, float) and not math.isfinite(value)):
-        raise _bad(f"'{name}' must be between {lo} and {hi}; got {value}.", name)
+    try:
+        return limits.check_sampling(bound_name or name, value, f"'{name}'")
+    except limits.LimitError as exc:
+        raise _bad(str(exc), name, "invalid_type" if exc.wrong_type else "invalid_value") from None
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _text(value: str, where: str) -> str:
+    """``value``, refused when it holds a lone surrogate (JSON's ``"\\ud800"`` without its
+    pair decodes to one): that is no character, and no model can be given it."""
+    bad = _LONE_SURROGATE.search(value)
+    if bad:
+        raise _bad(f"{where}.content holds a lone UTF-16 surrogate (\\u{ord(bad.group()):04x} at character "
+                   f"{bad.start()}), which is not text; send valid Unicode (a surrogate pair, or the character "
+                   "itself).", f"{where}.content")
     return value
 
 
 def _content(value, where: str) -> str:
     """A message's content: a string, or a list of ``{"type": "text", "text": ...}`` parts."""
     if isinstance(value, str):
-        return value
+        return _text(value, where)
     if value is None:
         return ""
     if isinstance(value, list):
@@ -101,7 +116,7 @@ def _content(value, where: str) -> str:
                 raise _bad(f"{where}.content[{i}] is a '{kind}' part; this server takes text only.",
                            f"{where}.content")
             texts.append(part["text"])
-        return "".join(texts)
+        return _text("".join(texts), where)
     raise _bad(f"{where}.content must be a string or a list of text parts.", f"{where}.content", "invalid_type")
 
 
@@ -136,27 +151,29 @@ def parse_chat_request(body, defaults: SamplingParams | None = None) -> ChatRequ
         role = m.get("role")
         if role not in ROLES:
             raise _bad(f"{where}.role must be one of {', '.join(ROLES)}; got {role!r}.", f"{where}.role")
-        extra = sorted(set(m) - {"role", "content", "name"})
+        extra = sorted(set(m) - {"role", "content", "name"} - ({"reasoning_content"} if role == "assistant" else set()))
         if extra:
             raise _bad(f"{where} has fields this server does not take: {', '.join(extra)}.", f"{where}.{extra[0]}",
                        "unknown_parameter")
-        messages.append(ChatMessage("system" if role == "developer" else role, _content(m.get("content"), where)))
+        thought = m.get("reasoning_content")  # an earlier reply's thinking (DeepSeek's and llama-server's field)
+        if thought is not None and not isinstance(thought, str):
+            raise _bad(f"{where}.reasoning_content must be a string.", f"{where}.reasoning_content", "invalid_type")
+        messages.append(ChatMessage("system" if role == "developer" else role, _content(m.get("content"), where),
+                                    reasoning=thought))
     if messages[-1].role == "assistant":
         raise _bad("The last message is the assistant's; end with a user message to get a reply.", "messages")
 
     defaults = defaults or SamplingParams()
     s = defaults.to_dict()
-    for name, lo, hi, integer in (("temperature", 0, 2, False), ("top_p", 0, 1, False), ("min_p", 0, 1, False),
-                                  ("repeat_penalty", 0, 10, False), ("top_k", 0, 1 << 20, True),
-                                  ("seed", -(1 << 63), (1 << 64) - 1, True)):
-        value = _number(body, name, lo, hi, integer=integer)
+    for name in ("temperature", "top_p", "min_p", "repeat_penalty", "top_k", "seed"):
+        value = _number(body, name)
         if value is not None:
             s[name] = value
     if s.get("seed") is not None:
         s["seed"] = int(s["seed"]) & 0x7FFFFFFF  # llama.cpp takes a 32-bit seed
-    max_tokens = _number(body, "max_completion_tokens", 1, 1 << 20, integer=True)
+    max_tokens = _number(body, "max_completion_tokens", "max_tokens")
     if max_tokens is None:
-        max_tokens = _number(body, "max_tokens", 1, 1 << 20, integer=True)
+        max_tokens = _number(body, "max_tokens")
     if max_tokens is not None:
         s["max_tokens"] = max_tokens
 
@@ -254,10 +271,15 @@ def timings(stats) -> dict:
     }
 
 
-def completion(cid: str, model: str, text: str, finish: str, stats) -> dict:
+def completion(cid: str, model: str, text: str, finish: str, stats, reasoning: str | None = None) -> dict:
+    """A whole chat completion; ``reasoning`` (a reasoning model's thinking) goes in the
+    message's ``reasoning_content``, as llama-server, vLLM and DeepSeek's API send it."""
+    message = {"role": "assistant", "content": text}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
     return {
         "id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish,
                      "logprobs": None}],
         "usage": usage(stats), "timings": timings(stats),
     }

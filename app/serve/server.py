@@ -15,6 +15,8 @@ Routes: ``POST /v1/chat/completions`` (streaming as server-sent events, and not)
 * **A client that disconnects cancels its request**, queued or running.
 * **Loopback only, unless there is a key.** It binds 127.0.0.1 by default; any other
   address needs an API key, and then every route checks ``Authorization: Bearer KEY``.
+* **No cross-site requests** (:mod:`app.serve.guard`): a foreign ``Host``, an ``Origin``
+  not configured, or a POST body that is not ``application/json`` gets a 403.
 * **Errors are OpenAI error objects with a 4xx status**: bad JSON, unknown fields,
   wrong types, prompts over the context window, bodies over 8 MiB. An unexpected
   failure is a 500 with a one-line message; the traceback goes to the log only.
@@ -24,7 +26,7 @@ Served conversations are not written to chats.sqlite3: the client owns its histo
 
 ``branchwise serve`` calls :meth:`ApiServer.serve_forever`. The window does not run this
 class itself: Server → Start API server starts ``branchwise serve --json`` as a ``QProcess``
-child with its own engine (app/window/server_controller.py). :meth:`ApiServer.start` runs
+child with its own engine (app/window/flows/server_controller.py). :meth:`ApiServer.start` runs
 uvicorn on a thread of the calling process instead (the tests use it) and
 :meth:`ApiServer.stop` ends it; :attr:`ApiServer.state` is a :class:`ServerState` and
 ``on_state`` reports every change (from a server thread).
@@ -44,7 +46,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -56,6 +58,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from app.serve import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_QUEUE, ServeError, protocol
+from app.serve.guard import CrossSiteGuard
 from app.serve.protocol import ApiError, ChatRequest, StopScanner
 from app.serve.replies import ReplyMemory
 from engine.chat_template import ChatMessage
@@ -106,6 +109,13 @@ class _Job:
         except RuntimeError:  # the event loop is closed: the server is shutting down
             self.cancel.set()
 
+    def reasoning(self, delta: str, _tok: int) -> None:
+        """A piece of a reasoning model's thinking (streamed as ``reasoning_content`` deltas)."""
+        self.emit("reasoning", delta)
+
+
+_DELTA_FIELD = {"token": "content", "reasoning": "reasoning_content"}  # a stream delta's field per event kind
+
 
 def _drop_bind_errors(record: logging.LogRecord) -> bool:
     """uvicorn logs a failed bind as its own "ERROR: [Errno 98] ..." line; ApiServer raises
@@ -132,6 +142,7 @@ class ApiServer:
             the same as ``branchwise chat``, so temperature 0 gives the same reply).
         use_cache: False prefills every request in full (no prefix store, no live reuse).
         on_state: ``on_state(ServerState)`` on every change, called from a server thread.
+        allowed_hosts, allowed_origins: more ``Host`` names, web origins (app/serve/guard.py).
 
     Raises:
         ServeError: a non-loopback host without an API key.
@@ -141,7 +152,8 @@ class ApiServer:
                  api_key: str | None = None, queue_size: int = DEFAULT_QUEUE,
                  reply_memory: ReplyMemory | None = None, sampling: SamplingParams | None = None,
                  use_cache: bool = True,
-                 on_state: Callable[[ServerState], None] | None = None):
+                 on_state: Callable[[ServerState], None] | None = None,
+                 allowed_hosts: Iterable[str] = (), allowed_origins: Iterable[str] = ()):
         if not is_loopback(host) and not api_key:
             raise ServeError(
                 f"Refusing to listen on {host} without an API key: anyone who can reach this machine "
@@ -154,6 +166,7 @@ class ApiServer:
         self.on_state = on_state
         self.sampling = sampling or SamplingParams()
         self.use_cache = use_cache
+        self.allowed_hosts, self.allowed_origins = list(allowed_hosts), list(allowed_origins)
         self.state = ServerState.STOPPED
         self.error = ""  # why the server FAILED, in words
         self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_size)
@@ -326,7 +339,7 @@ class ApiServer:
         out = []
         for m in request.messages:
             ids = self.replies.recall(self._model_key, m.content) if m.role == "assistant" else None
-            out.append(ChatMessage(m.role, m.content, ids))
+            out.append(ChatMessage(m.role, m.content, ids, m.reasoning))
         return out
 
     def _run(self, job: _Job) -> None:
@@ -349,7 +362,7 @@ class ApiServer:
 
         try:
             result = self.engine.generate(self._messages(req), req.sampling, use_cache=self.use_cache, on_token=on_token,
-                                          on_progress=on_progress, cancel=job.cancel, snapshot=False)
+                                          on_progress=on_progress, cancel=job.cancel, snapshot=False, on_reasoning=job.reasoning)
         except ContextOverflowError as exc:
             raise_to = ApiError(400, f"This request is {exc.prompt_tokens:,} tokens long, but the model's context "
                                      f"window holds {exc.n_ctx:,} (with room for at least one reply token).",
@@ -375,7 +388,7 @@ class ApiServer:
             finish = protocol.FINISH.get(stats.finish_reason, "stop")
         text = scanner.text
         job.state = JobState.DONE
-        job.emit("done", (text, finish, stats))
+        job.emit("done", (text, finish, stats, result.reasoning))
         # After the reply is out: store its KV (the client is reading) and its ids.
         if not scanner.stopped and result.token_ids and self.engine.model.detokenize(result.token_ids) == text:
             self.replies.remember(self._model_key, text, result.token_ids)
@@ -391,7 +404,7 @@ class ApiServer:
                                 status_code=exc.status_code)
 
         async def api_error(_request, exc: ApiError):
-            return self._error_response(exc)
+            return _error_response(exc)
 
         async def server_error(_request, exc: Exception):
             log.error("unexpected failure in the API server", exc_info=exc)
@@ -404,11 +417,7 @@ class ApiServer:
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/v1/models/{model_id:path}", self._model, methods=["GET"]),
         ], exception_handlers={HTTPException: http_error, ApiError: api_error, Exception: server_error})
-        return _BearerAuth(app, self.api_key)
-
-    @staticmethod
-    def _error_response(exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+        return _protected(app, self)
 
     def _model_card(self) -> dict:
         return {"id": self.model_id, "object": "model", "created": 0, "owned_by": "branchwise"}
@@ -476,9 +485,9 @@ class ApiServer:
                 elif kind == "error":
                     raise value
                 elif kind == "done":
-                    text, finish, stats = value
+                    text, finish, stats, reasoning = value
                     return JSONResponse(protocol.completion(protocol.completion_id(), self.model_id, text,
-                                                            finish, stats))
+                                                            finish, stats, reasoning))
         finally:
             watcher.cancel()
             if job.state != JobState.DONE:
@@ -494,13 +503,13 @@ class ApiServer:
             yield event(protocol.chunk(cid, model, created, {"role": "assistant", "content": ""}))
             while True:
                 kind, value = await job.events.get()
-                if kind == "token":
-                    yield event(protocol.chunk(cid, model, created, {"content": value}))
+                if kind in ("token", "reasoning"):
+                    yield event(protocol.chunk(cid, model, created, {_DELTA_FIELD[kind]: value}))
                 elif kind == "error":  # after the headers: an error event, as OpenAI's API sends
                     yield event(value.body())
                     return
                 elif kind == "done":
-                    _text, finish, stats = value
+                    _text, finish, stats, _reasoning = value
                     last = protocol.chunk(cid, model, created, {}, finish)
                     last["timings"] = protocol.timings(stats)
                     yield event(last)
@@ -529,6 +538,17 @@ async def _watch_disconnect(request: Request, job: _Job) -> None:
         return
 
 
+def _error_response(exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+def _protected(app, server: ApiServer):
+    """``app`` behind the API key check and, outside that, the cross-site guard
+    (:mod:`app.serve.guard`: CORS pre-flights carry no key)."""
+    return CrossSiteGuard(_BearerAuth(app, server.api_key), server.host, lambda: server.port,
+                          server.allowed_hosts, server.allowed_origins)
+
+
 class _BearerAuth:
     """ASGI middleware: with a key, every HTTP request needs ``Authorization: Bearer KEY``
     (compared in constant time); otherwise 401 with an OpenAI error object."""
@@ -539,9 +559,11 @@ class _BearerAuth:
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and self.api_key:
             headers = dict(scope.get("headers") or [])
-            given = headers.get(b"authorization", b"").decode("latin-1")
-            scheme, _, token = given.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+            # bytes on both sides: a header arrives as the bytes the client sent (UTF-8 for a
+            # non-ASCII key), so it is compared with the key's UTF-8 bytes, in constant time
+            given = headers.get(b"authorization", b"")
+            scheme, _, token = given.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.api_key.encode("utf-8")):
                 response = JSONResponse(
                     protocol.error_body("Missing or wrong API key: send 'Authorization: Bearer KEY' with the key "
                                         "the server was started with (--api-key).", code="invalid_api_key"),

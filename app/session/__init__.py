@@ -7,7 +7,7 @@ reply from its first token to its final status and stats. ``labels.py`` holds th
 wording both front ends share (the model label stored on a reply, the stats line).
 
 The CLI feeds a recorder from ``engine.core.Engine.generate`` callbacks; the window
-feeds it from ``app.window.engine_client.EngineClient`` signals. Neither keeps its own
+feeds it from ``app.window.workers.engine_client.EngineClient`` signals. Neither keeps its own
 copy of these rules. An import-linter contract in pyproject.toml keeps Qt out.
 """
 

@@ -1,7 +1,7 @@
 """The conversation rules: what send, edit, regenerate, fork and switching siblings do to the
 tree of messages in ``chats.sqlite3``, and what to offer when a prompt overflows.
 
-A conversation is a tree (``storage/chats.py``): every edit or regeneration adds a sibling,
+A conversation is a tree (``storage/chats/``): every edit or regeneration adds a sibling,
 and the conversation's active leaf picks the branch that is shown and continued. Nothing
 here recurses over the tree or talks to the engine; the front end sends the prompts that
 ``prompt`` returns to its engine and records the reply with ``start_reply``.
@@ -88,14 +88,14 @@ class ConversationSession:
         (when set), then the path, assistant messages with their saved token ids."""
         m = self.chats.get_message(user_message_id)
         conv = self.chats.get_conversation(m.conversation_id)
-        return conversation_messages(conv.system_prompt, self.chats.path_to(user_message_id))
+        return conversation_messages(conv.system_prompt, self.chats.branches.path_to(user_message_id))
 
     def prompt_before(self, message_id: int) -> list[ChatMessage]:
         """The engine's messages before ``message_id``: the system prompt (when set) and the
         path to its parent (what an edit of ``message_id`` is sent after)."""
         m = self.chats.get_message(message_id)
         conv = self.chats.get_conversation(m.conversation_id)
-        path = self.chats.path_to(m.parent_id) if m.parent_id is not None else []
+        path = self.chats.branches.path_to(m.parent_id) if m.parent_id is not None else []
         return conversation_messages(conv.system_prompt, path)
     def prompt_for_send(self, conversation_id: int | None, text: str,
                         system_prompt: str = "") -> tuple[list[ChatMessage], list[int | None]]:
@@ -121,7 +121,7 @@ class ConversationSession:
         """``prompt(user_message_id)`` and the message id of each (None: the system prompt)."""
         m = self.chats.get_message(user_message_id)
         conv = self.chats.get_conversation(m.conversation_id)
-        path = self.chats.path_to(user_message_id)
+        path = self.chats.branches.path_to(user_message_id)
         messages = conversation_messages(conv.system_prompt, path)
         return messages, _prompt_ids(messages, path)
 
@@ -138,12 +138,12 @@ class ConversationSession:
         newest few hundred of a branch of any length)."""
         if reply is not None and not reply.finished and reply.conversation_id == conversation_id:
             if reply.message_id is None:
-                return PathView(self.chats, self.chats.path_ids(reply.parent_id))
+                return PathView(self.chats, self.chats.branches.path_ids(reply.parent_id))
             leaf = self.chats.get_conversation(conversation_id).active_leaf_id
-            ids = self.chats.path_ids(leaf) if leaf is not None else []
+            ids = self.chats.branches.path_ids(leaf) if leaf is not None else []
             return PathView(self.chats, [i for i in ids if i != reply.message_id])
         leaf = self.chats.get_conversation(conversation_id).active_leaf_id
-        return PathView(self.chats, self.chats.path_ids(leaf) if leaf is not None else [])
+        return PathView(self.chats, self.chats.branches.path_ids(leaf) if leaf is not None else [])
 
     def sibling_positions(self, path) -> SiblingPositions:
         """For each message of ``path``: (its 1-based position among its siblings, their count),
@@ -156,7 +156,7 @@ class ConversationSession:
         failed, e.g. the engine crashed), else None. ``retry`` answers it in place.
         ``path``: the active path when the caller has read it already (not read again)."""
         path = self.chats.active_path(conversation_id) if path is None else path
-        if path and path[-1].role == "user" and not self.chats.children(path[-1].id, conversation_id):
+        if path and path[-1].role == "user" and not self.chats.branches.children(path[-1].id, conversation_id):
             return path[-1].id
         return None
 
@@ -242,19 +242,19 @@ class ConversationSession:
         the user message to answer."""
         target = self.regenerate_target(message_id)
         m = self.chats.get_message(message_id)
-        if is_empty_reply(m) and not self.chats.children(m.id, m.conversation_id):
-            self.chats.delete_subtree(m.id)
+        if is_empty_reply(m) and not self.chats.branches.children(m.id, m.conversation_id):
+            self.chats.deletion.delete_subtree(m.id)
         return target
 
     def fork(self, message_id: int):
         """Copy the path to ``message_id`` into a new conversation (its KV is shared through
         the prefix store, as the token ids are the same). Returns the new Conversation."""
-        return self.chats.fork(message_id)
+        return self.chats.copies.fork(message_id)
 
     def switch_sibling(self, message_id: int, delta: int) -> bool:
         """Make the sibling ``delta`` steps from ``message_id`` (and its newest leaf) the
         active branch. Returns False when there is no such sibling."""
-        sibs = self.chats.siblings(message_id)
+        sibs = self.chats.branches.siblings(message_id)
         i = next(i for i, s in enumerate(sibs) if s.id == message_id) + delta
         if not 0 <= i < len(sibs):
             return False
@@ -263,7 +263,7 @@ class ConversationSession:
 
     def select(self, message_id: int) -> None:
         """Make the branch through ``message_id``, down to its newest leaf, the active one."""
-        leaf = self.chats.deepest_leaf(message_id)
+        leaf = self.chats.branches.deepest_leaf(message_id)
         self.chats.set_active_leaf(leaf.conversation_id, leaf.id)
 
     def start_reply(self, user_message_id: int, model: str, **kw) -> ReplyRecorder:
@@ -289,7 +289,7 @@ class ConversationSession:
         message's size; without it, saved ids are counted and other text is estimated. Returns the
         copy of ``user_message_id`` (to be answered), or None when the newest message alone
         does not fit (nothing is written then)."""
-        path = [m for m in self.chats.path_to(user_message_id) if m.role != "system"]
+        path = [m for m in self.chats.branches.path_to(user_message_id) if m.role != "system"]
         budget = max(64, int(n_ctx * BRANCH_FILL))
         kept: list = []
         used = 0
@@ -328,7 +328,7 @@ class SiblingPositions(Mapping):
             raise KeyError(message_id)
         if message_id not in self._known:
             try:
-                sibs = [s.id for s in self._chats.siblings(message_id)]
+                sibs = [s.id for s in self._chats.branches.siblings(message_id)]
             except NotFoundError:  # deleted since the path was read: drawn without a navigator
                 sibs = [message_id]
             self._known[message_id] = (sibs.index(message_id) + 1, len(sibs))

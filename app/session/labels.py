@@ -16,6 +16,13 @@ def model_label(path: str | Path | None, facts: dict | None = None) -> str:
     return (facts or {}).get("name") or "model"
 
 
+def draft_note(stats: dict) -> str:
+    """"51 of 64 drafted tokens accepted" for a GenerationStats dict of a reply decoded with
+    speculative decoding that drafted anything (engine/speculative.py), else ""."""
+    drafted = stats.get("drafted_tokens") or 0
+    return f"{stats.get('accepted_tokens', 0):,} of {drafted:,} drafted tokens accepted" if drafted else ""
+
+
 def reply_status_line(stats: dict, saved: bool = False) -> str:
     """"restored N tokens in X ms · prefilled M in Y s · Z tok/s" for a GenerationStats dict
     (tokens, milliseconds); when background prewarms (engine/prewarm.py) had the prompt ready,
@@ -36,5 +43,7 @@ def reply_status_line(stats: dict, saved: bool = False) -> str:
     else:
         parts.append(f"prefilled {stats.get('prefilled_tokens', 0):,} in {stats.get('prefill_ms', 0) / 1000:.2f} s")
     parts.append(f"{stats.get('decode_tokens_per_s', 0):.0f} tok/s")
+    if note := draft_note(stats):
+        parts.append(note)
     line = " · ".join(parts)
     return f"Last reply on this branch: {line}" if saved else line

@@ -35,6 +35,11 @@ def inline_literal(text: str) -> str:
     return _ASCII_PUNCT.sub(r"\\\1", " ".join(text.split()))
 
 
+def quoted_lines(text: str) -> list[str]:
+    """``text`` as the lines of a Markdown block quote (``> `` before each line)."""
+    return [f"> {line}" if line else ">" for line in text.split("\n")]
+
+
 def conversation_markdown(data: dict, active_only: bool = True, left_out_note: bool = True) -> str:
     """Markdown of the active path of ``conversation_json`` output (every message with
     ``active_only=False``). Message texts are fenced verbatim (see the module docstring);
@@ -59,8 +64,10 @@ def conversation_markdown(data: dict, active_only: bool = True, left_out_note: b
         branch = f" (branch {siblings.index(m) + 1}/{len(siblings)})" if len(siblings) > 1 else ""
         label = "User" if m["role"] == "user" else "Assistant"
         stopped = " *(stopped)*" if m["status"] == "stopped" else ""
-        out += [f"## {label}{branch} · message {m['id']}{stopped}", "",
-                fenced(m["content"], "markdown" if m["role"] == "assistant" else "text"), ""]
+        out += [f"## {label}{branch} · message {m['id']}{stopped}", ""]
+        if m.get("reasoning"):  # a reasoning model's thinking, quoted, before its answer
+            out += ["> **Reasoning**", ">", *quoted_lines(fenced(m["reasoning"], "text")), ""]
+        out += [fenced(m["content"], "markdown" if m["role"] == "assistant" else "text"), ""]
     return "\n".join(out)
 
 
@@ -71,7 +78,7 @@ def branch_markdown(store, conversation_id: int) -> str:
     Raises NotFoundError for an unknown id."""
     conv = store.get_conversation(conversation_id)
     path = store.active_path(conversation_id)
-    siblings = {m.id: store.siblings(m.id) for m in path}
+    siblings = {m.id: store.branches.siblings(m.id) for m in path}
     messages = [s for m in path for s in siblings[m.id]]  # the branch counts "(branch 2/3)"
     data = {
         "title": conv.title, "system_prompt": conv.system_prompt, "active_path": [m.id for m in path],

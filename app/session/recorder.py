@@ -55,13 +55,24 @@ class ReplyRecorder:
         self.state = ReplyState.STREAMING
         self.message_id: int | None = None
         self.text = ""
+        self.reasoning: str | None = None  # a reasoning model's thinking, streamed before the answer
         self.stats: dict = {}
         self._saved_text = ""
+        self._saved_reasoning: str | None = None
         self._saved_at = 0.0
 
     @property
     def finished(self) -> bool:
         return self.state != ReplyState.STREAMING
+
+    @property
+    def kept_text(self) -> str:
+        """The reply text its row holds now ("" before the row exists): all of ``text`` once
+        the reply is finished, else what the last successful save wrote (a full disk can
+        leave it behind ``text``)."""
+        if self.message_id is None:
+            return ""
+        return self.text if self.finished else self._saved_text
 
     def add_text(self, piece: str) -> None:
         """Append streamed text; store the row at the first text, then save every ``save_every_s``."""
@@ -77,15 +88,35 @@ class ReplyRecorder:
         elif self.clock() - self._saved_at >= self.save_every_s:
             self.save_partial()
 
-    def save_partial(self) -> None:
-        """Write the text streamed so far, if it changed since the last save."""
-        if self.finished or self.message_id is None or self.text == self._saved_text:
+    def add_reasoning(self, piece: str) -> None:
+        """Append streamed reasoning (saved like the text: the row is created at the first
+        piece, then rewritten every ``save_every_s``)."""
+        if self.finished or not piece:
             return
-        self.chats.update_message(self.message_id, content=self.text)
-        self._saved_text, self._saved_at = self.text, self.clock()
+        self.reasoning = (self.reasoning or "") + piece
+        if self.message_id is None:
+            self.message_id = self.chats.add_message(
+                self.conversation_id, self.parent_id, "assistant", self.text,
+                status=ReplyState.STREAMING, model=self.model, reasoning=self.reasoning).id
+            self._saved_text, self._saved_reasoning, self._saved_at = self.text, self.reasoning, self.clock()
+        elif self.clock() - self._saved_at >= self.save_every_s:
+            self.save_partial()
 
-    def complete(self, text: str, token_ids: list[int] | None, stats: dict) -> int | None:
-        """The engine finished: store the final text, token ids and stats. The status is
+    def save_partial(self) -> None:
+        """Write the text (and reasoning) streamed so far, if it changed since the last save."""
+        if self.finished or self.message_id is None or (
+                self.text == self._saved_text and self.reasoning == self._saved_reasoning):
+            return
+        if self.reasoning == self._saved_reasoning:
+            self.chats.update_message(self.message_id, content=self.text)
+        else:
+            self.chats.update_message(self.message_id, content=self.text, reasoning=self.reasoning)
+        self._saved_text, self._saved_reasoning, self._saved_at = self.text, self.reasoning, self.clock()
+
+    def complete(self, text: str, token_ids: list[int] | None, stats: dict,
+                 reasoning: str | None = None) -> int | None:
+        """The engine finished: store the final text (the answer), its ``reasoning`` (None:
+        none), token ids and stats. The status is
         STOPPED when ``stats["finish_reason"]`` is "cancelled", else COMPLETE. A reply
         cancelled before its first token is stored too, empty and STOPPED (with its stats),
         so the transcript shows that it was stopped and offers Retry. Returns the message id."""
@@ -97,11 +128,11 @@ class ReplyRecorder:
         if self.message_id is None:  # no text had streamed (or it was not saved yet)
             self.message_id = self.chats.add_message(
                 self.conversation_id, self.parent_id, "assistant", text, token_ids=token_ids,
-                stats=self.stats, status=state, model=self.model).id
+                stats=self.stats, status=state, model=self.model, reasoning=reasoning).id
         else:
             self.chats.update_message(self.message_id, content=text, token_ids=token_ids,
-                                      stats=self.stats, status=state)
-        self.text = text
+                                      stats=self.stats, status=state, reasoning=reasoning)
+        self.text, self.reasoning = text, reasoning
         self.state = state
         return self.message_id
 
@@ -119,9 +150,10 @@ class ReplyRecorder:
         if self.finished:
             return self.message_id
         if self.message_id is not None:
-            self.chats.update_message(self.message_id, content=self.text, status=state)
-        elif self.text:
+            self.chats.update_message(self.message_id, content=self.text, status=state, reasoning=self.reasoning)
+        elif self.text or self.reasoning:
             self.message_id = self.chats.add_message(self.conversation_id, self.parent_id, "assistant",
-                                                     self.text, status=state, model=self.model).id
+                                                     self.text, status=state, model=self.model,
+                                                     reasoning=self.reasoning).id
         self.state = state
         return self.message_id

@@ -1,6 +1,7 @@
 """The desktop window (PySide6): a thin view over ``app.session``.
 
-``gui.run`` starts it; ``main_window.MainWindow`` assembles the widgets. Everything here
+``shell/gui.run`` starts it; ``shell/main_window.MainWindow`` assembles the widgets (the
+subfolders are the rooms: shell, transcript, tree, flows, workers, settings). Everything here
 runs on the Qt UI thread and never waits on the engine: requests go to the engine
-process through ``engine_client.EngineClient`` and come back as signals.
+process through ``workers/engine_client.EngineClient`` and come back as signals.
 """

@@ -5,7 +5,7 @@ One conversation is the object :func:`conversation_json` writes:
 
     {"id", "title", "system_prompt", "sampling", "pinned", "created_at", "updated_at",
      "active_leaf_id", "active_path", "messages": [{"id", "parent_id", "role", "content",
-      "status", "model", "created_at", "stats", "token_ids"}]}
+      "reasoning", "status", "model", "created_at", "stats", "token_ids"}]}
 
 with messages in creation order (parents first). ``export --all``
 (:func:`write_export_all`) writes ``{"branchwise_export": 1, "conversations": [...]}``.
@@ -43,6 +43,7 @@ def conversation_json(chats, conversation_id: int) -> dict:
         "active_leaf_id": c.active_leaf_id, "active_path": active,
         "messages": [
             {"id": m.id, "parent_id": m.parent_id, "role": m.role, "content": m.content,
+             "reasoning": m.reasoning,
              "status": m.status, "model": m.model, "created_at": m.created_at, "stats": m.stats,
              "token_ids": list(m.token_ids) if m.token_ids is not None else None}
             for m in chats.tree(c.id)
@@ -125,7 +126,8 @@ def conversation(raw: Any, n: int) -> SourceConversation:
             created_at=_number(m.get("created_at")),
             model=text_of(m.get("model")) or None,
             extra={"token_ids": token_ids, "stats": stats if isinstance(stats, dict) else None,
-                   "status": text_of(m.get("status")) or "complete"},
+                   "status": text_of(m.get("status")) or "complete",
+                   "reasoning": m["reasoning"] if isinstance(m.get("reasoning"), str) else None},
         ))
     return conv
 

@@ -14,6 +14,7 @@ from typing import IO, Any
 
 import ijson
 
+from storage.importers.bounded import BoundedReader
 from storage.importers.records import ImportFileError
 
 
@@ -23,6 +24,7 @@ class CountingReader:
     def __init__(self, raw: IO[bytes]) -> None:
         self.raw = raw
         self.done = 0
+        self.too_long: list[int] = []  # sizes of strings over the cap read so far (storage/importers/bounded.py)
 
     def read(self, n: int = -1) -> bytes:
         data = self.raw.read(n)
@@ -44,31 +46,45 @@ def first_char(head: bytes) -> str:
 def items(stream: IO[bytes], prefix: str) -> Iterator[Any]:
     """Yield the JSON values at ``prefix`` ("item": elements of a top-level array; "": the document).
 
-    Numbers come back as int or float (never Decimal).
+    Numbers come back as int or float (never Decimal). The text goes through
+    :class:`storage.importers.bounded.BoundedReader`: linear in the length of any one
+    string, a string over 64 MiB replaced by a line saying so (its size is added to
+    ``stream.too_long`` when the stream has that list), a lone surrogate escape
+    (``"\\ud800"``) read as U+FFFD.
 
     Raises:
         ImportFileError: the text is not valid JSON (with ijson's description).
     """
+    bounded = BoundedReader(stream)
     try:
-        yield from ijson.items(stream, prefix, use_float=True)
-    except ijson.JSONError as exc:
+        for value in ijson.items(bounded, prefix, use_float=True):
+            value = bounded.resolve(value)
+            if bounded.too_long and isinstance(getattr(stream, "too_long", None), list):
+                stream.too_long.extend(bounded.too_long)
+            bounded.too_long.clear()
+            yield value
+    except (ijson.JSONError, json.JSONDecodeError) as exc:
         raise ImportFileError(f"it is not valid JSON ({_short(exc)})") from exc
     except UnicodeDecodeError as exc:
         raise ImportFileError(f"it is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
 
 
-def top_keys(stream: IO[bytes], limit: int = 200_000) -> tuple[str, set[str]]:
-    """Peek at a JSON text: "{" or "[" (or "" for anything else) and the keys of the
-    top-level object, or of the first element of a top-level array. Stops at the end of
-    that object or after ``limit`` parse events.
+def top_keys(stream: IO[bytes], limit: int = 200_000) -> tuple[str, set[str], str]:
+    """Peek at a JSON text: "{" or "[" (or "" for anything else), the keys of the
+    top-level object, or of the first element of a top-level array, and what that first
+    element is ("object", "number", "string", "array", "boolean", "null"; "" for an
+    empty array or an object). Stops at the end of that object or after ``limit`` parse
+    events.
 
     Raises:
         ImportFileError: not valid JSON within what was read.
     """
     keys: set[str] = set()
-    kind = ""
+    kind = first = ""
     try:
-        for n, (prefix, event, value) in enumerate(ijson.parse(stream, use_float=True)):
+        for n, (prefix, event, value) in enumerate(ijson.parse(BoundedReader(stream), use_float=True)):
+            if n == 1 and kind == "[" and prefix == "item":
+                first = _KINDS.get(event, "")
             if n == 0:
                 kind = {"start_map": "{", "start_array": "["}.get(event, "")
                 if not kind:
@@ -85,7 +101,11 @@ def top_keys(stream: IO[bytes], limit: int = 200_000) -> tuple[str, set[str]]:
         raise ImportFileError(f"it is not valid JSON ({_short(exc)})") from exc
     except UnicodeDecodeError as exc:
         raise ImportFileError(f"it is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
-    return kind, keys
+    return kind, keys, first
+
+
+_KINDS = {"start_map": "object", "start_array": "array", "number": "number", "string": "string",
+          "boolean": "boolean", "null": "null"}
 
 
 def json_line(line: bytes, number: int) -> Any:

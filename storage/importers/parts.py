@@ -1,6 +1,6 @@
 """Text for what Branchwise cannot show, and small parsers shared by the readers.
 
-A message is Markdown (rendered by ``app/window/markdown_view.py`` with raw HTML
+A message is Markdown (rendered by ``app/window/transcript/markdown_view.py`` with raw HTML
 shown as text), so:
 - content Branchwise cannot show (an image, a file, a tool call, a hidden
   system message) becomes one italic placeholder line in square brackets that

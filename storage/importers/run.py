@@ -27,6 +27,7 @@ import ijson
 from storage.chats import ChatStore
 from storage.errors import StorageError, disk_full_as_storage_full
 from storage.importers import branchwise, chatgpt, claude, jsonio, lmstudio, openwebui, sillytavern
+from storage.importers.bounded import MAX_STRING_BYTES
 from storage.importers.records import (
     FORMAT_NAMES,
     FileReport,
@@ -47,6 +48,10 @@ log = logging.getLogger(__name__)
 ProgressCallback = Callable[[ImportProgress], None]
 CancelFlag = Callable[[], bool]
 
+ZIP_BOMB_BYTES = 256 * 1024 * 1024
+ZIP_BOMB_RATIO = 100
+"""A zip member that unpacks to more than ZIP_BOMB_BYTES at more than ZIP_BOMB_RATIO
+times its packed size is refused before it is read (a 1.5 MB zip can hold 1.5 GiB)."""
 BUSY_TIMEOUT_S = 30.0
 """How long a file's import waits for another writer of ``chats.sqlite3`` to finish."""
 
@@ -192,7 +197,8 @@ def _import_one(conn: sqlite3.Connection, path: Path, fmt: ImportFormat, dry_run
             with source.open() as raw:
                 stream = jsonio.CountingReader(raw)
                 for conv in _conversations(detected, stream, kind, keys, source):
-                    _add(writer, detected, conv, source, report)
+                    _add(writer, detected, conv, source, report, stream.too_long)
+                    stream.too_long.clear()
                     progress.conversation(stream.done, report.messages)
                     if is_cancelled():
                         raise ImportCancelled(f"{path}: cancelled")
@@ -208,7 +214,7 @@ def _import_one(conn: sqlite3.Connection, path: Path, fmt: ImportFormat, dry_run
 
 
 def _add(writer: Writer, fmt: ImportFormat, conv: SourceConversation, source: _Source,
-         report: FileReport) -> None:
+         report: FileReport, too_long: list[int] = ()) -> None:
     label = f"conversation {conv.title!r} (id {conv.source_id})" if conv.title else f"conversation {conv.source_id}"
     try:
         checked = plan(conv, lift_system_prompt=fmt != ImportFormat.BRANCHWISE,
@@ -218,6 +224,10 @@ def _add(writer: Writer, fmt: ImportFormat, conv: SourceConversation, source: _S
         raise ImportFileError(f"{source.prefix}{label}: {exc}") from exc
     for reason in conv.skipped + checked.skipped:
         report.skipped.append(Skipped(f"{source.name}: {label}", reason))
+    for size in too_long:  # storage/importers/bounded.py: kept as a line saying what was there
+        report.skipped.append(Skipped(f"{source.name}: {label}",
+                                      f"a message text of {size / 2**20:,.0f} MiB, over the "
+                                      f"{MAX_STRING_BYTES // 2**20} MiB limit (kept as a line saying so)"))
 
 
 def _conversations(fmt: ImportFormat, stream: IO[bytes], kind: str, keys: set[str],
@@ -279,6 +289,11 @@ def _zip_sources(path: Path, zf: zipfile.ZipFile) -> list[_Source]:
             continue
         if name.suffix.lower() not in (".json", ".jsonl") or name.name.lower() in _NOT_CHATS:
             continue
+        if info.file_size > ZIP_BOMB_BYTES and info.file_size > ZIP_BOMB_RATIO * max(info.compress_size, 1):
+            raise ImportFileError(
+                f"{path}: {info.filename} unpacks to {info.file_size / 2**30:,.1f} GiB from "
+                f"{info.compress_size / 2**20:,.1f} MiB ({info.file_size // max(info.compress_size, 1):,} to 1), "
+                f"which no chat export does (they pack at most about 20 to 1); it was not read")
         sources.append(_Source(f"{path}/{info.filename}", info.file_size,
                                lambda info=info: zf.open(info), in_zip=True))
     return sources
@@ -295,13 +310,16 @@ def _detect(source: _Source) -> tuple[ImportFormat, str, set[str]]:
     if source.size == 0:
         raise _NotAChatFile("it is empty")
     with source.open() as raw:
-        kind, keys = jsonio.top_keys(raw)
+        kind, keys, first = jsonio.top_keys(raw)
     if not kind:
         raise _NotAChatFile("it is not a JSON object or array")
     fmt = _format_of(keys)
     if fmt is None:
-        if kind == "[" and not keys:
+        if kind == "[" and not keys and not first:
             raise _NotAChatFile("it holds no conversations (an empty list)")
+        if kind == "[" and first != "object":
+            raise _NotAChatFile(f"it is a list whose first item is {'an' if first[0] in 'aeiou' else 'a'} "
+                                f"{first}, not a conversation object; it is not a chat export Branchwise knows")
         shown = ", ".join(sorted(keys)[:8]) or "none"
         raise _NotAChatFile(
             f"its shape is not one Branchwise knows (top-level keys: {shown}). If you know which app "
@@ -334,7 +352,7 @@ def _forced(source: _Source, fmt: ImportFormat) -> tuple[ImportFormat, str, set[
     if fmt == ImportFormat.SILLYTAVERN:
         return fmt, "", set()
     with source.open() as raw:
-        kind, keys = jsonio.top_keys(raw)
+        kind, keys, _first = jsonio.top_keys(raw)
     if not kind:
         raise ImportFileError("it is not a JSON object or array")
     if fmt == ImportFormat.BRANCHWISE and "branchwise_export" in keys:

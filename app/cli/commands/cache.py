@@ -26,7 +26,18 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     """``cache stats``, ``verify`` or ``clear``; returns the exit code."""
-    store = opening.open_store(args)
+    from storage.prefix_store import StoreFull
+
+    try:
+        store = opening.open_store(args)
+    except StoreFull:
+        if args.action != "clear":
+            raise
+        from app.cli.storage_commands import clear_on_full_disk
+        from storage.paths import KVCACHE_DB
+
+        # The one command that frees space must work on a full disk: the block files go first.
+        store = clear_on_full_disk(opening.data_dir(args) / KVCACHE_DB, lambda: opening.open_store(args))
     if args.action == "clear":
         store.clear()
         result = {"cleared": True, **store.stats()}

@@ -3,7 +3,7 @@ one, or a branch under ``--parent``)."""
 
 from __future__ import annotations
 
-from app.cli import opening, reply
+from app.cli import arguments, opening, reply
 from app.cli.arguments import add_remote_arguments, common_options, engine_options
 from app.cli.storage_commands import add_message_arguments
 
@@ -18,8 +18,8 @@ def add_parser(sub) -> None:
     """Add ``chat`` to ``sub`` (the CLI's subparsers)."""
     common, engine = common_options(), engine_options()
     chat = sub.add_parser("chat", parents=[common, engine], help="send a message and stream the reply")
-    chat.add_argument("--conversation", type=int, help="continue this conversation (default: a new one)")
-    chat.add_argument("--parent", type=int, help="reply under this message instead of the active leaf (a branch)")
+    chat.add_argument("--conversation", type=arguments.row_id, help="continue this conversation (default: a new one)")
+    chat.add_argument("--parent", type=arguments.row_id, help="reply under this message instead of the active leaf (a branch)")
     chat.add_argument("--system", help="system prompt (for a new conversation, or to change it)")
     add_message_arguments(chat)
     add_remote_arguments(chat)
@@ -63,7 +63,7 @@ def run(args) -> int:
     system = args.system if args.system is not None else (conversation.system_prompt if conversation else "")
     # Refuse an overflowing message before anything is written: no empty "New chat" is left.
     if not engine.is_remote:  # a server checks its own context window
-        reply.check_fits(engine, system, chats.path_to(parent_id) if parent_id else [], args.text)
+        reply.check_fits(engine, system, chats.branches.path_to(parent_id) if parent_id else [], args.text)
     if conversation is None:
         conversation = chats.create_conversation(system_prompt=system)
     if args.system is not None and args.system != conversation.system_prompt:

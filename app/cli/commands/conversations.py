@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any, Callable
 
-from app.cli import opening
+from app.cli import arguments, opening
 from app.cli.arguments import Parser, common_options
 from app.cli.storage_commands import add_delete_parser
 
@@ -28,10 +28,10 @@ def add_parser(sub) -> None:
     conv_sub = conv.add_subparsers(dest="action", required=True, parser_class=Parser)
     conv_sub.add_parser("list", parents=[common], help="every conversation: id, * when pinned, title")
     show = conv_sub.add_parser("show", parents=[common], help="the active branch of one conversation")
-    show.add_argument("id", type=int)
+    show.add_argument("id", type=arguments.row_id)
     export = conv_sub.add_parser("export", parents=[common],
                                  help="json: the whole tree, every branch; markdown: the active branch")
-    export.add_argument("id", type=int, nargs="?")
+    export.add_argument("id", type=arguments.row_id, nargs="?")
     export.add_argument("--format", choices=["json", "markdown"], default="markdown")
     export.add_argument("--all-branches", action="store_true", help="markdown: every message, not only the active branch")
     add_delete_parser(conv_sub, common)

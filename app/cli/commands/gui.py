@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     """Open the window on ``--model`` and the data folder (``--screenshot PNG``: offscreen, save,
     exit); returns its exit code, or 1 with one line on stderr when there is no display."""
-    from app.window.gui import run
+    from app.window.shell.gui import run
 
     if args.screenshot:
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")

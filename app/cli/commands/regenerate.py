@@ -3,7 +3,7 @@ an unanswered message of the user's (after a crash or Ctrl+C)."""
 
 from __future__ import annotations
 
-from app.cli import opening, reply
+from app.cli import arguments, opening, reply
 from app.cli.arguments import add_remote_arguments, common_options, engine_options
 
 NAME = "regenerate"
@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
     regen = sub.add_parser("regenerate", parents=[common, engine],
                            help="a new sibling reply for an assistant message, or a reply to an unanswered "
                                 "message of yours")
-    regen.add_argument("message_id", type=int)
+    regen.add_argument("message_id", type=arguments.row_id)
     add_remote_arguments(regen)
 
 
@@ -27,7 +27,7 @@ def run(args) -> int:
     """A new reply for ``args.message_id``; returns the exit code."""
     chats = opening.open_chats(args)
     msg = chats.get_message(args.message_id)
-    if msg.role == "user" and not chats.children(msg.id, msg.conversation_id):
+    if msg.role == "user" and not chats.branches.children(msg.id, msg.conversation_id):
         parent_id = msg.id  # an unanswered message of the user's (a crash, Ctrl+C): answer it in place
     elif msg.role != "assistant" or msg.parent_id is None:
         raise ValueError(f"Message {msg.id} is a {msg.role} message that already has a reply; regenerate takes "

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from app.cli import opening
+from app.cli import arguments, opening
 from app.cli.arguments import common_options, engine_options
 from app.serve import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_QUEUE
 
@@ -35,7 +35,12 @@ and resends it every time, and your chat list stays yours. Only the KV cache
 resent reply matches the cache) are written to the data folder.
 
 It listens on 127.0.0.1 only, unless --host names another address; that needs
---api-key, and then every request must send 'Authorization: Bearer KEY'."""
+--api-key, and then every request must send 'Authorization: Bearer KEY'.
+
+Web pages cannot use it: a request whose Host header is not the address it listens
+on (localhost, 127.0.0.1 or [::1] on loopback), one with an Origin header (browsers
+send it) not allowed, and a POST body that is not 'Content-Type: application/json' get 403.
+--allowed-host and --allowed-origin let chosen ones through."""
 
 
 def add_parser(sub) -> None:
@@ -46,9 +51,14 @@ def add_parser(sub) -> None:
                        description=SERVE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST}; "
                                                         "any other needs --api-key)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 picks a free one)")
+    p.add_argument("--port", type=arguments.port, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 picks a free one)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request (env BRANCHWISE_API_KEY)")
-    p.add_argument("--queue-size", type=int, default=DEFAULT_QUEUE,
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="also accept this name in the Host header (repeatable; e.g. a reverse proxy's name)")
+    p.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
+                   help="accept requests, and answer CORS pre-flights, from this web origin (repeatable; "
+                        "e.g. http://localhost:3000); every other Origin gets 403")
+    p.add_argument("--queue-size", type=arguments.queue_size, default=DEFAULT_QUEUE,
                    help=f"requests that may wait behind the running one before 429 (default {DEFAULT_QUEUE})")
 
 
@@ -77,18 +87,53 @@ def run(args) -> int:
     server = ApiServer(engine, model_id, host=args.host, port=args.port, api_key=api_key,
                        queue_size=max(args.queue_size, 1), reply_memory=memory,
                        sampling=defaults, use_cache=not args.no_cache,
-                       on_state=lambda state: _announce(server, state, args.json))
+                       on_state=lambda state: _announce(server, state, args.json),
+                       allowed_hosts=args.allowed_host, allowed_origins=args.allowed_origin)
     if engine.store is None and not args.no_cache:
         print("branchwise serve: running without the KV prefix store (see the line above); every request "
               "is prefilled in full", file=sys.stderr)
+    terminated = _TermFlag()
     try:
-        server.serve_forever()
+        with terminated:
+            server.serve_forever()
     finally:
         memory.close()
         engine.close()
+    if terminated.got:  # uvicorn stops gracefully, then re-raises the SIGTERM it took to our handler
+        print("branchwise serve: stopped (SIGTERM)", file=sys.stderr)
+        return 128 + terminated.got
     if not args.json:
         print("branchwise serve: stopped", file=sys.stderr)
     return 0
+
+
+class _TermFlag:
+    """While serving: SIGTERM is remembered instead of ending the process at once.
+    uvicorn takes SIGTERM itself while it runs, shuts down gracefully and then raises the
+    signal again to the handler that was there before: this one, so ``serve`` can say it
+    stopped and exit 143 (a bare default handler would end the process without a word)."""
+
+    def __init__(self):
+        self.got = 0
+        self._previous = None
+
+    def __enter__(self):
+        import contextlib
+        import signal
+
+        def remember(signum, _frame):
+            self.got = signum
+
+        with contextlib.suppress(ValueError):  # not the main thread (tests run commands inline)
+            self._previous = signal.signal(signal.SIGTERM, remember)
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+        return False
 
 
 class _NoConversation:

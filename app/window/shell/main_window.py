@@ -1,0 +1,316 @@
+"""The main window: builds the widgets (sidebar, transcript, composer, tree panel, banner,
+status bar, menus), creates the flows that do the work, each with the collaborators it
+uses, and connects them by their signals.
+
+- ``ChatController`` (transcript/chat_controller.py): the shown conversation and its reply,
+  on top of ``app.session``; ``ChatCommands`` (flows/commands.py) is what the composer, the
+  bubbles and the menus ask of it;
+- ``Navigator`` (flows/navigator.py): which chat is shown, and changes made elsewhere;
+- ``ModelController`` (flows/model_controller.py): the engine process and the model;
+- ``SettingsModel`` (settings/settings_model.py) and ``Look`` (shell/look.py): the settings
+  and what follows them (the theme, the tree panel);
+- ``Workers`` (workers/tasks.py): every thread of the window, ended by ``shutdown``.
+
+This class keeps only the assembly, the Qt events of the window itself (activation, close,
+drag and drop) and the hooks tests and tools use.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from PySide6.QtCore import QEvent, Qt, QTimer, Signal
+from PySide6.QtWidgets import QMainWindow, QSplitter, QVBoxLayout, QWidget
+
+from app.window.flows.commands import ChatCommands
+from app.window.flows.forget_flow import ForgetFlow
+from app.window.flows.import_dialog import ImportController, accept_drag, dropped_paths
+from app.window.flows.link_dialog import LinkOpener
+from app.window.flows.message_actions import MessageActions
+from app.window.flows.model_controller import ModelController
+from app.window.flows.navigator import Navigator
+from app.window.flows.prewarm_controller import PrewarmController
+from app.window.flows.server_controller import ApiState, ServerController
+from app.window.settings.settings_flow import SettingsFlow
+from app.window.settings.settings_model import SettingsModel
+from app.window.shell.a11y import name_controls
+from app.window.shell.actions import build_menus
+from app.window.shell.banner import Banner
+from app.window.shell.gc_policy import GcPolicy
+from app.window.shell.lifetime import Lifetime
+from app.window.shell.look import Look
+from app.window.shell.status_bar import StatusBar
+from app.window.transcript.chat_controller import ChatController
+from app.window.transcript.composer import Composer
+from app.window.transcript.transcript_view import TranscriptView
+from app.window.tree.sidebar import Sidebar
+from app.window.tree.tree_panel import TreePanel
+from app.window.workers.chat_reader import ChatReader
+from app.window.workers.tasks import SHUTDOWN_S, Workers
+from storage.chats import ChatStore
+from storage.paths import CHATS_DB
+
+log = logging.getLogger(__name__)
+
+
+class MainWindow(QMainWindow):
+    """The Branchwise window on ``data_dir``.
+
+    Args:
+        data_dir: the data folder (``chats.sqlite3``, ``kvcache.sqlite3``, ``settings.json``, ``logs/``).
+        model_path: a GGUF to load instead of the last used / default model.
+        use_cache: False generates without the prefix store (for comparisons; later, set
+            ``chat.use_cache``).
+        start_engine: False leaves the engine process unstarted (tests of the bare window).
+
+    Public hooks (tests and tools/): the signals model_ready(facts), model_failed(message),
+    reply_finished(message id or 0), engine_died(message), coverage_ready(),
+    forgotten(conversation id, KV blocks dropped); the widgets (``sidebar``, ``transcript``,
+    ``composer``, ``tree``, ``banner``, ``status``), the settings (``settings``, ``look``) and
+    the flows (``chat``: ``figures.coverage_pending``, ``flush_timer``, ``timeline``;
+    ``commands``, ``navigator``, ``model``, ``client``, ``importer``, ``api_server``,
+    ``forget_flow``, ``prewarm``, ``settings_flow``, ``overflow_flow``, ``messages``, ``links``).
+    """
+
+    model_ready = Signal(dict)
+    model_failed = Signal(str)
+    reply_finished = Signal(int)
+    engine_died = Signal(str)
+    coverage_ready = Signal()
+    forgotten = Signal(int, int)  # conversation id, KV blocks dropped (Delete and forget done)
+
+    def __init__(self, data_dir: Path, model_path: str | None = None, use_cache: bool = True,
+                 start_engine: bool = True):
+        super().__init__()
+        self.data_dir = Path(data_dir)
+        self.logs_dir = self.data_dir / "logs"
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        self.store = ChatStore(self.data_dir / CHATS_DB)
+        interrupted = self.store.mark_interrupted_streams()
+        self.settings = SettingsModel(self.data_dir, parent=self)
+        self.lifetime = Lifetime()
+        self.look = Look(self.settings, self)  # applies the theme before any widget is built
+        self._build_ui()
+        self.banner.restyle(self.look.colors)  # a dark theme from the settings, before any message
+        self.status = StatusBar(self.statusBar())
+        self._build_flows(model_path, use_cache)
+        self.gc_policy = GcPolicy(self)  # no full garbage collection in the middle of a redraw
+        self._connect()
+        self.menu_actions = build_menus(self, self._menu_handlers(), self.settings.theme)
+        self.menu_actions["toggle_tree"].setChecked(self.settings.show_tree)
+        self._api_state_changed(self.api_server.state)
+        self.resize(1180, 760)
+        self.setAcceptDrops(True)
+        self.sidebar.refresh()
+        self.navigator.open_newest()
+        if interrupted:
+            self.banner.show_message(
+                f"{interrupted} reply{'s were' if interrupted > 1 else ' was'} cut short when Branchwise "
+                "last closed; the partial text is kept and marked as stopped.", "info")
+        self.settings_flow.report_reset_fields()
+        if start_engine:
+            QTimer.singleShot(0, self, lambda: None if self.lifetime.closed else self.model.start())
+
+    # -- building ------------------------------------------------------------------------
+
+    def _build_ui(self) -> None:
+        self.workers = Workers(self)  # every thread of the window (workers/tasks.py)
+        self.reader = ChatReader(self.data_dir / CHATS_DB, self.workers, self)  # reads big things off the UI thread
+        self.sidebar = Sidebar(self.store, self.workers, self.reader)
+        self.banner = Banner()
+        self.transcript = TranscriptView()
+        self.composer = Composer()
+        center = QWidget()
+        lay = QVBoxLayout(center)
+        lay.setContentsMargins(8, 8, 8, 0)
+        lay.setSpacing(4)
+        lay.addWidget(self.banner)
+        lay.addWidget(self.transcript, 1)
+        lay.addWidget(self.composer)
+        self.tree = TreePanel(self.reader)
+        self.look.follow_tree(self.tree)
+        split = QSplitter(Qt.Orientation.Horizontal)
+        split.addWidget(self.sidebar)
+        split.addWidget(center)
+        split.addWidget(self.tree)
+        split.setStretchFactor(1, 1)
+        split.setSizes([250, 680, 250])
+        split.setChildrenCollapsible(False)
+        self.splitter = split
+        self.setCentralWidget(split)
+        name_controls(self)  # the composer's box and button, and what has no name of its own
+
+    def _build_flows(self, model_path: str | None, use_cache: bool) -> None:
+        """The flows, each given the collaborators it uses (see their docstrings)."""
+        store, settings, banner, status, lifetime = self.store, self.settings, self.banner, self.status, self.lifetime
+        self.model = ModelController(settings=settings, banner=banner, status=status, workers=self.workers,
+                                     data_dir=self.data_dir, logs_dir=self.logs_dir, parent=self,
+                                     explicit_model=model_path)
+        self.chat = chat = ChatController(
+            store=store, settings=settings, model=self.model, reader=self.reader, look=self.look, lifetime=lifetime,
+            transcript=self.transcript, tree=self.tree, composer=self.composer, status=status, banner=banner,
+            parent=self, use_cache=use_cache)
+        self.overflow_flow = chat.overflow
+        self.navigator = Navigator(store=store, chat=chat, sidebar=self.sidebar, banner=banner,
+                                   transcript=self.transcript, composer=self.composer, lifetime=lifetime, parent=self)
+        self.importer = ImportController(db_path=store.path, workers=self.workers, chat=chat, sidebar=self.sidebar,
+                                         banner=banner, lifetime=lifetime, parent=self)
+        self.commands = ChatCommands(chat=chat, importer=self.importer, transcript=self.transcript, model=self.model,
+                                     parent=self)
+        self.api_server = ServerController(settings=settings, model=self.model, banner=banner, status=status,
+                                           data_dir=self.data_dir, parent=self)
+        self.forget_flow = ForgetFlow(store=store, model=self.model, sidebar=self.sidebar, banner=banner,
+                                      lifetime=lifetime, parent=self)
+        self.prewarm = PrewarmController(chat=chat, model=self.model, settings=settings, composer=self.composer,
+                                         transcript=self.transcript, reader=self.reader, lifetime=lifetime,
+                                         window=self)
+        self.settings_flow = SettingsFlow(settings=settings, store=store, chat=chat, model=self.model, banner=banner,
+                                          parent=self)
+        self.messages = MessageActions(store=store, chat=chat, banner=banner, status=status, workers=self.workers,
+                                       parent=self)
+        self.links = LinkOpener(self)
+
+    def _connect(self) -> None:
+        chat, nav, commands, sidebar, transcript = self.chat, self.navigator, self.commands, self.sidebar, self.transcript
+        sidebar.selected.connect(self.show_conversation)
+        sidebar.hit_opened.connect(nav.open_search_hit)
+        sidebar.new_chat.connect(nav.new_chat)
+        sidebar.deleted.connect(nav.conversation_deleted)
+        sidebar.restored.connect(self.show_conversation)
+        sidebar.delete_committed.connect(nav.delete_committed)
+        sidebar.forget_requested.connect(self.forget_flow.forget)
+        sidebar.stop_requested.connect(lambda _cid: chat.stop())  # a deleted chat's reply ends first
+        sidebar.changed.connect(chat.refresh_title)
+        transcript.sibling_requested.connect(chat.switch_sibling)
+        transcript.edit_saved.connect(commands.edit)
+        transcript.regenerate_requested.connect(commands.regenerate)
+        transcript.fork_requested.connect(commands.fork)
+        transcript.link_requested.connect(self.links.confirm)
+        transcript.delete_requested.connect(self.messages.delete_message)
+        transcript.copy_conversation_requested.connect(self.messages.copy_conversation_markdown)
+        self.composer.send_requested.connect(commands.send)
+        self.composer.stop_requested.connect(chat.stop)
+        self.tree.node_clicked.connect(chat.select)
+        chat.reply_finished.connect(self.reply_finished)
+        chat.coverage_ready.connect(self.coverage_ready)
+        chat.path_shown.connect(self.prewarm.path_changed)
+        chat.current_changed.connect(sidebar.set_current)
+        chat.busy_changed.connect(lambda cid: setattr(sidebar, "busy_id", cid))
+        chat.chats_changed.connect(sidebar.refresh)
+        chat.title_changed.connect(self.setWindowTitle)
+        chat.changed_elsewhere.connect(nav.changed_elsewhere)
+        chat.unshowable.connect(nav.chat_unshowable)
+        self.prewarm.connect()
+        for flow in (self.model, chat.overflow):
+            flow.settings_requested.connect(self.open_settings)
+        self.model.ready.connect(self._model_ready)
+        self.model.failed.connect(self.model_failed)
+        self.model.died.connect(lambda message: (chat.engine_gone(), self.engine_died.emit(message)))
+        self.importer.show_requested.connect(self.show_conversation)
+        self.forget_flow.forgotten.connect(self.forgotten)
+        self.api_server.state_changed.connect(self._api_state_changed)
+        self.look.restyled.connect(self.banner.restyle)
+        self.look.restyled.connect(lambda _colors: (chat.render(), chat.figures.refresh_coverage()))
+        self.look.tree_shown.connect(lambda shown: (self.menu_actions["toggle_tree"].setChecked(shown),
+                                                    chat.figures.refresh_coverage()))
+
+    def _menu_handlers(self) -> dict:
+        """What each action of ``actions.ACTIONS`` runs, by name."""
+        chat, commands, model, importer = self.chat, self.commands, self.model, self.importer
+        return {
+            "new_chat": self.navigator.new_chat, "open_model_dialog": model.open_dialog,
+            "recent_models": model.fill_recent, "show_model_info": model.show_info,
+            "restart_engine": commands.restart_engine, "import_chats": importer.open_dialog,
+            "import_folder": importer.open_folder_dialog, "open_settings": self.open_settings, "close": self.close,
+            "focus_search": self.sidebar.focus_search, "regenerate_last": commands.regenerate_last,
+            "edit_last": commands.edit_last, "stop_reply": chat.stop, "fork_last": commands.fork_last,
+            "copy_conversation_markdown": self.messages.copy_conversation_markdown,
+            "start_api_server": self.api_server.start, "stop_api_server": self.api_server.stop,
+            "toggle_tree": self.look.toggle_tree, "theme": self.look.set_theme,
+        }
+
+    def _api_state_changed(self, state: str) -> None:
+        """The Server menu: each action enabled only when it can work."""
+        self.menu_actions["start_api_server"].setEnabled(state in (ApiState.STOPPED, ApiState.FAILED))
+        self.menu_actions["stop_api_server"].setEnabled(state in (ApiState.STARTING, ApiState.RUNNING))
+
+    def _model_ready(self, facts: dict) -> None:
+        figures = self.chat.figures
+        if self.chat.conversation_id is None:
+            figures.update_context_label()
+        figures.request_context_count()
+        self.prewarm.path_changed()
+        self.model_ready.emit(facts)
+        figures.refresh_coverage()
+
+    # -- what tests and tools use most ---------------------------------------------------------
+
+    @property
+    def client(self):
+        """The ``EngineClient`` (``model.client``)."""
+        return self.model.client
+
+    @property
+    def model_state(self) -> str:
+        return self.model.state
+
+    @property
+    def facts(self) -> dict | None:
+        return self.model.facts
+
+    @property
+    def conversation_id(self) -> int | None:
+        return self.chat.conversation_id
+
+    def show_conversation(self, conversation_id: int | None) -> bool:
+        """Show ``conversation_id`` (None: the new-chat page); False when it cannot be
+        (``Navigator.show_conversation``)."""
+        return self.navigator.show_conversation(conversation_id)
+
+    def send_message(self, text: str) -> None:
+        """As Enter in the composer does (``ChatCommands.send``)."""
+        self.commands.send(text)
+
+    def open_settings(self) -> None:
+        self.settings_flow.open()
+
+    def load_model(self, path: str | None) -> None:
+        """Load the GGUF at ``path`` (None: the embedded default model)."""
+        self.model.load(path)
+
+    # -- the window's own events, and closing ------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Save a reply in progress as "stopped", stop the engine, close the database and end
+        the window's threads (within ``SHUTDOWN_S``). Safe to call twice."""
+        if self.lifetime.closed:
+            return
+        self.lifetime.close()
+        self.sidebar.commit_delete()  # before the engine stops: it carries out a Delete and forget
+        self.importer.shutdown()  # before anything writes: the import holds the write lock
+        self.api_server.shutdown()
+        self.chat.shutdown()
+        self.settings.save()
+        self.reader.close()
+        self.transcript.stop_building()  # a scroll event after this must not read the closed store
+        self.store.close()
+        self.workers.shutdown(SHUTDOWN_S)  # the chat reader, a scrub: each ends, or is named in the log
+        self.gc_policy.release()
+
+    def changeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.ActivationChange and self.isActiveWindow() and not self.lifetime.closed:
+            self.navigator.show_external_changes()
+
+    def closeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        self.shutdown()
+        super().closeEvent(event)
+
+    def dragEnterEvent(self, event) -> None:  # noqa: N802 - Qt override
+        accept_drag(event)
+
+    def dropEvent(self, event) -> None:  # noqa: N802 - Qt override
+        paths = dropped_paths(event)
+        if paths:
+            self.importer.start(paths)

@@ -1,0 +1,326 @@
+"""One message bubble: ``MessageWidget`` shows a message rendered from Markdown, a
+``‹ 2/3 ›`` navigator when it has siblings, and its actions (copy, edit in place,
+regenerate, fork, delete); ``TranscriptView`` (transcript_view.py) stacks them.
+"""
+
+from __future__ import annotations
+
+import time
+
+from PySide6.QtCore import QEvent, Qt, Signal
+from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QMenu,
+    QPlainTextEdit,
+    QPushButton,
+    QSizePolicy,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.session import is_empty_reply
+from app.window.transcript.long_text import LongTextExpander, collapsed
+from app.window.transcript.message_body import MessageBody
+from app.window.transcript.markdown_view import LinkKind, classify_link, code_blocks, to_html
+from app.window.transcript.streaming_body import StreamingBody
+from app.window.shell.theme import LIGHT, Colors
+from storage.chats import Message
+
+ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
+UNANSWERED_NOTE = "no reply (stopped or failed)"
+"""The note beside a user message that has no reply: Esc before the first token, an engine
+crash or error. Its Retry button answers it."""
+STATUS_NOTES = {"stopped": "stopped", "error": "interrupted", "streaming": "writing…"}
+
+
+def message_time(when: float, now: float | None = None) -> str:
+    """The local time of a message (unix seconds): "14:02" today, else "12 Mar 14:02"
+    (with the year when it is not this year)."""
+    t, today = time.localtime(when), time.localtime(time.time() if now is None else now)
+    if t[:3] == today[:3]:
+        return time.strftime("%H:%M", t)
+    return time.strftime("%d %b %H:%M" if t.tm_year == today.tm_year else "%d %b %Y %H:%M", t).lstrip("0")
+
+
+def stats_line(stats: dict | None, created_at: float | None = None) -> str:
+    """A one-line summary of a reply's GenerationStats dict and its time, e.g.
+    "24 tokens · 130 tok/s · TTFT 85 ms · 14:02" (TTFT: time to first token)."""
+    when = [message_time(created_at)] if created_at else []
+    if not stats:
+        return " · ".join(when)
+    parts = [f"{stats.get('generated_tokens', 0)} tokens"]
+    if stats.get("decode_tokens_per_s"):
+        parts.append(f"{stats['decode_tokens_per_s']:.0f} tok/s")
+    if stats.get("drafted_tokens"):  # speculative decoding (engine/speculative.py)
+        parts.append(f"{stats.get('accepted_tokens', 0):,}/{stats['drafted_tokens']:,} drafts")
+    if stats.get("ttft_ms"):
+        ttft = stats["ttft_ms"]
+        parts.append(f"TTFT {ttft:.0f} ms" if ttft < 1000 else f"TTFT {ttft / 1000:.1f} s")
+    if stats.get("restored_tokens"):
+        parts.append(f"restored {stats['restored_tokens']:,}")
+    if stats.get("prefilled_tokens"):
+        parts.append(f"prefilled {stats['prefilled_tokens']:,}")
+    if stats.get("finish_reason") == "length":
+        parts.append("hit max tokens")
+    elif stats.get("finish_reason") == "context":
+        parts.append("context full")
+    return " · ".join(parts + when)
+
+
+class MessageWidget(QFrame):
+    """One message. ``message`` is None for the reply being streamed (not saved yet)."""
+
+    sibling_requested = Signal(int, int)  # message id, +1 / -1
+    edit_saved = Signal(int, str)  # message id, new text
+    regenerate_requested = Signal(int)
+    fork_requested = Signal(int)
+    link_requested = Signal(str)  # an http(s) link in the text was clicked (not opened yet)
+    delete_requested = Signal(int)  # message id: delete it with the replies under it
+    copy_conversation_requested = Signal()  # the shown branch as Markdown to the clipboard
+    edit_changed = Signal(int, str)  # message id, the editor's text (when it opens and on each change)
+    edit_ended = Signal(int)  # message id: its editor closed (saved or cancelled)
+    regenerate_hovered = Signal(int)  # message id: the pointer entered its Regenerate button
+
+    def __init__(self, message: Message | None, role: str, index: int = 1, count: int = 1,
+                 colors: Colors = LIGHT, busy: bool = False, parent: QWidget | None = None,
+                 unanswered: bool = False):
+        super().__init__(parent)
+        self.message = message
+        self.role = role
+        self.colors = colors
+        self._text = message.content if message else ""
+        self.busy = busy
+        self.unanswered_note = ""  # set on a user message left without a reply
+        self.highlighted = False
+        self.setObjectName("bubble_" + role)
+        self.setAccessibleName(f"{ROLE_NAMES.get(role, role)} message")
+        self.set_highlighted(False)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(12, 8, 12, 8)
+        outer.setSpacing(4)
+
+        header = QHBoxLayout()
+        header.setSpacing(4)
+        name = QLabel(f"<b>{ROLE_NAMES.get(role, role)}</b>")
+        header.addWidget(name)
+        self.note = QLabel()
+        self.note.setStyleSheet(f"color:{colors.muted};")
+        header.addWidget(self.note)
+        header.addStretch(1)
+        self.buttons: dict[str, QToolButton] = {}
+        self.index, self.count = index, count
+        if message is not None and count > 1:
+            prev_b = self._tool("‹", "Previous version", lambda: self.sibling_requested.emit(message.id, -1))
+            self.position = QLabel(f"{index}/{count}")
+            self.position.setObjectName("sibling_position")
+            nxt = self._tool("›", "Next version", lambda: self.sibling_requested.emit(message.id, +1))
+            header.addWidget(prev_b)
+            header.addWidget(self.position)
+            header.addWidget(nxt)
+            self.buttons["prev"], self.buttons["next"] = prev_b, nxt
+        self.empty_reply = message is not None and is_empty_reply(message)
+        if self.empty_reply:  # stopped before its first token: Retry takes its place
+            self.buttons["retry"] = self._tool("Retry", "Generate this reply again",
+                                               lambda: self.regenerate_requested.emit(message.id))
+            header.addWidget(self.buttons["retry"])
+        elif message is not None:
+            self.buttons["copy"] = self._tool("Copy", "Copy this message", self._copy_all)
+            header.addWidget(self.buttons["copy"])
+            if role == "user":
+                self.buttons["edit"] = self._tool("Edit", "Edit this message (a new branch)", self.begin_edit)
+                header.addWidget(self.buttons["edit"])
+            if role == "user" and unanswered:  # a turn that failed or was stopped: answer it in place
+                self.unanswered_note = UNANSWERED_NOTE
+                self.buttons["retry"] = self._tool("Retry", "Generate the reply to this message",
+                                                   lambda: self.regenerate_requested.emit(message.id))
+                header.addWidget(self.buttons["retry"])
+            if role == "assistant":
+                self.buttons["regenerate"] = self._tool(
+                    "Regenerate", "Write another reply (a new branch)",
+                    lambda: self.regenerate_requested.emit(message.id))
+                self.buttons["regenerate"].installEventFilter(self)
+                header.addWidget(self.buttons["regenerate"])
+            self.buttons["fork"] = self._tool("Fork", "Fork to a new chat from here",
+                                              lambda: self.fork_requested.emit(message.id))
+            header.addWidget(self.buttons["fork"])
+        self.set_busy(busy)
+        outer.addLayout(header)
+
+        self.body = MessageBody()
+        self.body.setTextFormat(Qt.TextFormat.RichText)
+        self.body.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
+        self.body.setOpenExternalLinks(False)
+        self.body.linkActivated.connect(self._link)
+        self.body.setContextMenuPolicy(Qt.ContextMenuPolicy.NoContextMenu)  # the bubble's menu
+        # Preferred, not Minimum: a word-wrapped label's size hint is its height at about 80
+        # characters a line; taken as its minimum, a long message made the transcript taller
+        # than its bubbles, and the view at the bottom showed blank space, not the new reply
+        self.body.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
+        outer.addWidget(self.body)
+        self.stream: StreamingBody | None = None  # the reply being streamed: its blocks, drawn as they end
+        if message is None:
+            self.stream = StreamingBody(colors)
+            self.stream.link_activated.connect(self._link)
+            self.stream.hide()
+            outer.addWidget(self.stream)
+        self.expander = LongTextExpander()  # "Show all N lines" of a long message
+        outer.addWidget(self.expander)
+
+        self.editor: QPlainTextEdit | None = None
+        self.footer = QLabel()
+        self.footer.setStyleSheet(f"color:{colors.muted}; font-size:small;")
+        outer.addWidget(self.footer)
+        self.set_text(self._text)
+        if message is not None:
+            self.set_stats(message.stats, message.status)
+
+    def set_busy(self, busy: bool) -> None:
+        """Disable (True) or enable the actions that change the tree while a reply streams:
+        ‹ ›, Edit, Regenerate, Retry, Fork, and Delete in the menu. Copy stays."""
+        self.busy = busy
+        enabled = {"prev": self.index > 1, "next": self.index < self.count}
+        for key in ("prev", "next", "edit", "regenerate", "retry", "fork"):
+            if key in self.buttons:
+                self.buttons[key].setEnabled(enabled.get(key, True) and not busy)
+
+    def set_highlighted(self, on: bool) -> None:
+        """Draw the bubble with an accent border (a search hit that was opened) or without."""
+        self.highlighted = on
+        c, role = self.colors, self.role
+        bg = c.user_bubble if role == "user" else c.assistant_bubble
+        border = f"2px solid {c.accent}" if on else f"1px solid {c.border}"
+        self.setStyleSheet(f"QFrame#bubble_{role} {{ background:{bg}; border:{border}; border-radius:10px; }}")
+
+    def context_menu(self) -> QMenu:
+        """The bubble's menu: copy (the selection, the message, the branch as Markdown), delete."""
+        menu = QMenu(self)
+        if self.body.hasSelectedText():
+            menu.addAction("Copy selection", lambda: QGuiApplication.clipboard().setText(self.body.selectedText()))
+        menu.addAction("Copy message", self._copy_all)
+        menu.addAction("Copy conversation as Markdown", self.copy_conversation_requested.emit)
+        if self.message is not None:
+            menu.addSeparator()
+            delete = menu.addAction("Delete message and its replies",
+                                    lambda: self.delete_requested.emit(self.message.id))
+            delete.setEnabled(not self.busy)
+        return menu
+
+    def contextMenuEvent(self, event) -> None:  # noqa: N802 - Qt override
+        self.menu = self.context_menu()  # for tests: the menu while it is open
+        self.menu.exec(event.globalPos())
+
+    def _tool(self, text: str, tip: str, slot) -> QToolButton:
+        b = QToolButton()
+        b.setText(text)
+        b.setToolTip(tip)
+        b.setAccessibleName(tip)
+        b.setAutoRaise(True)
+        b.setCursor(Qt.CursorShape.PointingHandCursor)
+        b.clicked.connect(slot)
+        return b
+
+    # -- content -------------------------------------------------------------------------
+
+    @property
+    def text(self) -> str:
+        return self._text
+
+    def set_text(self, text: str) -> None:
+        self._text = text
+        if self.stream is not None:  # streaming: only the block being written is redrawn
+            self.body.setVisible(not text)
+            self.body.setText(f'<span style="color:{self.colors.muted};">…</span>' if not text else "")
+            self.stream.setVisible(bool(text))
+            self.stream.set_text(text)
+        elif not text and self.empty_reply:
+            what = "Stopped" if self.message.status == "stopped" else "Failed"
+            self.body.setText(f'<i style="color:{self.colors.muted};">{what} before the first token.</i>')
+            self.expander.set_text(text, None)
+        else:  # a long saved message is drawn collapsed (its first lines), never whole
+            cut = collapsed(text)
+            self.body.setText(to_html(cut.preview if cut else text, self.colors))
+            self.expander.set_text(text, cut)
+
+    def set_stats(self, stats: dict | None, status: str = "complete") -> None:
+        when = self.message.created_at if self.message is not None else None
+        self.footer.setText(stats_line(stats, when) if self.role == "assistant" else "")
+        self.footer.setVisible(bool(self.footer.text()))
+        note = STATUS_NOTES.get(status, "") or self.unanswered_note
+        self.note.setText(f"· {note}" if note else "")
+
+    def _copy_all(self) -> None:
+        QGuiApplication.clipboard().setText(self._text)
+
+    def _link(self, href: str) -> None:
+        kind = classify_link(href)
+        if kind == LinkKind.EXTERNAL:
+            self.link_requested.emit(href.strip())
+        elif kind == LinkKind.COPY_CODE:
+            blocks = code_blocks(self._text)
+            n = int(href.split(":", 1)[1])
+            if n < len(blocks):
+                QGuiApplication.clipboard().setText(blocks[n])
+
+    def eventFilter(self, watched, event) -> bool:  # noqa: N802 - Qt override
+        if (event.type() == QEvent.Type.Enter and watched is self.buttons.get("regenerate")
+                and self.message is not None and watched.isEnabled()):
+            self.regenerate_hovered.emit(self.message.id)
+        return super().eventFilter(watched, event)
+
+    # -- edit in place -------------------------------------------------------------------
+
+    def begin_edit(self) -> None:
+        """Swap the text for an editor with Save and Cancel (Ctrl+Enter saves, Esc cancels)."""
+        if self.editor is not None or self.message is None:
+            return
+        self.editor = QPlainTextEdit(self._text)
+        self.editor.setObjectName("inline_editor")
+        self.editor.setAccessibleName("Edit your message")
+        self.editor.setMinimumHeight(80)
+        row = QHBoxLayout()
+        row.addStretch(1)
+        cancel = QPushButton("Cancel")
+        save = QPushButton("Save && send")
+        save.setDefault(True)
+        save.setObjectName("save_edit")
+        cancel.clicked.connect(self.end_edit)
+        save.clicked.connect(self._save_edit)
+        row.addWidget(cancel)
+        row.addWidget(save)
+        self._edit_row = QWidget()
+        self._edit_row.setLayout(row)
+        lay = self.layout()
+        lay.insertWidget(2, self.editor)
+        lay.insertWidget(3, self._edit_row)
+        self.body.hide()
+        self.expander.hide()
+        QShortcut(QKeySequence("Ctrl+Return"), self.editor, self._save_edit)
+        QShortcut(QKeySequence("Escape"), self.editor, self.end_edit)
+        self.editor.setFocus()
+        self.editor.selectAll()
+        editor, mid = self.editor, self.message.id
+        editor.textChanged.connect(lambda: self.edit_changed.emit(mid, editor.toPlainText()))
+        self.edit_changed.emit(mid, self._text)
+
+    def end_edit(self) -> None:
+        if self.editor is None:
+            return
+        self.editor.deleteLater()
+        self._edit_row.deleteLater()
+        self.editor = None
+        self.body.show()
+        if self.message is not None:
+            self.edit_ended.emit(self.message.id)
+        self.expander.setVisible(collapsed(self._text) is not None)
+
+    def _save_edit(self) -> None:
+        if self.editor is None or self.message is None:
+            return
+        text = self.editor.toPlainText().strip()
+        self.end_edit()
+        if text and text != self._text.strip():
+            self.edit_saved.emit(self.message.id, text)

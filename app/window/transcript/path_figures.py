@@ -1,0 +1,106 @@
+"""What the window asks the engine about the shown path, in the background: how many tokens
+its prompt takes (the status bar's context figure, and what ``OverflowFlow._surely_fits``
+starts from) and how much of each node's prompt the prefix store holds (the tree panel's
+shading). An answer that comes after the path changed is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from PySide6.QtCore import QObject
+
+from typing import TYPE_CHECKING
+
+from app.session import ConversationSession
+from app.window.flows.model_controller import ModelState
+from app.window.tree.tree_coverage import TreeCoverage
+from app.window.workers.chat_reader import ChatReader
+from app.window.workers.engine_client import PendingRequest
+from engine.events import CountEvent
+
+if TYPE_CHECKING:
+    from app.window.transcript.chat_controller import ChatController
+
+log = logging.getLogger(__name__)
+
+
+class PathFigures(QObject):
+    """The figures of ``chat``'s shown path (``chat`` emits ``coverage_ready`` when the tree
+    panel got its shading); it uses the chat's ``model``, ``settings``, ``status``, ``tree``
+    and ``lifetime``, and reads the path with ``reader``.
+
+    ``counted_path``: (chat, leaf, prompt tokens) of the last count the engine answered."""
+
+    def __init__(self, chat: ChatController, reader: ChatReader):
+        super().__init__(chat)
+        self.chat, self.reader = chat, reader
+        self.model, self.status = chat.model, chat.status
+        self.coverage = TreeCoverage(chat, chat.tree, chat.model, reader)  # the tree panel's "KV stored" bars
+        self.coverage.ready.connect(chat.coverage_ready)
+        self._count: PendingRequest | None = None
+        self.counted_path: tuple[int, int | None, int] | None = None
+
+    @property
+    def coverage_pending(self) -> bool:
+        """True while the tree panel's coverage request is in flight (for tools and tests)."""
+        return self.coverage.pending
+
+    def n_ctx(self) -> int:
+        """The context size in tokens: the loaded model's, else the setting."""
+        return (self.model.facts or {}).get("n_ctx") or self.chat.settings.n_ctx
+
+    def update_context_label(self, stats: dict | None = None) -> None:
+        self.status.set_context_from_stats(stats, self.n_ctx())
+
+    def request_context_count(self) -> None:
+        """Ask the engine how many tokens the shown path takes (the context figure); older
+        answers are dropped. Does nothing while a reply streams or no model is ready. The
+        path is read and the request pickled on the window's reader thread (in proportion
+        to the conversation); only the bytes are sent from the UI thread."""
+        chat = self.chat
+        if chat.lifetime.closed:  # a deferred call after the window shut down
+            return
+        cid, self._count = chat.conversation_id, None
+        if cid is None or chat.streaming or self.model.state != ModelState.READY:
+            if cid is None:
+                self.status.set_context(0, self.n_ctx())
+            return
+        client = self.model.client
+
+        def job(store):  # on the worker: read the path, build and pickle the request
+            messages = ConversationSession(store).active_prompt(cid)
+            leaf = store.get_conversation(cid).active_leaf_id
+            return leaf, (client.pack_count(messages) if messages else None)
+
+        self.reader.submit("count", job, lambda result: self._send_count(cid, client, *result),
+                        lambda exc: log.info("no context count: %s", exc))
+
+    def _send_count(self, cid: int, client, leaf: int | None, packed: tuple[int, bytes] | None) -> None:
+        chat = self.chat
+        if (cid != chat.conversation_id or chat.streaming or client is not self.model.client
+                or self.model.state != ModelState.READY):
+            return
+        if packed is None:
+            self.status.set_context(0, self.n_ctx())
+            return
+        handle = client.send_packed(packed)
+        if handle is not None:
+            self._count = handle
+            handle.done.connect(lambda e, h=handle, c=cid, leaf=leaf: self._counted(h, c, e, leaf))
+            handle.failed.connect(lambda e: log.info("count failed: %s", e.message))
+
+    def _counted(self, handle: PendingRequest, cid: int, event: CountEvent, leaf: int | None = None) -> None:
+        self.counted_path = (cid, leaf, event.prompt_tokens)
+        if handle is self._count and cid == self.chat.conversation_id and not self.chat.streaming:
+            self._count = None
+            self.status.set_context(event.prompt_tokens, event.n_ctx or self.n_ctx())
+
+    def refresh_coverage(self) -> None:
+        """Ask the engine how much of each node's prompt the prefix store holds (tree panel)."""
+        self.coverage.refresh()
+
+    def engine_gone(self) -> None:
+        """The engine process ended: the requests in flight will not be answered."""
+        self._count = None
+        self.coverage.engine_gone()

@@ -1,0 +1,344 @@
+"""The transcript: the active path of a conversation as message bubbles.
+
+``TranscriptView`` stacks ``MessageWidget`` bubbles (message_widget.py) in a scroll area,
+building the newest first and the older ones lazily, and holds the bubble of the reply
+being streamed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtWidgets import (
+    QFrame,
+    QLabel,
+    QPushButton,
+    QScrollArea,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.window.shell.theme import LIGHT, Colors
+from app.window.transcript.message_widget import MessageWidget
+from app.window.workers.lexer_warmup import warm_up
+from storage.chats import Message
+
+SHOWN_MESSAGES = 200
+"""Bubbles built when a chat opens: the newest ones. Older messages wait behind a
+"Show earlier messages" button, so opening a 10,000-message branch costs the same as a
+200-message one (a bubble takes milliseconds to build)."""
+FIRST_BUBBLES = 2
+"""Bubbles built when a chat opens (the newest: the last question and its answer). The older
+ones are built ``BUBBLES_PER_TURN`` per event-loop turn while the view's top is near them
+(``NEAR_TOP_PX``): a bubble with code takes 5-20 ms to build and as much to lay out, and
+building 200 at once stalled the window for seconds (4 per turn: 90-170 ms, issue #10);
+built lazily, opening a chat costs the same however long it is."""
+BUBBLES_PER_TURN = 1
+NEAR_TOP_PX = 300
+
+
+class TranscriptView(QScrollArea):
+    """The messages of the active path, plus the reply being streamed."""
+
+    sibling_requested = Signal(int, int)
+    edit_saved = Signal(int, str)
+    regenerate_requested = Signal(int)
+    fork_requested = Signal(int)
+    link_requested = Signal(str)  # an http(s) link in any message was clicked
+    delete_requested = Signal(int)
+    copy_conversation_requested = Signal()
+    edit_changed = Signal(int, str)  # MessageWidget's: for zero-wait turns (prewarm_controller.py)
+    edit_ended = Signal(int)
+    regenerate_hovered = Signal(int)
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setWidgetResizable(True)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.colors = LIGHT
+        self._inner = QWidget()
+        self._layout = QVBoxLayout(self._inner)
+        self._layout.setContentsMargins(24, 16, 24, 16)
+        self._layout.setSpacing(10)
+        self._layout.addStretch(1)
+        self.setWidget(self._inner)
+        self.widgets: list[MessageWidget] = []
+        self.pending: MessageWidget | None = None
+        self._empty = QLabel()
+        self._empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self._empty.setWordWrap(True)
+        self._layout.insertWidget(0, self._empty)
+        self.earlier_button = QPushButton()
+        self.earlier_button.setObjectName("show_earlier")
+        self.earlier_button.setFlat(True)
+        self.earlier_button.setAccessibleName("Show earlier messages")
+        self.earlier_button.clicked.connect(self.show_earlier)
+        self.earlier_button.hide()
+        self._layout.insertWidget(1, self.earlier_button)
+        self._shown_limit = SHOWN_MESSAGES
+        self._args: tuple = ()
+        self._older: list = []  # (message, unanswered) of bubbles not built yet, oldest first
+        self._settled = False  # the view was put at the bottom after set_messages
+        self._anchor: int | None = None  # keep this distance from the bottom after building older bubbles
+        self.verticalScrollBar().rangeChanged.connect(self._range_changed)
+        self.verticalScrollBar().valueChanged.connect(self._scrolled)
+        self._stick_to_bottom = True
+        self._revealed: MessageWidget | None = None  # scrolled into view while the layout settles
+        self.setAccessibleName("Messages")
+        # a real zero-timer, not QTimer.singleShot(0) (a posted event): posted events run before
+        # timers, so a chain of them kept every timer (and the heartbeat of tools/ui_latency) waiting
+        self._build_timer = QTimer(self, singleShot=True, interval=0)
+        self._build_timer.timeout.connect(self._build_next)
+        warm_up()  # code highlighting's lexers, compiled off the UI thread before a bubble needs one
+
+    def set_messages(self, path: list[Message], positions: Mapping[int, tuple[int, int]],
+                     colors: Colors, busy: bool = False, empty_text: str = "",
+                     unanswered_id: int | None = None) -> None:
+        """Show ``path`` (root first). ``positions`` maps message id -> (index, count) among siblings;
+        ``unanswered_id``, a user message with no reply, gets a Retry button, as does every user
+        message followed by another user message. Only the newest
+        ``SHOWN_MESSAGES`` are built; ``show_earlier`` adds more."""
+        new_path = not self._args or [m.id for m in self._args[0][:1]] != [m.id for m in path[:1]]
+        if new_path:
+            self._shown_limit = SHOWN_MESSAGES
+        self._args = (path, positions, colors, busy, empty_text, unanswered_id)
+        self.colors = colors
+        self.clear()
+        # every user message with no reply gets Retry: the leaf the controller names, and
+        # one followed by another user message (a reply that failed or was cancelled)
+        hidden = max(0, len(path) - self._shown_limit)
+        tail = path[max(0, hidden - 1):]  # the shown messages (and the one before: its pair)
+        unanswered = {m.id for m, nxt in zip(tail, tail[1:]) if m.role == "user" and nxt.role == "user"}
+        if unanswered_id is not None:
+            unanswered.add(unanswered_id)
+        self.earlier_button.setText(f"Show earlier messages ({hidden:,} not shown)")
+        self.earlier_button.setVisible(hidden > 0)
+        path = path[hidden:]
+        self._empty.setText(empty_text)
+        self._empty.setStyleSheet(f"color:{colors.muted}; font-size:15px;")
+        self._empty.setVisible(not path and bool(empty_text))
+        # the newest bubbles now, the older ones a batch per event-loop turn (``_build_older``)
+        todo = [(m, m.id in unanswered) for m in path if m.role != "system"]
+        self._older = todo[:-FIRST_BUBBLES] if len(todo) > FIRST_BUBBLES else []
+        self._settled, self._anchor = False, None
+        for item in todo[len(self._older):]:
+            self._add(self._bubble(*item))
+        self._stick_to_bottom = True
+        self._revealed = None
+        QTimer.singleShot(0, self._settle)
+
+    def reveal(self, message_id: int) -> MessageWidget | None:
+        """Scroll to the bubble of ``message_id`` (building older bubbles when it is among
+        the messages not shown yet) and highlight it. Returns it (None: not on the shown path)."""
+        if not self._args:
+            return None
+        path = self._args[0]
+        ids = list(path.ids) if hasattr(path, "ids") else [m.id for m in path]  # a PathView: not read whole
+        if message_id not in ids:
+            return None
+        needed = len(ids) - ids.index(message_id)
+        if needed > self._shown_limit:
+            self._shown_limit = (needed + SHOWN_MESSAGES - 1) // SHOWN_MESSAGES * SHOWN_MESSAGES
+            self.set_messages(*self._args)
+        w = self.widget_for(message_id)
+        if w is None:
+            return None
+        for other in self.widgets:
+            if other.highlighted:
+                other.set_highlighted(False)
+        w.set_highlighted(True)
+        self._stick_to_bottom = False
+        self._revealed = w
+        QTimer.singleShot(0, lambda: self._scroll_to_revealed())
+        return w
+
+    def _scroll_to_revealed(self) -> None:
+        if self._revealed is not None and self._revealed in self.widgets:
+            self.ensureWidgetVisible(self._revealed, 0, 40)
+
+    def _bubble(self, m: Message, unanswered: bool) -> MessageWidget:
+        _path, positions, colors, busy, *_rest = self._args
+        position = positions.get(m.id, (1, 1))  # read now: a lazy mapping (SiblingPositions)
+        w = MessageWidget(m, m.role, position[0], position[1], colors, busy, unanswered=unanswered)
+        w.sibling_requested.connect(self.sibling_requested)
+        w.edit_saved.connect(self.edit_saved)
+        w.regenerate_requested.connect(self.regenerate_requested)
+        w.fork_requested.connect(self.fork_requested)
+        w.link_requested.connect(self.link_requested)
+        w.delete_requested.connect(self.delete_requested)
+        w.copy_conversation_requested.connect(self.copy_conversation_requested)
+        w.edit_changed.connect(self.edit_changed)
+        w.edit_ended.connect(self.edit_ended)
+        w.regenerate_hovered.connect(self.regenerate_hovered)
+        return w
+
+    @property
+    def building(self) -> bool:
+        """True while older bubbles of the shown path are still being built."""
+        return bool(self._older)
+
+    def _build_older(self, count: int = BUBBLES_PER_TURN) -> None:
+        """Build up to ``count`` of the not yet built older bubbles above the others, keeping
+        what is on screen where it is."""
+        if not self._older:
+            return
+        bar = self.verticalScrollBar()
+        self._anchor = bar.maximum() - bar.value()  # distance from the bottom, kept by _range_changed
+        batch, self._older = self._older[-count:], self._older[:-count]
+        for item in reversed(batch):
+            w = self._bubble(*item)
+            self._layout.insertWidget(2, w)  # after the empty-page label and "Show earlier"
+            self.widgets.insert(0, w)
+        self._fill()  # the scroll range may not change (short bubbles): check again next turn
+
+    def _scrolled(self, value: int) -> None:
+        """Near the top: build the next older bubbles (the transcript is laid out lazily)."""
+        if not self._settled:  # still opening: the view has not been put at the bottom yet
+            return
+        self._stick_to_bottom = value >= self.verticalScrollBar().maximum() - 40
+        if self._older and value < NEAR_TOP_PX:
+            self._build_older()
+
+    def stop_building(self) -> None:
+        """Build no more older bubbles (the window is shutting down: the store closes)."""
+        self._older = []
+        self._build_timer.stop()
+
+    def finish_building(self) -> None:
+        """Build every remaining bubble now (tests, tools, and finding a message)."""
+        if self._older:
+            self._build_older(len(self._older))
+
+    def show_earlier(self) -> None:
+        """Build ``SHOWN_MESSAGES`` more of the older messages of the shown path."""
+        if self._args:
+            self._shown_limit += SHOWN_MESSAGES
+            self.set_messages(*self._args)
+            self._stick_to_bottom = False
+            QTimer.singleShot(0, lambda: self.verticalScrollBar().setValue(0))
+
+    def _add(self, w: MessageWidget) -> None:
+        self._layout.insertWidget(self._layout.count() - 1, w)
+        self.widgets.append(w)
+
+    def clear(self) -> None:
+        for w in self.widgets:  # deleteLater: a button of ``w`` may be emitting right now
+            self._layout.removeWidget(w)
+            w.hide()
+            w.deleteLater()
+        self.widgets = []
+        self.pending = None
+        self._older = []
+        self._anchor = None
+
+    def start_pending(self) -> MessageWidget:
+        """Add an empty assistant bubble for the reply about to stream."""
+        self._empty.hide()
+        self.pending = MessageWidget(None, "assistant", colors=self.colors)
+        self.pending.note.setText("· thinking…")
+        self.pending.link_requested.connect(self.link_requested)
+        self._add(self.pending)
+        self._stick_to_bottom = True
+        return self.pending
+
+    @property
+    def path(self) -> Sequence[Message]:
+        """The messages shown (root first; built or not), without the reply being streamed:
+        as given to ``set_messages`` (a PathView reads a message only when it is asked for)."""
+        return self._args[0] if self._args else []
+
+    def _extended(self, message: Message, position: tuple[int, int]) -> None:
+        """Put ``message`` (at ``position`` among its siblings) below the shown path, reading
+        nothing of the path again (a PathView and SiblingPositions are extended, not listed)."""
+        path, positions, *rest = self._args
+        path = path.plus(message) if hasattr(path, "plus") else [*path, message]
+        positions = (positions.plus(message.id, position) if hasattr(positions, "plus")
+                     else {**positions, message.id: position})
+        self._args = (path, positions, *rest)
+
+    def append(self, message: Message, position: tuple[int, int] = (1, 1)) -> MessageWidget | None:
+        """Add the bubble of ``message`` (at ``position`` among its siblings), a new child of
+        the last message shown, below the others without rebuilding them (a message just
+        sent). Returns it; None when nothing was shown with ``set_messages`` yet."""
+        if not self._args or self.pending is not None:
+            return None
+        self._extended(message, position)
+        self._empty.hide()
+        w = self._bubble(message, False)
+        self._add(w)
+        self._stick_to_bottom = True
+        return w
+
+    def replace_pending(self, message: Message, position: tuple[int, int] = (1, 1)) -> MessageWidget | None:
+        """The streamed reply was saved as ``message``: its bubble (with its actions and
+        figures) takes the place of the pending one; the others are not rebuilt. Returns it;
+        None when no reply is pending."""
+        if self.pending is None or not self._args:
+            return None
+        self._extended(message, position)
+        old, self.pending = self.pending, None
+        w = self._bubble(message, False)
+        self._layout.insertWidget(self._layout.indexOf(old), w)
+        self.widgets[self.widgets.index(old)] = w
+        self._layout.removeWidget(old)
+        old.hide()
+        old.deleteLater()
+        return w
+
+    def set_busy(self, busy: bool) -> None:
+        """A reply started (True) or ended: the bubbles' tree-changing actions follow
+        (``MessageWidget.set_busy``), those built later too."""
+        if self._args:
+            path, positions, colors, _busy, *rest = self._args
+            self._args = (path, positions, colors, busy, *rest)
+        for w in self.widgets:
+            if w is not self.pending:
+                w.set_busy(busy)
+
+    def widget_for(self, message_id: int) -> MessageWidget | None:
+        if any(item[0].id == message_id for item in self._older):
+            self.finish_building()
+        return next((w for w in self.widgets if w.message and w.message.id == message_id), None)
+
+    def _settle(self) -> None:
+        """After a redraw: the revealed bubble in view, else the newest message."""
+        if self._revealed is not None:
+            self._scroll_to_revealed()
+        else:
+            self.scroll_to_bottom()
+
+    def scroll_to_bottom(self) -> None:
+        bar = self.verticalScrollBar()
+        bar.setValue(bar.maximum())
+        self._settled = True
+        self._fill()
+
+    def _fill(self) -> None:
+        """While the view's top is near the built bubbles' top, build older ones (next turn)."""
+        if self._settled and self._older and self.verticalScrollBar().value() < NEAR_TOP_PX:
+            self._build_timer.start()
+
+    def _build_next(self) -> None:
+        if self.isVisible():  # not after the window closed (its database is closed too)
+            self._build_older()
+
+    def _range_changed(self, _lo: int, hi: int) -> None:
+        bar = self.verticalScrollBar()
+        if self._revealed is not None:
+            self._scroll_to_revealed()
+        elif self._stick_to_bottom:
+            bar.setValue(hi)
+        elif self._anchor is not None:
+            bar.setValue(max(0, hi - self._anchor))
+        self._fill()
+
+    def note_user_scroll(self) -> None:
+        self._revealed = None
+        bar = self.verticalScrollBar()
+        self._stick_to_bottom = bar.value() >= bar.maximum() - 40
+
+    def wheelEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().wheelEvent(event)
+        self.note_user_scroll()

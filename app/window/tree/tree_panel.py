@@ -1,0 +1,448 @@
+"""The tree panel: the whole conversation tree, drawn top-down.
+
+The top node is the conversation (its title); every first message, an edited one
+too, hangs under it, so all branches are visibly connected. Each other node is a
+message: a role letter (U = user, A = assistant) and its first words, drawn as plain
+text. The active path is drawn in the accent colour; a bar along a node's bottom
+shows how much of its prompt (the path from the root to it) the prefix store holds:
+full green = all of it, part green = part of it, none = none (from the engine's
+``coverage`` request). Hovering a node shows who wrote it and the start of its text;
+clicking it makes its branch the active one.
+
+From the keyboard (the canvas takes focus with Tab or a click): Up goes to the parent,
+Down to the child on the active branch (else the first), Left and Right to the previous
+and next sibling, Home to the conversation node, End to the active leaf; Enter or Space
+opens the branch of the focused node.
+
+The canvas fills the scroll area's viewport and centres the tree in it, so scroll bars
+appear only when the tree is larger than the panel; after every redraw the active leaf
+is scrolled into view.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QAccessible, QAccessibleEvent, QColor, QFont, QFontMetrics, QPainter, QPen
+from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QToolTip, QVBoxLayout, QWidget
+
+from app.window.workers.chat_reader import ChatReader
+from app.window.shell.plain import tooltip
+from app.window.shell.theme import LIGHT, Colors
+from app.window.tree.tree_layout import DX, DY, MARGIN, NODE_H, NODE_W, ROOT_ID, R, TreeLayout, TreeNode, layout_tree
+from app.window.tree.tree_layout import read_layout as _read_layout
+from storage.chats import Message
+
+__all__ = ["DX", "DY", "MARGIN", "NODE_H", "NODE_W", "R", "ROOT_ID", "TreeCanvas", "TreePanel", "layout_tree"]
+
+LABEL_CHARS = 40  # the start of a message kept for its node's label (elided to fit when drawn)
+TOOLTIP_CHARS = 80
+END_OF_TURN_SLACK = 2
+"""A node counts as fully cached when all but this many of its prompt tokens are stored: the
+end-of-turn tokens that close a reply are only computed when the next turn is prefilled."""
+
+
+def is_cached(stored: int, total: int) -> bool:
+    """True when the prefix store holds (all but the end-of-turn tokens of) a node's prompt."""
+    return total > 0 and stored >= total - END_OF_TURN_SLACK
+
+
+ROLE_LETTERS = {"user": "U", "assistant": "A", "system": "S"}
+ROLE_WORDS = {"user": "You", "assistant": "Assistant", "system": "System"}
+
+
+# Markdown syntax left out of a node's words (the text stays plain: nothing is rendered)
+_MD_LINE = re.compile(r"^\s*(?:`{3,}|~{3,})[\w+#.-]*\s*$|^\s{0,3}(?:#{1,6}\s+|>\s?|[-*+]\s+|\d{1,9}[.)]\s+)",
+                      re.MULTILINE)
+_MD_LINK = re.compile(r"!?\[([^\]\n]*)\]\([^)\n]*\)")
+_MD_MARK = re.compile(r"(\*\*|__|`+)(\S(?:.*?\S)?)\1|(?<![\w*])\*(\S(?:[^*\n]*?\S)?)\*(?![\w*])")
+
+
+def node_label(message: Message) -> str:
+    """The words drawn on a message's node: the start of its text on one line, without
+    Markdown's syntax (a code fence's marks, heading and list markers, emphasis, inline
+    code ticks, a link's target), so a reply that opens with a code block reads as its code."""
+    text = message.content[: LABEL_CHARS * 4]
+    text = _MD_LINE.sub("", text)
+    text = _MD_LINK.sub(r"\1", text)
+    text = _MD_MARK.sub(lambda m: m.group(2) if m.group(2) is not None else m.group(3), text)
+    text = " ".join(text.split())[:LABEL_CHARS]
+    return text or ("(stopped)" if message.status != "complete" else "(empty)")
+
+
+def node_tooltip(message: Message, coverage: tuple[int, int] | None = None) -> str:
+    """The hover text of a node: a short label ("You · turn 2" / "Assistant · turn 2", plus
+    "stopped" etc. when not complete), the first ``TOOLTIP_CHARS`` characters of the text on
+    one line, and the prefix-store coverage ``(stored, total)`` in tokens when known."""
+    who = "You" if message.role == "user" else ("Assistant" if message.role == "assistant" else "System")
+    label = who
+    if message.status != "complete":
+        label += f" · {message.status}"
+    text = " ".join(message.content.split())
+    text = text[:TOOLTIP_CHARS].rstrip() + ("…" if len(text) > TOOLTIP_CHARS else "")
+    lines = [label, f"“{text}”" if text else "(empty)"]
+    stored, total = coverage or (0, 0)
+    if total:
+        lines.append(f"KV stored: {stored:,} of {total:,} prompt tokens")
+    return "\n".join(lines)
+
+
+class TreeCanvas(QWidget):
+    """Draws the nodes; ``node_clicked(message_id)`` on a click or Enter. Node positions
+    (``TreeNode.x/y``, the node's centre) are in tree coordinates; ``offset_x`` centres the
+    tree in a wider canvas. ``nodes`` holds the messages' nodes, ``root`` the conversation's
+    (None for an empty tree); ``current`` is the node the keyboard is on.
+
+    Signal ``current_moved(QPointF)``: the keyboard moved to the node centred there (canvas pixels)."""
+
+    node_clicked = Signal(int)
+    current_moved = Signal(QPointF)
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setMouseTracking(True)
+        self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+        self.setAccessibleName("Conversation tree")
+        self.tree_layout = TreeLayout()
+        self.coverage: dict[int, tuple[int, int]] = {}
+        self.colors: Colors = LIGHT
+        self.current: int | None = None  # the node the keyboard is on
+        self._labels: dict[int, str] = {}
+
+    # the layout's parts, as the canvas shows them
+    nodes = property(lambda self: self.tree_layout.nodes, doc="The messages' nodes.")
+    root = property(lambda self: self.tree_layout.root, doc="The conversation's node (None: empty).")
+    title = property(lambda self: self.tree_layout.title)
+    active = property(lambda self: self.tree_layout.active, doc="Ids of the active path.")
+    leaf_id = property(lambda self: self.tree_layout.leaf_id, doc="The last message of the active path.")
+    _by_id = property(lambda self: self.tree_layout.by_id)
+    _children = property(lambda self: self.tree_layout.children)
+
+    def set_tree(self, messages: list[Message], active: set[int], colors: Colors, title: str = "") -> None:
+        """Lay out and draw ``messages`` now, on this thread (small trees; see ``set_layout``)."""
+        self.set_layout(TreeLayout.build(messages, title, active=active, layout=layout_tree), colors)
+
+    def set_layout(self, layout: TreeLayout, colors: Colors) -> None:
+        """Draw ``layout`` (built off the UI thread by ``tree_layout.read_layout``)."""
+        self.colors = colors
+        self.tree_layout = layout
+        self._labels = {}
+        if self.current not in layout.by_id:
+            self.current = layout.leaf_id
+        self._describe()
+        self.setMinimumSize(QSize(layout.width, layout.height))
+        self.updateGeometry()
+        self.update()
+
+    @property
+    def offset_x(self) -> float:
+        """Pixels added to every x so the tree sits in the middle of a wider canvas."""
+        return max(0.0, (self.width() - self.tree_layout.width) / 2)
+
+    def set_coverage(self, coverage: dict[int, tuple[int, int]]) -> None:
+        self.coverage = coverage
+        self.update()
+
+    def sizeHint(self) -> QSize:  # noqa: N802 - Qt override
+        return QSize(self.tree_layout.width, self.tree_layout.height)
+
+    def node_at(self, x: float, y: float) -> TreeNode | None:
+        """The message node under the canvas point (x, y) in pixels, or None."""
+        x -= self.offset_x
+        near = self.tree_layout.in_rect(x - NODE_W / 2 - 2, y - R - 2, x + NODE_W / 2 + 2, y + R + 2)
+        return next((n for n in near if n is not self.root), None)
+
+    def center_of(self, message_id: int) -> QPointF | None:
+        """The centre of ``message_id``'s node in canvas pixels (None if not drawn;
+        ``ROOT_ID``: the conversation node)."""
+        n = self._by_id.get(message_id)
+        return QPointF(n.x + self.offset_x, n.y) if n else None
+
+    def tooltip_for(self, message_id: int) -> str:
+        """The hover text of ``message_id``'s node ("" if it is not drawn)."""
+        n = self._by_id.get(message_id)
+        if n is None or n is self.root:
+            return ""
+        return node_tooltip(n.message, self.coverage.get(message_id))
+
+    def label_of(self, message_id: int) -> str:
+        """The words on ``message_id``'s node (before eliding), "" if not drawn."""
+        n = self._by_id.get(message_id)
+        if n is None:
+            return ""
+        if n is self.root:
+            return self.title
+        if message_id not in self._labels:
+            self._labels[message_id] = node_label(n.message)
+        return self._labels[message_id]
+
+    # -- the keyboard ----------------------------------------------------------------------
+
+    def move_to(self, message_id: int) -> None:
+        """Put the keyboard focus ring on ``message_id`` (``ROOT_ID``: the conversation)."""
+        if message_id not in self._by_id:
+            return
+        self.current = message_id
+        self._describe()
+        self.update()
+        point = self.center_of(message_id)
+        if point is not None:
+            self.current_moved.emit(point)
+
+    def _describe(self) -> None:
+        """The accessible description: what the focused node is (read by screen readers)."""
+        n = self._by_id.get(self.current) if self.current is not None else None
+        if n is None:
+            text = "Empty"
+        elif n is self.root:
+            text = f"Conversation: {self.title}"
+        else:
+            sibs = self._children.get(n.message.parent_id, [])
+            where = f", version {sibs.index(n) + 1} of {len(sibs)}" if len(sibs) > 1 else ""
+            active = ", on the shown branch" if n.message.id in self.active else ""
+            text = f"{ROLE_WORDS.get(n.message.role, n.message.role)}{where}{active}: {self.label_of(n.message.id)}"
+        if text != self.accessibleDescription():
+            self.setAccessibleDescription(text)
+            QAccessible.updateAccessibility(QAccessibleEvent(self, QAccessible.Event.DescriptionChanged))
+
+    def keyPressEvent(self, event) -> None:  # noqa: N802 - Qt override
+        n = self._by_id.get(self.current) if self.current is not None else None
+        key = event.key()
+        if n is None:
+            super().keyPressEvent(event)
+            return
+        target: int | None = None
+        if key == Qt.Key.Key_Up and n is not self.root:
+            target = n.message.parent_id if n.message.parent_id in self._by_id else ROOT_ID
+        elif key == Qt.Key.Key_Down:
+            kids = self._children.get(n.message.id, [])
+            on_path = [k for k in kids if k.message.id in self.active]
+            pick = on_path or kids
+            target = pick[0].message.id if pick else None
+        elif key in (Qt.Key.Key_Left, Qt.Key.Key_Right) and n is not self.root:
+            sibs = self._children.get(n.message.parent_id, [])
+            i = sibs.index(n) + (1 if key == Qt.Key.Key_Right else -1)
+            target = sibs[i].message.id if 0 <= i < len(sibs) else None
+        elif key == Qt.Key.Key_Home:
+            target = ROOT_ID
+        elif key == Qt.Key.Key_End:
+            target = self.leaf_id
+        elif key in (Qt.Key.Key_Return, Qt.Key.Key_Enter, Qt.Key.Key_Space):
+            if n is not self.root:
+                self.node_clicked.emit(n.message.id)
+            return
+        else:
+            super().keyPressEvent(event)
+            return
+        if target is not None:
+            self.move_to(target)
+
+    def focusInEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().focusInEvent(event)
+        if self.current is not None:
+            self.move_to(self.current)  # scrolled into view, described
+        self.update()
+
+    def focusOutEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().focusOutEvent(event)
+        self.update()
+
+    # -- the mouse -------------------------------------------------------------------------
+
+    def mousePressEvent(self, event) -> None:  # noqa: N802 - Qt override
+        n = self.node_at(event.position().x(), event.position().y())
+        if n is not None:
+            self.current = n.message.id
+            self.node_clicked.emit(n.message.id)
+
+    def mouseMoveEvent(self, event) -> None:  # noqa: N802 - Qt override
+        n = self.node_at(event.position().x(), event.position().y())
+        self.setCursor(Qt.CursorShape.PointingHandCursor if n else Qt.CursorShape.ArrowCursor)
+
+    def event(self, event) -> bool:  # noqa: D102 - Qt override: the node's tooltip
+        if event.type() == QEvent.Type.ToolTip:
+            n = self.node_at(event.pos().x(), event.pos().y())
+            if n is None:
+                QToolTip.hideText()
+                event.ignore()
+            else:
+                QToolTip.showText(event.globalPos(), tooltip(self.tooltip_for(n.message.id)), self)
+            return True
+        return super().event(event)
+
+    # -- painting --------------------------------------------------------------------------
+
+    def paintEvent(self, event) -> None:  # noqa: N802 - Qt override
+        c = self.colors
+        p = QPainter(self)
+        p.setRenderHint(QPainter.RenderHint.Antialiasing)
+        ox = self.offset_x
+        p.translate(ox, 0)
+        area = QRectF(event.rect()).translated(-ox, 0).adjusted(-NODE_W, -DY, NODE_W, DY)
+        shown = self.tree_layout.in_rect(area.left(), area.top(), area.right(), area.bottom())
+        for n in shown:  # the edge up to each shown node's parent
+            parent = self._by_id.get(n.message.parent_id) if n is not self.root else None
+            if parent is None:
+                continue
+            on_path = n.message.id in self.active and (parent is self.root or parent.message.id in self.active)
+            p.setPen(QPen(QColor(c.accent if on_path else c.border), 3 if on_path else 1.5))
+            p.drawLine(QPointF(parent.x, parent.y + R), QPointF(n.x, n.y - R))
+        font = QFont(self.font())
+        font.setPointSizeF(max(7.0, font.pointSizeF() * 0.85))
+        bold = QFont(font)
+        bold.setBold(True)
+        fm, bfm = QFontMetrics(font), QFontMetrics(bold)
+        for n in shown:
+            self._paint_node(p, n, font, bold, fm, bfm)
+        p.end()
+
+    def _paint_node(self, p: QPainter, n: TreeNode, font: QFont, bold: QFont, fm: QFontMetrics,
+                    bfm: QFontMetrics) -> None:
+        c = self.colors
+        mid = n.message.id
+        rect = QRectF(n.x - NODE_W / 2, n.y - R, NODE_W, NODE_H)
+        is_root = n is self.root
+        active = is_root or mid in self.active
+        fill = c.base if is_root else (c.user_bubble if n.message.role == "user" else c.assistant_bubble)
+        p.setPen(QPen(QColor(c.accent if active else c.muted), 2.5 if active else 1.2))
+        p.setBrush(QColor(fill))
+        p.drawRoundedRect(rect, 6, 6)
+        stored, total = self.coverage.get(mid, (0, 0))
+        if total and stored > 0:  # the share of the prompt the prefix store holds
+            share = 1.0 if is_cached(stored, total) else stored / total
+            p.setPen(Qt.PenStyle.NoPen)
+            p.setBrush(QColor(c.cached))
+            p.drawRoundedRect(QRectF(rect.left() + 4, rect.bottom() - 5, (NODE_W - 8) * share, 3), 1.5, 1.5)
+        if mid == self.current and self.hasFocus():
+            p.setBrush(Qt.BrushStyle.NoBrush)
+            p.setPen(QPen(QColor(c.text), 1, Qt.PenStyle.DotLine))
+            p.drawRoundedRect(rect.adjusted(-3, -3, 3, 3), 8, 8)
+        p.setPen(QColor(c.text))
+        inner = rect.adjusted(6, 0, -5, -2)
+        if is_root:
+            p.setFont(bold)
+            p.drawText(inner, Qt.AlignmentFlag.AlignCenter,
+                       bfm.elidedText(self.title, Qt.TextElideMode.ElideRight, int(inner.width())))
+            return
+        letter = ROLE_LETTERS.get(n.message.role, "?")
+        p.setFont(bold)
+        p.drawText(inner, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, letter)
+        lead = bfm.horizontalAdvance(letter) + 5
+        p.setFont(font)
+        p.setPen(QColor(c.muted if n.message.status != "complete" else c.text))
+        words = inner.adjusted(lead, 0, 0, 0)
+        p.drawText(words, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
+                   fm.elidedText(self.label_of(mid), Qt.TextElideMode.ElideRight, int(words.width())))
+
+
+class TreePanel(QWidget):
+    """The tree canvas in a scroll area with a legend. Signal: ``node_clicked(message_id)``."""
+
+    node_clicked = Signal(int)
+
+    def __init__(self, reader: ChatReader | None = None, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.canvas = TreeCanvas()
+        self.canvas.node_clicked.connect(self._clicked)
+        self.reader = reader  # lays out stored trees off the UI thread (``load``)
+        self._wanted: int | None = None  # the conversation whose tree is drawn or being read
+        self._deferred: tuple | None = None  # the arguments of a ``load`` not submitted yet (hidden)
+        self.canvas.current_moved.connect(
+            lambda point: self.scroll.ensureVisible(int(point.x()), int(point.y()), NODE_W, DY))
+        scroll = QScrollArea()
+        scroll.setWidget(self.canvas)
+        scroll.setWidgetResizable(True)  # the canvas fills the viewport; bars only when it must grow
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
+        self.scroll = scroll
+        self.title = QLabel("<b>Conversation tree</b>")
+        self.legend = QLabel()
+        self.legend.setObjectName("tree_legend")
+        self.legend.setWordWrap(True)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(8, 8, 8, 8)
+        lay.addWidget(self.title)
+        lay.addWidget(self.legend)
+        lay.addWidget(scroll, 1)
+        self.setMinimumWidth(220)
+        self._reveal_timer = QTimer(self, singleShot=True, interval=0)
+        self._reveal_timer.timeout.connect(self.reveal_active)
+        self.set_tree([], set(), LIGHT)
+
+    def set_tree(self, messages: list[Message], active: set[int], colors: Colors, title: str = "") -> None:
+        """Draw ``messages`` (parents before children) under a node for the conversation
+        titled ``title``, with ``active`` (message ids) as the active path, now (on this thread:
+        for small trees, e.g. the empty one), then scroll its leaf into view once the layout
+        has settled."""
+        if self.reader is not None:
+            self.reader.cancel("tree")
+        self._wanted, self._deferred = None, None
+        self._show(TreeLayout.build(messages, title, active=active, layout=layout_tree), colors)
+
+    def load(self, conversation_id: int, leaf_id: int | None, colors: Colors,
+             failed: Callable[[Exception], None] | None = None) -> None:
+        """Read and lay out the tree of ``conversation_id`` on the reader's worker thread (the
+        path up from ``leaf_id`` is the active one) and draw it when it arrives; ``failed(error)``
+        if it cannot be. Until then the tree drawn before stays, its clicks ignored. While the
+        panel is hidden, nothing is read until it is shown.
+
+        Raises RuntimeError when the panel has no ``reader``."""
+        if self.reader is None:
+            raise RuntimeError("TreePanel.load needs a reader (a ChatReader)")
+        self._wanted = conversation_id
+        self._deferred = (conversation_id, leaf_id, colors, failed)
+        if self.isVisible():
+            self._submit()
+        else:
+            self.reader.cancel("tree")
+
+    def _submit(self) -> None:
+        if self._deferred is None or self.reader is None:
+            return
+        (cid, leaf_id, colors, failed), self._deferred = self._deferred, None
+        job = lambda store: _read_layout(store, cid, leaf_id, layout_tree)  # noqa: E731
+        self.reader.submit("tree", job, lambda layout: self._show(layout, colors), failed)
+
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt override: a tree asked for while hidden
+        super().showEvent(event)
+        self._submit()
+
+    @property
+    def loading(self) -> bool:
+        """True while a tree is being read and laid out off the UI thread."""
+        return self.reader is not None and self.reader.pending("tree")
+
+    def _clicked(self, message_id: int) -> None:
+        if self.canvas.tree_layout.conversation_id == self._wanted:  # not a node of the chat shown before
+            self.node_clicked.emit(message_id)
+
+    def _show(self, layout: TreeLayout, colors: Colors) -> None:
+        self.legend.setText(
+            f'<span style="color:{colors.cached};">━━━</span> KV stored&nbsp;&nbsp; '
+            f'<span style="color:{colors.cached};">━</span> partly<br>'
+            f'no bar: not stored<br>'
+            f'<span style="color:{colors.accent};">━</span> active branch<br>'
+            f'<span style="color:{colors.muted};">Hover a node to read it; click it (or arrows, '
+            f'Enter) to show its branch.</span>')
+        self.canvas.set_layout(layout, colors)
+        self._reveal_timer.start()
+
+    def reveal_active(self) -> None:
+        """Scroll so that the active leaf (and the tree's top) is visible."""
+        self._reveal_timer.stop()
+        leaf = self.canvas.leaf_id
+        point = self.canvas.center_of(leaf) if leaf is not None else None
+        if point is None:
+            self.scroll.horizontalScrollBar().setValue(0)
+            self.scroll.verticalScrollBar().setValue(0)
+            return
+        # a margin of half the viewport centres the leaf when the tree is larger than the panel
+        view = self.scroll.viewport().size()
+        self.scroll.ensureVisible(int(point.x()), int(point.y()), max(NODE_W // 2 + MARGIN, view.width() // 2),
+                                  max(R + MARGIN, view.height() // 3))
+
+    def set_coverage(self, coverage: dict[int, tuple[int, int]]) -> None:
+        """Per node ``message_id -> (stored, total)`` prompt tokens in the prefix store."""
+        self.canvas.set_coverage(coverage)

@@ -1,0 +1,93 @@
+"""A disk that fills while a reply streams (issue 30, item 11): the row made at the first
+token keeps the part that was saved; every later save fails. The CLI warns once (not once
+per token), and every JSON it prints names that row as ``assistant_message_id``, with a
+stderr line saying which message holds the kept part."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from contextlib import closing
+
+import pytest
+
+from app.session.recorder import ReplyRecorder
+from storage.chats import ChatStore
+from storage.errors import StorageFullError
+from storage.paths import CHATS_DB
+
+ENGINE = ["--ctx-size", "512", "--max-tokens", "8", "--temperature", "0", "--no-cache"]
+
+
+@pytest.fixture
+def disk_fills_after_first_token(monkeypatch):
+    """Every save after the reply's row was created fails as on a full disk; the recorder
+    tries to save at every token. Returns the list of refused saves."""
+    refused: list = []
+
+    def update_message(self, message_id, **kw):
+        refused.append(message_id)
+        raise StorageFullError("The disk holding the test folder is full (0 bytes free).")
+
+    monkeypatch.setattr(ChatStore, "update_message", update_message)
+    init = ReplyRecorder.__init__
+
+    def eager(self, *a, **kw):
+        init(self, *a, **{**kw, "save_every_s": 0.0})
+
+    monkeypatch.setattr(ReplyRecorder, "__init__", eager)
+    monkeypatch.setenv("BRANCHWISE_SUPERVISED", "inline")  # run the command here, not in a child
+    return refused
+
+
+def _assistant_rows(data_dir) -> list[tuple]:
+    with closing(sqlite3.connect(data_dir / CHATS_DB)) as conn:
+        return conn.execute("SELECT id, content FROM messages WHERE role = 'assistant'").fetchall()
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "was not saved" in r.getMessage()]
+
+
+def test_a_disk_that_fills_mid_reply_warns_once_and_names_the_kept_row(
+        tmp_path, capsys, caplog, disk_fills_after_first_token):
+    from app import cli
+
+    code = cli.main(["chat", "--json", "--data-dir", str(tmp_path), *ENGINE, "Count from 1 to 20."])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert len(disk_fills_after_first_token) >= 3  # several token saves failed...
+    assert len(_warnings(caplog)) == 1  # ...and were warned about once
+    assert err.count("was not saved (the rest") <= 1
+    (row,) = _assistant_rows(tmp_path)
+    result = json.loads(out)  # one JSON object
+    assert "is full" in result["error"]
+    assert result["assistant_message_id"] == row[0]
+    assert result["saved"]["user_message"] is True and result["saved"]["reply"] is False
+    assert f"message {row[0]}" in err and f"{len(row[1]):,} characters" in err
+    assert row[1]  # the first token's text is what is kept
+
+
+def test_a_stop_while_the_disk_is_full_names_the_kept_row(tmp_path, capsys, caplog, monkeypatch,
+                                                          disk_fills_after_first_token):
+    from app import cli
+    from engine.core import Engine
+
+    real = Engine.generate
+
+    def generate_then_stop(self, messages, sampling=None, **kw):
+        real(self, messages, sampling, **kw)
+        raise KeyboardInterrupt  # Ctrl+C just after the last token
+
+    monkeypatch.setattr(Engine, "generate", generate_then_stop)
+    code = cli.main(["chat", "--json", "--data-dir", str(tmp_path), *ENGINE, "Count from 1 to 20."])
+    out, err = capsys.readouterr()
+    assert code == 130
+    assert len(_warnings(caplog)) == 1
+    (row,) = _assistant_rows(tmp_path)
+    result = json.loads(out)
+    assert result["error"] == "interrupted" and result["status"] == "stopped"
+    assert result["assistant_message_id"] == row[0]
+    assert len(result["text"]) > len(row[1])  # only the first part is kept, and it says so
+    assert result["saved"]["reply"] is False and result["saved"]["problems"]
+    assert f"message {row[0]}" in err and f"{len(row[1]):,} characters" in err

@@ -1,0 +1,107 @@
+"""The window's one background-worker helper (issue #26.4, app/window/workers/tasks.py):
+results and errors arrive on the UI thread, progress in order, an error without a handler
+goes to the log, and shutdown cancels, waits within its bound and drops late deliveries.
+The chat reader on top of it keeps newest-wins per key. No model is loaded."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+from app.window.workers.chat_reader import ChatReader  # noqa: E402
+from app.window.workers.tasks import Workers, run_detached  # noqa: E402
+from storage.chats import ChatStore  # noqa: E402
+
+
+def test_success_and_progress_arrive_on_the_ui_thread_in_order(qtbot):
+    workers = Workers()
+    seen, threads = [], []
+
+    def fn(task):
+        threads.append(threading.current_thread())
+        for i in range(5):
+            task.report(i)
+        return "done"
+
+    def note(kind):
+        return lambda value: seen.append((kind, value, threading.current_thread() is threading.main_thread()))
+
+    task = workers.start(fn, name="t-ok", progress=note("p"), success=note("s"), failure=note("f"))
+    with qtbot.waitSignal(task.finished, timeout=5_000):
+        pass
+    assert threads and threads[0] is not threading.main_thread() and threads[0].name == "t-ok"
+    assert seen == [("p", i, True) for i in range(5)] + [("s", "done", True)]
+    assert workers.running == []
+
+
+def test_an_error_goes_to_failure_or_else_to_the_log(qtbot, caplog):
+    workers = Workers()
+    errors = []
+    task = workers.start(lambda _t: 1 / 0, name="t-fail", failure=errors.append)
+    with qtbot.waitSignal(task.finished, timeout=5_000):
+        pass
+    assert len(errors) == 1 and isinstance(errors[0], ZeroDivisionError)
+    with caplog.at_level(logging.WARNING, logger="app.window.workers.tasks"):
+        task = workers.start(lambda _t: {}["missing"], name="t-unhandled")
+        with qtbot.waitSignal(task.finished, timeout=5_000):
+            pass
+    record = next(r for r in caplog.records if "t-unhandled" in r.getMessage())
+    assert record.exc_info and record.exc_info[0] is KeyError  # with its traceback
+
+
+def test_shutdown_cancels_waits_within_its_bound_and_drops_late_results(qtbot):
+    workers = Workers()
+    delivered = []
+    stubborn = threading.Event()
+
+    def polite(task):
+        task.cancelled.wait(10)
+        return "late"
+
+    def deaf(_task):
+        stubborn.wait(10)  # ignores cancel
+
+    workers.start(polite, name="t-polite", success=delivered.append)
+    workers.start(deaf, name="t-deaf", success=delivered.append)
+    started = time.monotonic()
+    alive = workers.shutdown(timeout_s=0.5)
+    took = time.monotonic() - started
+    assert alive == ["t-deaf"] and 0.4 < took < 3
+    stubborn.set()
+    qtbot.wait(100)
+    assert delivered == []  # nothing is delivered after shutdown
+    assert workers.start(lambda _t: None, name="t-after") is None
+
+
+def test_run_detached_logs_an_error(qtbot, caplog):
+    with caplog.at_level(logging.WARNING, logger="app.window.workers.tasks"):
+        run_detached(lambda: 1 / 0, "t-detached").join(5)
+    assert any("t-detached" in r.getMessage() for r in caplog.records)
+
+
+def test_the_chat_reader_keeps_newest_wins_per_key(qtbot, tmp_path):
+    path = tmp_path / "chats.sqlite3"
+    ChatStore(path).close()
+    workers = Workers()
+    reader = ChatReader(path, workers)
+    gate = threading.Event()
+    results = []
+
+    def slow(_store):
+        gate.wait(5)
+        return "first"
+
+    reader.submit("tree", slow, results.append)
+    reader.submit("tree", lambda _s: "superseded", results.append)
+    reader.submit("search", lambda _s: "other key", results.append)
+    reader.submit("tree", lambda _s: "newest", results.append)
+    gate.set()
+    qtbot.waitUntil(lambda: not reader.pending("tree") and not reader.pending("search"), timeout=5_000)
+    qtbot.wait(50)
+    assert sorted(results) == ["newest", "other key"]
+    reader.close()
+    assert workers.shutdown(timeout_s=5) == []
