@@ -15,6 +15,8 @@ import random
 import time
 from typing import TYPE_CHECKING
 
+import llama_cpp
+
 from engine import cpu
 from engine.chat_engine import GenerationStats
 from engine.settings import SamplingParams
@@ -70,7 +72,7 @@ def decode_reply(engine: Engine, sp: SamplingParams, stats: GenerationStats, t0:
             token = forced
             sampler.accept(forced)
         else:
-            token = pending.popleft() if pending else sampler.sample(llama._ctx, -1)
+            token = pending.popleft() if pending else llama_cpp.llama_sampler_sample(sampler.sampler, llama.ctx, -1)
         if t_first is None:
             t_first = time.perf_counter()
             stats.ttft_ms = (t_first - t0) * 1000

@@ -123,16 +123,15 @@ class LoadedModel:
         self.vocab = llama_cpp.llama_model_get_vocab(self.llama.model)
         self._piece_buf = ctypes.create_string_buffer(64)
         meta = self.llama.metadata
-        model = self.llama._model
         self.template_text, template_missing = template_from_metadata(meta, self._meta_bytes)
-        bos, eos = model.token_bos(), model.token_eos()
+        bos, eos = llama_cpp.llama_vocab_bos(self.vocab), llama_cpp.llama_vocab_eos(self.vocab)
         self.prompts = _LengthAwarePrompts(self, PromptBuilder(
             self.template_text,
             self.tokenize,
             bos_token=self.token_text(bos) if bos >= 0 else "",
             eos_token=self.token_text(eos) if eos >= 0 else "",
             bos_id=bos if bos >= 0 else None,
-            add_bos=model.add_bos_token(),
+            add_bos=llama_cpp.llama_vocab_get_add_bos(self.vocab),
             missing_reason=template_missing,
         ))
         # engine/reasoning.py: the reasoning format, from the template and the vocabulary
@@ -172,7 +171,7 @@ class LoadedModel:
         """Run one token through the model and forget it, as llama.cpp's own tools do:
         the first decode pages in the weights and builds the compute graph (about a
         second here), which belongs to model load, not to the first reply's TTFT."""
-        token = self.llama._model.token_bos()
+        token = self.llama.token_bos()
         self.llama.eval([token if token >= 0 else 0])
         mem = llama_cpp.llama_get_memory(self.llama.ctx)
         llama_cpp.llama_memory_clear(mem, True)

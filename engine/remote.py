@@ -216,9 +216,7 @@ class RemoteEngine:
             with self._errors(parts):
                 with self._client.stream("POST", self.url, json=body) as r:
                     if r.status_code >= 300:
-                        if r.status_code >= 400:
-                            _read_capped(r)
-                        raise self._status_error(r)
+                        raise self._status_error(r, _read_capped(r) if r.status_code >= 400 else b"")
                     self._check_stream_type(r)
                     if on_progress:
                         on_progress("prefill", 0, 0)
@@ -367,16 +365,19 @@ class RemoteEngine:
         code = f" ({status})" if status else ""
         return f"The server at {self.host} refused the request{code}: {clean(msg) or 'no reason given'}"
 
-    def _status_error(self, r: httpx.Response) -> RemoteEngineError:
+    def _status_error(self, r: httpx.Response, body: bytes | None = None) -> RemoteEngineError:
+        """The error for ``r``'s status; ``body`` is its (capped) body when ``r`` streams,
+        None to read ``r.content``."""
         status = r.status_code
         if 300 <= status < 400:
             where = clean(r.headers.get("location", ""), 200) or "another address"
             return RemoteEngineError(f"The server at {self.host} redirected to {where} ({status}); Branchwise does "
                                      "not follow redirects: pass the address you mean as --engine-url.", status)
+        raw = r.content if body is None else body
         try:
-            payload = r.json()
+            payload = json.loads(raw)
         except ValueError:
-            payload = {"error": r.text[:300]}
+            payload = {"error": raw.decode("utf-8", "replace")[:300]}
         if status in (401, 403):
             return RemoteEngineError(f"The server at {self.host} refused the API key ({status}): pass the right "
                                      "one with --engine-key KEY.", status)
@@ -486,15 +487,15 @@ class _StreamBounds:
                                 None, partial)
 
 
-def _read_capped(r: httpx.Response, limit: int = 64 * 1024) -> None:
-    """Read at most ``limit`` bytes of an error answer's body into ``r`` (for ``r.json()``
-    and ``r.text``): an error object is small, a hostile one need not be."""
+def _read_capped(r: httpx.Response, limit: int = 64 * 1024) -> bytes:
+    """At most ``limit`` bytes of a streamed error answer's body: an error object is small,
+    a hostile one need not be."""
     body = bytearray()
     for chunk in r.iter_bytes():
         body += chunk
         if len(body) >= limit:
             break
-    r._content = bytes(body[:limit])  # what httpx's own read() sets
+    return bytes(body[:limit])
 
 
 def _kind(value) -> str:

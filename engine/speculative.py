@@ -312,7 +312,7 @@ class Verifier:
         llama.n_tokens = p + n
         out: list[int] = []
         for i in range(n):
-            s = sampler.sample(llama._ctx, i)
+            s = llama_cpp.llama_sampler_sample(sampler.sampler, llama.ctx, i)
             out.append(s)
             if i + 1 >= n or s != tokens[i + 1]:
                 break

@@ -1,6 +1,6 @@
-"""The layering rule: app -> engine -> storage, and inside app the Qt-free session layer
-(app.session) under both front ends (app.cli, app.window), enforced by import-linter
-contracts in pyproject.toml. A broken contract fails this test."""
+"""The layering rule: app -> engine -> storage, and inside app the layers app.cli ->
+app.window -> app.serve -> app.session (the Qt-free session layer under both front ends),
+enforced by import-linter contracts in pyproject.toml. A broken contract fails this test."""
 
 from __future__ import annotations
 
@@ -21,7 +21,64 @@ def lint_imports() -> subprocess.CompletedProcess:
 def test_import_contracts_are_kept():
     result = lint_imports()
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "4 kept, 0 broken" in result.stdout
+    assert "5 kept, 0 broken" in result.stdout
+
+
+def _import_cycles(graph) -> list[list[str]]:
+    """The groups of modules that import each other in a circle (Tarjan's strongly
+    connected components of ``graph``, a grimp import graph), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for imported in graph.find_modules_directly_imported_by(module):
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in on_stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for module in sorted(graph.modules):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_no_import_cycle_in_the_app():
+    """No app module reaches itself through its imports, function-local ones included (grimp
+    counts those): the CLI's commands, its supervisor and ``serve`` once imported each other
+    from inside functions (issue #26, item 5). Imports under ``if TYPE_CHECKING:`` are left
+    out: they never run (the window's flows name ChatController in annotations only)."""
+    import sys as _sys
+
+    import grimp
+
+    _sys.setrecursionlimit(max(_sys.getrecursionlimit(), 10_000))
+    graph = grimp.build_graph("app", "engine", "storage", exclude_type_checking_imports=True)
+    assert "app.cli.opening" in graph.modules and graph.find_modules_directly_imported_by("app.cli.supervisor")
+    cycles = [c for c in _import_cycles(graph) if any(m.startswith("app.") for m in c)]
+    assert not cycles, cycles
+
+    circle = grimp.ImportGraph()  # the finder finds a circle of three, and not a chain
+    for importer, imported in (("p.a", "p.b"), ("p.b", "p.c"), ("p.c", "p.a"), ("p.c", "p.d")):
+        circle.add_import(importer=importer, imported=imported)
+    assert _import_cycles(circle) == [["p.a", "p.b", "p.c"]]
 
 
 def test_the_cli_path_does_not_load_qt():

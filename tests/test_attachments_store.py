@@ -100,7 +100,7 @@ def test_deleting_the_last_chat_leaves_nothing_in_the_files(tmp_path):
 
 
 def test_export_holds_the_text_and_import_restores_it(tmp_path):
-    from app.export import conversation_json
+    from storage.importers.branchwise import conversation_json
     from storage.importers import import_files
 
     chats = ChatStore(tmp_path / "a.sqlite3")
@@ -113,7 +113,7 @@ def test_export_holds_the_text_and_import_restores_it(tmp_path):
     assert [(x["name"], x["sha256"], x["kind"], x["sent"]) for x in exported] == [
         ("charter.pdf", doc.sha256, "PDF", None)]
     assert RARE in json.dumps(exported)
-    from app.export import conversation_markdown
+    from app.session.markdown_export import conversation_markdown
 
     md = conversation_markdown(data)
     assert "## User · message 1\n\n*Attached: charter\\.pdf (PDF\\, 3 pages)*\n\n```text\nWho keeps" in md

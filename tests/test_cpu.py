@@ -48,7 +48,7 @@ def test_crash_exit_codes_become_words():
 
 @pytest.fixture(scope="module")
 def q4_0_model(tmp_path_factory):
-    from app.bench_cpu import quantize_q4_0
+    from app.bench.cpu import quantize_q4_0
     from engine.model_file import default_model_path
 
     return quantize_q4_0(default_model_path(), tmp_path_factory.mktemp("q4_0") / "smollm2-q4_0.gguf")

@@ -15,7 +15,7 @@ import sys
 import pytest
 from markdown_it import MarkdownIt
 
-from app.export import conversation_markdown, fenced, inline_literal
+from app.session.markdown_export import conversation_markdown, fenced, inline_literal
 from app.cli.terminal_text import escape_controls, for_stream
 
 OSC52 = "\x1b]52;c;SGVsbG8gd29ybGQ=\x07"  # "write 'Hello world' to the clipboard"
@@ -102,7 +102,7 @@ def _headings(markdown: str) -> list[str]:
 
 
 def test_markdown_export_cannot_be_forged(hostile_chat):
-    from app.export import conversation_json
+    from storage.importers.branchwise import conversation_json
     from storage.chats import ChatStore
     from storage.paths import CHATS_DB
 

@@ -474,7 +474,7 @@ def _build_branchwise(db: Path) -> None:
 
 
 def _export_all(db: Path) -> str:
-    from app.cli.import_commands import write_export_all
+    from storage.importers.branchwise import write_export_all
 
     out = io.StringIO()
     with ChatStore(db) as chats:
@@ -518,7 +518,7 @@ def test_export_import_export_is_identical_apart_from_ids(tmp_path: Path) -> Non
 
 
 def test_a_single_conversation_export_round_trips(tmp_path: Path) -> None:
-    from app.export import conversation_json
+    from storage.importers.branchwise import conversation_json
 
     first_db = tmp_path / "first.sqlite3"
     _build_branchwise(first_db)
@@ -564,7 +564,7 @@ def test_memory_stays_flat_as_the_export_grows(tmp_path: Path) -> None:
     """Ten times the messages, about the same peak: the import streams conversation by conversation."""
     import tracemalloc
 
-    from app.import_bench import write_synthetic_chatgpt
+    from app.bench.imports import write_synthetic_chatgpt
 
     peaks = []
     for conversations in (10, 100):

@@ -107,7 +107,7 @@ CLI_FLAG = {"temperature": "--temperature", "top_p": "--top-p", "min_p": "--min-
 
 @pytest.mark.parametrize("name", sorted(limits.SAMPLING))
 def test_the_cli_and_the_api_accept_and_refuse_the_same_values(name):
-    from app.cli.commands import build_parser
+    from app.cli import build_parser
 
     bound = limits.SAMPLING[name]
     parser = build_parser()

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from app.export import conversation_json, conversation_markdown
+from app.session.markdown_export import conversation_markdown
+from storage.importers.branchwise import conversation_json
 from storage import chat_schema
 from storage.chats import ChatStore
 from storage.reasoning_quotes import split_reasoning_quotes

@@ -120,12 +120,12 @@ def cli_args(**kw) -> argparse.Namespace:
 def test_cli_reply_stores_the_snapshot_figures(chats, session, capsys):
     """Drift 1: the window stored snapshot_ms = 0 because the snapshot comes after ``done``.
     Both front ends now merge it through ``ReplyRecorder.add_snapshot``."""
-    from app.cli.commands import _reply
+    from app.cli.reply import reply as cli_reply
 
     user = session.send(None, "Hi")
     conv = chats.get_conversation(user.conversation_id)
     engine = FakeEngine()
-    assert _reply(cli_args(), engine, chats, conv, user.id, "M") == 0
+    assert cli_reply(cli_args(), engine, chats, conv, user.id, "M") == 0
     out = json.loads(capsys.readouterr().out)
     reply = chats.get_message(out["assistant_message_id"])
     assert reply.content == "Hello!"
@@ -152,14 +152,14 @@ def test_recorder_merges_a_snapshot_that_arrives_after_done(chats, session):
 
 def test_one_model_label_rule_for_cli_and_window(tmp_path):
     """Drift 2: the CLI stored "…Q4_1.gguf", the window "…Q4_1"."""
-    from app.cli.commands import _model_label
+    from app.cli.reply import local_model_label
     from engine.model_file import default_model_path
 
     assert model_label("/m/SmolLM2-135M-Instruct.Q4_1.gguf") == "SmolLM2-135M-Instruct.Q4_1"
     assert model_label("/m/Other.GGUF") == "Other"
     assert model_label(None, {"name": "Gemma"}) == "Gemma"
-    assert _model_label(cli_args()) == model_label(default_model_path()) == default_model_path().name[:-5]
-    assert _model_label(cli_args(model=str(tmp_path / "x.Q4_0.gguf"))) == "x.Q4_0"
+    assert local_model_label(cli_args()) == model_label(default_model_path()) == default_model_path().name[:-5]
+    assert local_model_label(cli_args(model=str(tmp_path / "x.Q4_0.gguf"))) == "x.Q4_0"
     # the window's side: tests/test_gui_chat.py checks the label stored on a real reply
 
 
@@ -180,7 +180,7 @@ def test_one_set_of_sampling_and_engine_defaults():
     """Drift 4: sampling defaults lived in storage/chat_records.py and engine/settings.py."""
     from dataclasses import asdict
 
-    from app.cli.commands import build_parser
+    from app.cli import build_parser
     from app.window.settings.app_settings import AppSettings
     from engine.settings import EngineSettings, SamplingParams
     from storage.chat_records import DEFAULT_SAMPLING

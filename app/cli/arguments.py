@@ -1,12 +1,15 @@
-"""The CLI's argument types: each flag's text is parsed and checked against the bound
-in engine/limits.py (the same bounds ``branchwise serve`` applies to request fields), so
-a value out of range is one line and exit code 2 before anything is loaded."""
+"""The CLI's argument types, its parser class and the option groups commands share
+(:func:`common_options`, :func:`engine_options`, :func:`add_remote_arguments`). Each flag's
+text is parsed and checked against the bound in engine/limits.py (the same bounds
+``branchwise serve`` applies to request fields), so a value out of range is one line on
+stderr and exit code 2 before anything is loaded."""
 
 from __future__ import annotations
 
 import argparse
 import math
 
+from app.cli import reasoning_view
 from engine import limits
 
 
@@ -104,3 +107,81 @@ def sampling(name: str):
 
     parse.__name__ = name  # argparse names the type in "invalid <name> value"
     return parse
+
+
+def speculative(text: str) -> str:
+    """``--speculative``: none, lookup or draft:PATH (engine.speculative_setting.parse).
+
+    Raises:
+        argparse.ArgumentTypeError: any other text.
+    """
+    from engine.speculative_setting import parse
+
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_remote_arguments(parser) -> None:
+    """``--engine-url/--engine-key/--engine-model`` for ``chat`` and ``regenerate``."""
+    parser.add_argument("--engine-url", metavar="URL",
+                        help="send the request to this OpenAI-compatible server (e.g. http://gpu-box:8000/v1) "
+                             "instead of the local model; the conversation stays here. The only network "
+                             "connection Branchwise makes, and only to this URL")
+    parser.add_argument("--engine-key", metavar="KEY", help="API key for --engine-url (env BRANCHWISE_ENGINE_KEY)")
+    parser.add_argument("--engine-model", metavar="NAME",
+                        help="model name to request from --engine-url (default: the first it lists)")
+
+
+def common_options() -> Parser:
+    """The options every command that reads the data folder takes, as an argparse parent:
+    ``--data-dir``, ``--json``, ``--quiet``."""
+    common = Parser(add_help=False)
+    common.add_argument("--data-dir", help="where chats and the KV cache live (default: the user data folder; env "
+                        "BRANCHWISE_DATA_DIR): a new or empty folder, or one holding Branchwise's databases; a "
+                        "folder of other files is refused (use a Branchwise subfolder of it)")
+    common.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    common.add_argument("--quiet", action="store_true", help="no progress bars on the terminal")
+    return common
+
+
+def engine_options() -> Parser:
+    """The options of a command that loads a model (``chat``, ``regenerate``, ``serve``), as
+    an argparse parent: the model, the context, the prefix store and the sampling."""
+    from engine.settings import EngineSettings  # no llama_cpp: only the defaults
+
+    defaults = EngineSettings()
+    engine = Parser(add_help=False)
+    engine.add_argument("--model", help="a GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
+    engine.add_argument("--ctx-size", type=ctx_size, default=8192,
+                        help="context window in tokens (default 8192; at most 4 times what the model was trained "
+                             "for, and what this machine's memory holds)")
+    engine.add_argument("--threads", type=threads, default=0,
+                        help="CPU threads (default: the physical core count less one, at least 1; at most 4 "
+                             "per core)")
+    engine.add_argument("--kv-type", choices=["f16", "q8_0"], default="f16", help="KV cache precision")
+    engine.add_argument("--flash-attn", action="store_true",
+                        help="use flash attention (faster prefill; replies after a restore may then differ "
+                             "in rare cases from uncached ones; always on with --kv-type q8_0)")
+    engine.add_argument("--cache-budget", type=parse_size, default=None,
+                        help="most bytes the prefix store keeps, e.g. 2G (env BRANCHWISE_CACHE_BUDGET)")
+    engine.add_argument("--no-cache", action="store_true", help="neither read nor write the prefix store")
+    engine.add_argument("--repack", choices=["auto", "on", "off"], default="auto",
+                        help="llama.cpp's CPU weight repacking: auto (off when llama.cpp has AMX kernels, "
+                             "which crash on some CPUs), on or off (env BRANCHWISE_REPACK overrides)")
+    engine.add_argument("--speculative", type=speculative, default=defaults.speculative, metavar="none|lookup|draft:PATH",
+                        help="speculative decoding: drafts verified in one batch; lookup drafts from the "
+                             "conversation itself, draft:PATH with a small model of the same vocabulary "
+                             f"(default {defaults.speculative})")
+    engine.add_argument("--max-tokens", type=sampling("max_tokens"), help="most tokens in the reply (1 to 1048576)")
+    engine.add_argument("--temperature", type=sampling("temperature"), help="0 to 2; 0 is deterministic")
+    engine.add_argument("--seed", type=sampling("seed"), help="sampling seed (a 64-bit integer)")
+    engine.add_argument("--top-p", type=sampling("top_p"), help="nucleus sampling threshold (0 to 1)")
+    engine.add_argument("--top-k", type=sampling("top_k"), help="sample among the k most likely tokens (0: all)")
+    engine.add_argument("--min-p", type=sampling("min_p"),
+                        help="drop tokens below this fraction of the top probability (0 to 1)")
+    engine.add_argument("--repeat-penalty", type=sampling("repeat_penalty"),
+                        help="penalty for recently generated tokens (1 = none; more than 0, at most 10)")
+    reasoning_view.add_arguments(engine)
+    return engine

@@ -22,29 +22,14 @@ import os
 import signal
 import sys
 import threading
-import time
 
-REPEAT_WINDOW_S = 0.5
-"""SIGINTs closer together than this are one stop (a terminal Ctrl+C plus its forwarded copy)."""
+from engine.process_exit import REPEAT_WINDOW_S, RepeatFilter
+
+__all__ = ["REPEAT_WINDOW_S", "REPORT_ENV", "RepeatFilter", "install_child_handlers", "read_reports",
+           "report", "say_at_end", "stop_sets", "what_was_kept"]
+
 REPORT_ENV = "BRANCHWISE_REPORT_FD"
 """In the child's environment: the file descriptor of the pipe to the supervisor."""
-
-
-class RepeatFilter:
-    """Tells a repeated delivery of one stop from a new stop (``REPEAT_WINDOW_S``)."""
-
-    def __init__(self, clock=time.monotonic) -> None:
-        self.clock = clock
-        self._last: float | None = None
-
-    def is_repeat(self) -> bool:
-        """True when the previous accepted signal came less than ``REPEAT_WINDOW_S`` ago."""
-        now = self.clock()
-        if self._last is not None and now - self._last < REPEAT_WINDOW_S:
-            return True
-        self._last = now
-        return False
-
 
 _report_fd: int | None = None
 stopped_by: int = signal.SIGINT

@@ -2,7 +2,7 @@
 conversation for good, the cache statistics in human units, the Markdown export's
 branch note, and saying what a turn did and did not save.
 
-``app/cli/commands.py`` calls these; they hold no state.
+The command modules (app/cli/commands/) and app/cli/reply.py call these; they hold no state.
 """
 
 from __future__ import annotations

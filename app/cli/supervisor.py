@@ -24,12 +24,15 @@ import sys
 import time
 from pathlib import Path
 
+from app.cli.exit_codes import EXIT_CRASHED, EXIT_INTERRUPTED
+from app.cli.interrupts import REPORT_ENV, read_reports, what_was_kept
+from engine.cpu import CRASH_ENV  # a debug switch that makes the engine crash
+from engine.process_exit import crash_name
+
 CHILD_ENV = "BRANCHWISE_SUPERVISED"
 """Set in the child's environment to the parent's pid: the child runs the command itself."""
-from engine.cpu import CRASH_ENV  # noqa: E402  (a debug switch that makes the engine crash)
-from engine.process_exit import crash_name  # noqa: E402
-EXIT_CRASHED = 70  # EX_SOFTWARE (sysexits.h): an internal software error
 LOG_NAME = "cli.log"
+
 
 def in_child() -> bool:
     """True in the child process that actually runs the command."""
@@ -66,8 +69,6 @@ def run_supervised(argv: list[str], data_dir: Path, repack_setting: str) -> int:
         The child's exit code, 70 after a crash, or 130 when a second Ctrl+C ended the
         child (with one line on stderr).
     """
-    from app.cli.interrupts import REPORT_ENV, read_reports
-
     env = dict(os.environ, **{CHILD_ENV: str(os.getpid())})
     started = time.time()
     report_r, report_w = os.pipe() if os.name == "posix" else (None, None)
@@ -111,8 +112,6 @@ def run_supervised(argv: list[str], data_dir: Path, repack_setting: str) -> int:
         print(line, file=sys.stderr)
     if killed:
         print(ended_message(data_dir, started, facts), file=sys.stderr)
-        from app.cli.commands import EXIT_INTERRUPTED
-
         return EXIT_INTERRUPTED
     what = crash_description(returncode)
     if what is None and returncode < 0 and -returncode not in forwarded:  # SIGKILL: the OOM killer, kill -9
@@ -127,8 +126,6 @@ def run_supervised(argv: list[str], data_dir: Path, repack_setting: str) -> int:
 def ended_message(data_dir: Path, started: float, facts: dict | None = None) -> str:
     """The line printed after a second Ctrl+C ended the engine: what the chats hold now
     (``facts``: what the child reported, app/cli/interrupts.py)."""
-    from app.cli.interrupts import what_was_kept
-
     facts = facts or {}
     reply_id, chars = facts.get("reply"), None
     if reply_id is not None:

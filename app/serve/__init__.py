@@ -1,13 +1,12 @@
 """The OpenAI-compatible HTTP API both ways.
 
 * :mod:`app.serve.server`: ``branchwise serve``, the engine and its prefix store behind
-  ``/v1/chat/completions`` and ``/v1/models`` (:class:`~app.serve.server.ApiServer`,
-  which the window can start and stop in-process).
+  ``/v1/chat/completions`` and ``/v1/models`` (:class:`~app.serve.server.ApiServer`; the
+  window runs ``branchwise serve`` as a child process, app/window/flows/server_controller.py).
 * :mod:`app.serve.protocol`: request validation and response shapes.
 * :mod:`app.serve.replies`: the token ids of the replies the server sent.
-* :mod:`app.serve.commands`: the CLI (``serve``, ``--engine-url``); the remote engine
-  itself is :mod:`engine.remote`.
-* :mod:`app.serve.bench`: ``branchwise bench --serve``.
+* the CLI's ``serve`` is :mod:`app.cli.commands.serve`; the ``--engine-url`` client is
+  :mod:`engine.remote`.
 
 Kept import-light: the CLI imports this package to build its parser.
 """

@@ -24,11 +24,12 @@ Routes: ``POST /v1/chat/completions`` (streaming as server-sent events, and not)
 Served conversations are not written to chats.sqlite3: the client owns its history
 (it resends it with every request) and Branchwise's chat list stays the user's own.
 
-The window runs this server as a child process (``branchwise serve --json`` started by
-``app/window/flows/server_controller.py`` through a ``QProcess``), not in its own process:
-:meth:`ApiServer.start` runs uvicorn on a thread, :meth:`ApiServer.stop` ends it,
-:attr:`ApiServer.state` is a :class:`ServerState` and ``on_state`` reports every change
-(from a server thread).
+``branchwise serve`` calls :meth:`ApiServer.serve_forever`. The window does not run this
+class itself: Server → Start API server starts ``branchwise serve --json`` as a ``QProcess``
+child with its own engine (app/window/flows/server_controller.py). :meth:`ApiServer.start` runs
+uvicorn on a thread of the calling process instead (the tests use it) and
+:meth:`ApiServer.stop` ends it; :attr:`ApiServer.state` is a :class:`ServerState` and
+``on_state`` reports every change (from a server thread).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from app.serve.protocol import ApiError, ChatRequest, StopScanner
 from app.serve.replies import ReplyMemory
 from engine.chat_template import ChatMessage
 from engine.errors import ContextOverflowError, EngineError, TemplateError
+from engine.process_exit import RepeatFilter
 from engine.settings import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -198,9 +200,6 @@ class ApiServer:
         if _drop_bind_errors not in uvicorn_log.filters:
             uvicorn_log.addFilter(_drop_bind_errors)
         owner = self
-
-        from app.cli.interrupts import RepeatFilter
-
         repeats = RepeatFilter()
 
         class _Server(uvicorn.Server):

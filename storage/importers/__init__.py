@@ -5,8 +5,8 @@ returns an ``ImportSummary``; ``detect(path)`` names a file's format. One
 module per format reads it into ``SourceConversation`` records
 (``records.py``); ``tree.py`` checks and orders the tree; ``writer.py`` stores
 it; ``run.py`` handles files, zips, transactions, progress and cancelling.
-``export --all`` (the backup these files restore) is written by the CLI,
-``app/cli/import_commands.py`` ``write_export_all``.
+``branchwise.py`` holds Branchwise's own JSON both ways: it also writes
+``conversations export`` and ``export --all``.
 """
 
 from storage.importers.records import (

@@ -1,20 +1,22 @@
-"""Branchwise's own JSON: ``conversations export ID --format json`` and ``export --all``.
+"""Branchwise's own JSON, both ways: the writer (``conversations export ID --format json``,
+``export --all``, ``conversations show --json``) and the reader ``branchwise import`` uses.
 
-One conversation is the object ``app/export.py`` ``conversation_json`` writes:
+One conversation is the object :func:`conversation_json` writes:
 
     {"id", "title", "system_prompt", "sampling", "pinned", "created_at", "updated_at",
      "active_leaf_id", "active_path", "messages": [{"id", "parent_id", "role", "content",
-      "status", "model", "created_at", "stats", "token_ids", "attachments" (user messages
-      with files: ``storage.attachments.exported``)}]}
+      "reasoning", "status", "model", "created_at", "stats", "token_ids", "attachments" (user
+      messages with files: ``storage.attachments.exported``)}]}
 
 with messages in creation order (parents first). ``export --all``
-(``app/cli/import_commands.py`` ``write_export_all``) writes ``{"branchwise_export": 1, "conversations":
-[…]}``. Everything is kept (token ids, stats, status, pinned, sampling), so
-export → import → export gives the same JSON apart from ids.
+(:func:`write_export_all`) writes ``{"branchwise_export": 1, "conversations": [...]}``.
+Everything is kept (token ids, stats, status, pinned, sampling), so export → import →
+export gives the same JSON apart from ids (:func:`read`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import IO, Any, Final
 
@@ -24,6 +26,61 @@ from storage.importers.records import ImportFileError, SourceConversation, Sourc
 
 EXPORT_VERSION: Final = 1
 """Value of ``"branchwise_export"`` in an ``export --all`` file."""
+
+
+# -- writing ---------------------------------------------------------------------------------
+
+
+def conversation_json(chats, conversation_id: int) -> dict:
+    """The whole conversation: settings, every message (tree via parent_id), the active path.
+
+    Raises NotFoundError for an unknown id.
+    """
+    c = chats.get_conversation(conversation_id)
+    active = [m.id for m in chats.active_path(c.id)]
+    data = {
+        "id": c.id, "title": c.title, "system_prompt": c.system_prompt, "sampling": c.sampling,
+        "pinned": c.pinned, "created_at": c.created_at, "updated_at": c.updated_at,
+        "active_leaf_id": c.active_leaf_id, "active_path": active,
+        "messages": [
+            {"id": m.id, "parent_id": m.parent_id, "role": m.role, "content": m.content,
+             "reasoning": m.reasoning,
+             "status": m.status, "model": m.model, "created_at": m.created_at, "stats": m.stats,
+             "token_ids": list(m.token_ids) if m.token_ids is not None else None}
+            for m in chats.tree(c.id)
+        ],
+    }
+    _add_attachments(chats, data["messages"])
+    return data
+
+
+def _add_attachments(chats, messages: list[dict]) -> None:
+    """Give each message with attached files an ``"attachments"`` list (their extracted
+    text as passages; ``storage.attachments.exported``), which the Branchwise import restores."""
+    from storage.attachments import exported, for_chats
+
+    found = for_chats(chats).of_messages([m["id"] for m in messages if m["role"] == "user"])
+    for m in messages:
+        if m["id"] in found:
+            m["attachments"] = [exported(a) for a in found[m["id"]]]
+
+
+def write_export_all(chats: Any, out: IO[str]) -> int:
+    """Write ``{"branchwise_export": 1, "conversations": [...]}``, one conversation at a time.
+
+    Each element is :func:`conversation_json` of one conversation, oldest
+    first (by id). Returns how many were written.
+    """
+    ids = sorted(c.id for c in chats.list_conversations())
+    out.write(f'{{"branchwise_export": {EXPORT_VERSION}, "conversations": [')
+    for n, conversation_id in enumerate(ids):
+        out.write(",\n" if n else "\n")
+        out.write(json.dumps(conversation_json(chats, conversation_id), ensure_ascii=False, indent=2))
+    out.write("\n]}\n")
+    return len(ids)
+
+
+# -- reading ---------------------------------------------------------------------------------
 
 
 def read(stream: IO[bytes], kind: str, keys: set[str]) -> Iterator[SourceConversation]:

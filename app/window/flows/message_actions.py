@@ -1,6 +1,6 @@
 """What the window does with one message or the shown branch, beside sending: delete a
 message with its replies (undoable from the banner) and copy the shown branch as Markdown
-(``MessageActions``).
+(``MessageActions``; the Markdown is ``app.session.markdown_export``).
 
 Deleting is carried out at once (``ChatStore.deletion.delete_subtree``, one transaction) and the
 removed messages are kept in memory: Undo in the banner puts them back
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from PySide6.QtCore import QObject
 from PySide6.QtGui import QGuiApplication
 
-from app.export import conversation_markdown
+from app.session.markdown_export import branch_markdown
 from app.window.shell.banner import Banner
 from app.window.shell.status_bar import StatusBar
 from app.window.workers.scrub import scrub_deleted
@@ -30,21 +30,6 @@ if TYPE_CHECKING:
     from app.window.transcript.chat_controller import ChatController
 
 log = logging.getLogger(__name__)
-
-
-def branch_markdown(store, conversation_id: int) -> str:
-    """The active branch of ``conversation_id`` as the Markdown export (``app.export``):
-    every message fenced verbatim. Reads only the active path, not the whole tree."""
-    conv = store.get_conversation(conversation_id)
-    path = store.active_path(conversation_id)
-    siblings = {m.id: store.branches.siblings(m.id) for m in path}
-    messages = [s for m in path for s in siblings[m.id]]  # the branch counts "(branch 2/3)"
-    data = {
-        "title": conv.title, "system_prompt": conv.system_prompt, "active_path": [m.id for m in path],
-        "messages": [{"id": m.id, "parent_id": m.parent_id, "role": m.role, "content": m.content,
-                      "status": m.status} for m in messages],
-    }
-    return conversation_markdown(data, left_out_note=False)
 
 
 class MessageActions(QObject):

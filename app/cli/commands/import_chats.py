@@ -1,22 +1,20 @@
-"""``branchwise import FILE...`` and ``branchwise conversations export --all``: restore and backup.
+"""``branchwise import FILE...``: restore chats from exports.
 
-``import`` reads exports of ChatGPT, Claude, Open WebUI, LM Studio, SillyTavern
-and Branchwise itself (``storage.importers``), keeping every branch; ``export
---all`` writes every conversation as one Branchwise JSON file, the backup that
-``import`` restores. Hooked into ``app/cli/commands.py`` by ``add_import_parser``,
-``add_export_all_arguments`` and ``run_import`` / ``run_export_all``.
+It reads exports of ChatGPT, Claude, Open WebUI, LM Studio, SillyTavern and Branchwise
+itself (``storage.importers``), keeping every branch; a Branchwise file is what
+``conversations export --all`` (app/cli/commands/conversations.py) writes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import Any
 
+from app.cli import opening
+from app.cli.arguments import common_options
 from storage.importers.records import (
     FORMAT_NAMES,
     NO_KV_NOTE,
@@ -26,12 +24,17 @@ from storage.importers.records import (
     ImportSummary,
 )
 
+NAME = "import"
+LOADS_ENGINE = False
+STOP_ON_TERM = False
+
 SKIPPED_SHOWN = 10
 """Skipped items listed per file in the text output (``--json`` lists all)."""
 
 
-def add_import_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+def add_parser(sub: Any) -> None:
     """Add the ``import`` subcommand to ``sub`` (the CLI's subparsers)."""
+    common = common_options()
     p = sub.add_parser(
         "import", parents=[common],
         help="import chats from ChatGPT, Claude, Open WebUI, LM Studio, SillyTavern or a Branchwise export",
@@ -47,19 +50,12 @@ def add_import_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                                                           "change nothing")
 
 
-def add_export_all_arguments(export: argparse.ArgumentParser) -> None:
-    """Add ``--all`` and ``--output`` to ``conversations export``."""
-    export.add_argument("--all", action="store_true",
-                        help="every conversation, as one Branchwise JSON file (a backup; `branchwise import` "
-                             "restores it)")
-    export.add_argument("--output", "-o", metavar="FILE", help="write to FILE (mode 0600; an existing FILE is replaced) instead of standard output")
-
-
-def run_import(args: argparse.Namespace, data_dir: Path) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run ``branchwise import``; return the exit code (1 if a file failed)."""
     from storage.importers import import_files
     from storage.paths import CHATS_DB
 
+    data_dir = opening.data_dir(args)
     bar = None if args.json or not sys.stderr.isatty() else _Bar()
     try:
         summary = import_files([Path(f) for f in args.files], data_dir / CHATS_DB, format=args.format,
@@ -72,59 +68,6 @@ def run_import(args: argparse.Namespace, data_dir: Path) -> int:
     else:
         _print_summary(summary)
     return 1 if summary.failed else 0
-
-
-def run_export_all(args: argparse.Namespace, chats: Any) -> int:
-    """Write every conversation (``export --all``, always JSON) to ``args.output`` or standard output."""
-    if args.output:
-        count = write_file(Path(args.output), lambda out: write_export_all(chats, out))
-        print(f"Exported {count} conversation{'s' * (count != 1)} to {args.output}.", file=sys.stderr)
-    else:
-        write_export_all(chats, sys.stdout)
-    return 0
-
-
-def write_file(target: Path, write: Callable[[IO[str]], Any]) -> Any:
-    """Run ``write`` on a new file that then replaces ``target`` (mode 0600, as ``mkstemp``
-    makes it; an existing ``target`` is replaced). Written beside the target and renamed,
-    so an interrupted export leaves no half file. Returns what ``write`` returned.
-
-    Raises:
-        ValueError: the file cannot be written (the words name it; nothing was written).
-    """
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".branchwise-export-", dir=target.parent or ".")
-    except OSError as exc:
-        raise ValueError(f"Cannot write {target}: {exc.strerror or exc}.") from exc
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            result = write(out)
-        os.replace(tmp, target)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise ValueError(f"Cannot write {target}: {exc.strerror or exc}. Nothing was written.") from exc
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return result
-
-
-def write_export_all(chats: Any, out: IO[str]) -> int:
-    """Write ``{"branchwise_export": 1, "conversations": [...]}``, one conversation at a time.
-
-    Each element is ``app.export.conversation_json`` of one conversation, oldest
-    first (by id). Returns how many were written.
-    """
-    from app.export import conversation_json
-    from storage.importers.branchwise import EXPORT_VERSION
-
-    ids = sorted(c.id for c in chats.list_conversations())
-    out.write(f'{{"branchwise_export": {EXPORT_VERSION}, "conversations": [')
-    for n, conversation_id in enumerate(ids):
-        out.write(",\n" if n else "\n")
-        out.write(json.dumps(conversation_json(chats, conversation_id), ensure_ascii=False, indent=2))
-    out.write("\n]}\n")
-    return len(ids)
 
 
 # -- text output ----------------------------------------------------------------------------

@@ -25,7 +25,7 @@ def _server(binary: str, model: Path, slots: Path, log: Path, repack: bool):
     """A llama-server child on a free loopback port (started and stopped as the serve
     bench's servers are), and the base URL of its native endpoints. ``repack`` False adds
     ``--no-repack`` (llama.cpp common/arg.cpp), Branchwise's ``use_extra_bufts = False``."""
-    from app.serve.bench import _Server
+    from app.bench.serve import ServerProcess
     from app.serve.server import free_port
 
     port = free_port()
@@ -34,7 +34,7 @@ def _server(binary: str, model: Path, slots: Path, log: Path, repack: bool):
             "-fa", "off"]  # the KV layout Branchwise uses (V transposed): the same bytes to move
     if not repack:
         argv.append("--no-repack")
-    return _Server(argv, log, False, port), f"http://127.0.0.1:{port}"
+    return ServerProcess(argv, log, False, port), f"http://127.0.0.1:{port}"
 
 
 @contextlib.contextmanager

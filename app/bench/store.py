@@ -13,7 +13,7 @@ includes a checkpoint; see engine/core.py).
    their distinct tokens.
 4. The same sharing workload through llama-cpp-python's ``LlamaDiskCache``.
 5. With ``--llama-server PATH``: llama.cpp's own slot save and restore of the same prompt
-   (``app/bench_llama_server.py``), printed next to the store's figures.
+   (``app/bench/llama_server.py``), printed next to the store's figures.
 
 Prints a table, or one JSON object with ``--json``. Nothing here is asserted: the
 numbers are for people (and the closing notes) to read.
@@ -328,7 +328,7 @@ def run_bench(model: str | None = None, as_json: bool = False, quick: bool = Fal
         log("snapshot throughput ...")
         out["snapshot"] = bench_snapshot(engine, prompt, work)
         if llama_server:
-            from app.bench_llama_server import bench_llama_server
+            from app.bench.llama_server import bench_llama_server
 
             log(f"llama-server slot save/restore ({llama_server}) ...")
             out["llama_server"] = bench_llama_server(llama_server, model_path, prompt, work / "slots",

@@ -1,5 +1,5 @@
 """``branchwise models``: find GGUF models on a hub, see whether they fit, download them
-(resumable, SHA-256 checked) and keep a library. A self-contained command module:
+(resumable, SHA-256 checked) and keep a library. A command module (app/cli/commands/):
 :func:`add_parser` adds the subcommand, :func:`run` runs it. No Qt, no llama.cpp.
 
 Nothing contacts the network except ``search`` with a query, ``files`` and ``download``;
@@ -14,11 +14,18 @@ import threading
 import time
 from pathlib import Path
 
-EXIT_ERROR = 1
+from app.cli import opening
+from app.cli.arguments import common_options
+from app.cli.exit_codes import EXIT_ERROR
+
+NAME = "models"
+LOADS_ENGINE = False
+STOP_ON_TERM = False
 
 
-def add_parser(subparsers, common) -> None:
-    """Add ``models`` and its actions to ``subparsers`` (``common`` holds --data-dir/--json/--quiet)."""
+def add_parser(subparsers) -> None:
+    """Add ``models`` and its actions to ``subparsers``."""
+    common = common_options()
     models = subparsers.add_parser("models", help="find, download and keep GGUF models")
     sub = models.add_subparsers(dest="action", required=True, parser_class=type(models))
     s = sub.add_parser("search", parents=[common], help="search the hub for GGUF repositories "
@@ -45,24 +52,14 @@ def add_parser(subparsers, common) -> None:
                    "repositories, 0600 in the data folder")
 
 
-def resolve_model(model: str | None, data_dir: Path) -> str | None:
-    """``chat --model X``: X itself when it is a path that exists or looks like one, else
-    the library model called X (its first part), else X unchanged (the load then names it)."""
-    if not model or Path(model).exists() or "/" in model or "\\" in model:
-        return model
-    from engine.hub.library import find
-
-    found = find(data_dir, model)
-    return found.path if found else model
-
-
-def run(args, data_dir: Path) -> int:
+def run(args) -> int:
     """Run ``branchwise models ACTION``; returns the exit code (0, or 1 with one line on stderr)."""
     from engine.hub.catalog import HubError
     from engine.hub.download import DownloadError
     from engine.hub.header import HeaderError
     from engine.hub.library import LibraryError
 
+    data_dir = opening.data_dir(args)
     try:
         return {"search": _search, "files": _files, "download": _download, "list": _list, "rm": _rm,
                 "login": _login}[args.action](args, Path(data_dir))

@@ -50,7 +50,12 @@ def _history(model_path: Path, n_tokens: int) -> list[dict]:
             {"role": "user", "content": text + "\n\nWhich word appears most often above?"}]
 
 
-class _Server:
+class ServerProcess:
+    """A server child process (``argv``) on a loopback port, as a context manager: started on
+    enter (its URL read from its first stdout line when ``url_from_stdout``, else polled on
+    ``/models`` for up to 300 s; RuntimeError naming ``log`` if it does not start), stopped
+    by SIGINT on exit (killed after 15 s)."""
+
     def __init__(self, argv: list[str], log: Path, url_from_stdout: bool, port: int = 0):
         self.argv, self.log, self.url_from_stdout, self.port = argv, log, url_from_stdout, port
         self.proc: subprocess.Popen | None = None
@@ -136,7 +141,7 @@ def run_serve_bench(model: str | None = None, as_json: bool = False, quick: bool
             argv = [sys.executable, "-m", "app.cli", "serve", "--json", "--port", "0", "--data-dir", str(data),
                     "--model", str(model_path), "--ctx-size", str(N_CTX), "--threads", threads]
 
-            return lambda: _Server(argv, work / "branchwise-serve.log", True)
+            return lambda: ServerProcess(argv, work / "branchwise-serve.log", True)
 
         def llama_cpp_server():
             from app.serve.server import free_port
@@ -144,7 +149,7 @@ def run_serve_bench(model: str | None = None, as_json: bool = False, quick: bool
             port = free_port()
             argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(model_path), "--host", "127.0.0.1",
                     "--port", str(port), "--n_ctx", str(N_CTX), "--n_threads", threads]
-            return _Server(argv, work / "llama-cpp-server.log", False, port)
+            return ServerProcess(argv, work / "llama-cpp-server.log", False, port)
 
         say(f"serve: branchwise serve, {n_tokens:,}-token history, restart, resend ...")
         out["branchwise_serve"] = _said(say, _resend_after_restart(branchwise(work / "data"), history))

@@ -1,5 +1,5 @@
-"""The command-line side of the OpenAI-compatible API: ``branchwise serve`` and the
-``--engine-url`` options of ``chat`` and ``regenerate`` (hooked in by app/cli/commands.py)."""
+"""``branchwise serve``: the command-line side of the OpenAI-compatible API (the server
+itself is app/serve/server.py; the ``--engine-url`` client is engine/remote.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from app.cli import arguments
+from app.cli import arguments, opening
+from app.cli.arguments import common_options, engine_options
 from app.serve import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_QUEUE
+
+NAME = "serve"
+LOADS_ENGINE = True
+"""Runs in the supervised child (app/cli/supervisor.py)."""
+STOP_ON_TERM = False
+"""uvicorn takes SIGTERM itself."""
 
 SERVE_HELP = """\
 Serve the model and its KV prefix store over an OpenAI-compatible HTTP API:
@@ -36,9 +43,10 @@ send it) not allowed, and a POST body that is not 'Content-Type: application/jso
 --allowed-host and --allowed-origin let chosen ones through."""
 
 
-def add_serve_parser(sub, parents: list) -> None:
-    """Add ``serve`` to the CLI's subcommands (``parents``: the data-dir and engine options;
-    the sampling options become the defaults for fields a request leaves out)."""
+def add_parser(sub) -> None:
+    """Add ``serve`` to the CLI's subcommands (with the data-dir and engine options; the
+    sampling options become the defaults for fields a request leaves out)."""
+    parents = [common_options(), engine_options()]
     p = sub.add_parser("serve", parents=parents, help="an OpenAI-compatible API for other tools",
                        description=SERVE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST}; "
@@ -54,34 +62,12 @@ def add_serve_parser(sub, parents: list) -> None:
                    help=f"requests that may wait behind the running one before 429 (default {DEFAULT_QUEUE})")
 
 
-def add_remote_arguments(parser) -> None:
-    """``--engine-url/--engine-key/--engine-model`` for ``chat`` and ``regenerate``."""
-    parser.add_argument("--engine-url", metavar="URL",
-                        help="send the request to this OpenAI-compatible server (e.g. http://gpu-box:8000/v1) "
-                             "instead of the local model; the conversation stays here. The only network "
-                             "connection Branchwise makes, and only to this URL")
-    parser.add_argument("--engine-key", metavar="KEY", help="API key for --engine-url (env BRANCHWISE_ENGINE_KEY)")
-    parser.add_argument("--engine-model", metavar="NAME",
-                        help="model name to request from --engine-url (default: the first it lists)")
+def run(args) -> int:
+    """Serve until SIGINT or SIGTERM; returns the exit code (0 once stopped).
 
-
-def open_remote_engine(args):
-    import os
-
-    from engine.remote import RemoteEngine
-
-    key = args.engine_key or os.environ.get("BRANCHWISE_ENGINE_KEY") or None
-    return RemoteEngine(args.engine_url, key, args.engine_model)
-
-
-def remote_stats_line(conversation_id: int, message_id: int, s) -> str:
-    cached = f"cached {s.restored_tokens:,} of {s.prompt_tokens:,} prompt tokens · " if s.reported else \
-        "no usage reported · "
-    return (f"[conversation {conversation_id} · message {message_id} · {s.model} at {s.server} · {cached}"
-            f"TTFT {s.ttft_ms:.0f} ms · {s.decode_tokens_per_s:.1f} tok/s]")
-
-
-def cmd_serve(args) -> int:
+    Raises:
+        ServeError: a public ``--host`` without an API key, or a port out of range.
+    """
     import os
 
     from app.serve.replies import FILE_NAME, ReplyMemory
@@ -94,14 +80,10 @@ def cmd_serve(args) -> int:
                          f"could use the model. Pass --api-key KEY, or leave --host at {DEFAULT_HOST}.")
     if not 0 <= args.port <= 65535:
         raise ServeError(f"--port must be between 0 and 65535, not {args.port}.")
-    from app.cli.commands import _data_dir, _open_engine
-
-    from app.cli.commands import _sampling
-
-    engine = _open_engine(args)
-    defaults = _sampling(args, _NoConversation())
+    engine = opening.open_engine(args)
+    defaults = opening.sampling(args, _NoConversation())
     model_id = Path(args.model).stem if args.model else "SmolLM2-135M-Instruct.Q4_1"
-    memory = ReplyMemory(_data_dir(args) / FILE_NAME)
+    memory = ReplyMemory(opening.data_dir(args) / FILE_NAME)
     server = ApiServer(engine, model_id, host=args.host, port=args.port, api_key=api_key,
                        queue_size=max(args.queue_size, 1), reply_memory=memory,
                        sampling=defaults, use_cache=not args.no_cache,

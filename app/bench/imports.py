@@ -1,4 +1,4 @@
-"""Time and peak memory of importing a synthetic ChatGPT export: ``python -m app.import_bench``.
+"""Time and peak memory of importing a synthetic ChatGPT export: ``python -m app.bench.imports``.
 
 Writes a ``conversations.json`` shaped like ChatGPT's (a root node, the empty
 hidden system message, a chain of user/assistant turns, a regenerated answer
@@ -8,8 +8,8 @@ tracemalloc), and the peak memory of a second run (tracemalloc's peak of
 Python allocations, and the process's ru_maxrss). Memory should stay flat as
 the file grows: the import streams one conversation at a time.
 
-    python -m app.import_bench                       # 50,000 messages
-    python -m app.import_bench --messages 500000     # ten times more: the peak should not follow
+    python -m app.bench.imports                      # 50,000 messages
+    python -m app.bench.imports --messages 500000    # ten times more: the peak should not follow
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def _node(mid: str, parent: str, role: str, text: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m app.import_bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m app.bench.imports", description=__doc__.splitlines()[0])
     p.add_argument("--messages", type=int, default=50_000, help="about how many messages (default 50,000)")
     p.add_argument("--keep", metavar="DIR", help="write the files here and keep them")
     args = p.parse_args(argv)

@@ -1,10 +1,15 @@
-"""Conversations as JSON (the whole tree) and Markdown (the active path).
+"""A conversation as Markdown: ``conversations export``/``show`` in the CLI and "Copy
+conversation as Markdown" in the window.
 
-In the Markdown export every text a person or a model wrote (the system prompt and each
-message) is fenced, verbatim, in a code fence longer than any run of backticks inside it,
-so no message can close its fence, pose as a turn heading (``## Assistant · message 2``),
-leave a quote block or inject HTML (CommonMark 0.31, "Fenced code blocks": a fence closes
-only on a line of at least as many backticks). The title, which sits in a heading, is put
+:func:`conversation_markdown` renders the data of the Branchwise JSON
+(``storage.importers.branchwise.conversation_json``: the whole tree) or of
+:func:`branch_markdown` (the active path and its siblings, read alone).
+
+Every text a person or a model wrote (the system prompt and each message) is fenced,
+verbatim, in a code fence longer than any run of backticks inside it, so no message can
+close its fence, pose as a turn heading (``## Assistant · message 2``), leave a quote
+block or inject HTML (CommonMark 0.31, "Fenced code blocks": a fence closes only on a
+line of at least as many backticks). The title, which sits in a heading, is put
 on one line with every ASCII punctuation character backslash-escaped ("Backslash escapes").
 """
 
@@ -35,29 +40,6 @@ def quoted_lines(text: str) -> list[str]:
     return [f"> {line}" if line else ">" for line in text.split("\n")]
 
 
-def conversation_json(chats, conversation_id: int) -> dict:
-    """The whole conversation: settings, every message (tree via parent_id), the active path.
-
-    Raises NotFoundError for an unknown id.
-    """
-    c = chats.get_conversation(conversation_id)
-    active = [m.id for m in chats.active_path(c.id)]
-    data = {
-        "id": c.id, "title": c.title, "system_prompt": c.system_prompt, "sampling": c.sampling,
-        "pinned": c.pinned, "created_at": c.created_at, "updated_at": c.updated_at,
-        "active_leaf_id": c.active_leaf_id, "active_path": active,
-        "messages": [
-            {"id": m.id, "parent_id": m.parent_id, "role": m.role, "content": m.content,
-             "reasoning": m.reasoning,
-             "status": m.status, "model": m.model, "created_at": m.created_at, "stats": m.stats,
-             "token_ids": list(m.token_ids) if m.token_ids is not None else None}
-            for m in chats.tree(c.id)
-        ],
-    }
-    _add_attachments(chats, data["messages"])
-    return data
-
-
 def _attached_line(a: dict) -> str:
     """``*Attached: report.pdf (PDF, 3 pages)*``; its text is in the JSON export."""
     pages = max((p[1] or 0 for p in a["passages"]), default=0) if a["paged"] else 0
@@ -67,19 +49,8 @@ def _attached_line(a: dict) -> str:
     return f"*Attached: {inline_literal(a['name'])} ({inline_literal(what)})*"
 
 
-def _add_attachments(chats, messages: list[dict]) -> None:
-    """Give each message with attached files an ``"attachments"`` list (their extracted
-    text as passages; ``storage.attachments.exported``), which the Branchwise import restores."""
-    from storage.attachments import exported, for_chats
-
-    found = for_chats(chats).of_messages([m["id"] for m in messages if m["role"] == "user"])
-    for m in messages:
-        if m["id"] in found:
-            m["attachments"] = [exported(a) for a in found[m["id"]]]
-
-
 def conversation_markdown(data: dict, active_only: bool = True, left_out_note: bool = True) -> str:
-    """Markdown of the active path of :func:`conversation_json` output (every message with
+    """Markdown of the active path of ``conversation_json`` output (every message with
     ``active_only=False``). Message texts are fenced verbatim (see the module docstring);
     a note says how many messages on other branches are left out (``left_out_note`` False:
     no note, for ``data`` that holds only the path and its siblings)."""
@@ -108,3 +79,20 @@ def conversation_markdown(data: dict, active_only: bool = True, left_out_note: b
             out += ["> **Reasoning**", ">", *quoted_lines(fenced(m["reasoning"], "text")), ""]
         out += [fenced(m["content"], "markdown" if m["role"] == "assistant" else "text"), ""]
     return "\n".join(out)
+
+
+def branch_markdown(store, conversation_id: int) -> str:
+    """The active branch of ``conversation_id`` as the Markdown export: every message
+    fenced verbatim. Reads only the active path and its siblings, not the whole tree.
+
+    Raises NotFoundError for an unknown id."""
+    conv = store.get_conversation(conversation_id)
+    path = store.active_path(conversation_id)
+    siblings = {m.id: store.branches.siblings(m.id) for m in path}
+    messages = [s for m in path for s in siblings[m.id]]  # the branch counts "(branch 2/3)"
+    data = {
+        "title": conv.title, "system_prompt": conv.system_prompt, "active_path": [m.id for m in path],
+        "messages": [{"id": m.id, "parent_id": m.parent_id, "role": m.role, "content": m.content,
+                      "status": m.status} for m in messages],
+    }
+    return conversation_markdown(data, left_out_note=False)

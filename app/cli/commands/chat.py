@@ -1,0 +1,93 @@
+"""``branchwise chat``: send a message and stream the reply (a new conversation, the end of
+one, or a branch under ``--parent``)."""
+
+from __future__ import annotations
+
+from app.cli import arguments, opening, reply
+from app.cli.arguments import add_remote_arguments, common_options, engine_options
+from app.cli.storage_commands import add_message_arguments
+
+NAME = "chat"
+LOADS_ENGINE = True
+"""Runs in the supervised child (app/cli/supervisor.py)."""
+STOP_ON_TERM = True
+"""A SIGTERM stops the reply as Ctrl+C does, keeping what was streamed."""
+
+
+def add_parser(sub) -> None:
+    """Add ``chat`` to ``sub`` (the CLI's subparsers)."""
+    common, engine = common_options(), engine_options()
+    chat = sub.add_parser("chat", parents=[common, engine], help="send a message and stream the reply")
+    chat.add_argument("--conversation", type=arguments.row_id, help="continue this conversation (default: a new one)")
+    chat.add_argument("--parent", type=arguments.row_id, help="reply under this message instead of the active leaf (a branch)")
+    chat.add_argument("--system", help="system prompt (for a new conversation, or to change it)")
+    add_message_arguments(chat)
+    from app.cli.attach_commands import add_attach_arguments
+
+    add_attach_arguments(chat)
+    add_remote_arguments(chat)
+
+
+def run(args) -> int:
+    """Send ``args.text`` (or stdin, or ``--file``) and stream the reply; returns the exit code."""
+    from app.cli.storage_commands import message_text
+    from storage.errors import NotFoundError
+
+    args.text = message_text(args)
+    if not args.text.strip():
+        raise ValueError("The message is empty; type something to send.")
+    from app.cli import attach_commands
+
+    docs = attach_commands.read_attachments(args)  # before anything loads or is stored
+    chats = opening.open_chats(args)
+    # Load the model first, so a bad model file leaves no trace in the conversations.
+    engine = opening.open_engine(args)
+    if args.parent is not None:
+        parent = chats.get_message(args.parent)
+        if parent.role != "assistant":
+            raise ValueError(
+                f"Message {parent.id} is your own message; --parent takes an assistant reply to answer "
+                "under (to rephrase a message, pass --parent with the reply before it).")
+        if args.conversation is not None and parent.conversation_id != args.conversation:
+            raise NotFoundError(f"Message {args.parent} is not in conversation {args.conversation}.")
+        conversation = chats.get_conversation(parent.conversation_id)
+        parent_id = parent.id
+    elif args.conversation is not None:
+        from app.session import ConversationSession
+
+        conversation = chats.get_conversation(args.conversation)
+        parent_id = conversation.active_leaf_id
+        pending = ConversationSession(chats).unanswered_leaf(conversation.id)
+        if pending is not None:  # never two questions in a row (another branchwise may be answering it)
+            raise ValueError(
+                f"Conversation {conversation.id} ends on your message {pending.id}, which has no reply yet "
+                "(another branchwise may be answering it right now). Wait for that reply, answer it with "
+                f"'branchwise regenerate {pending.id}', or branch from an earlier reply with --parent ID.")
+    else:
+        conversation = None
+        parent_id = None
+    system = args.system if args.system is not None else (conversation.system_prompt if conversation else "")
+    # Refuse an overflowing message before anything is written: no empty "New chat" is left.
+    attached = attach_commands.AttachPlan()
+    if docs and not engine.is_remote:  # counted with the files in; searched when they do not fit
+        attached = attach_commands.plan(args, engine, chats, system,
+                                        chats.branches.path_to(parent_id) if parent_id else [], args.text, docs)
+    elif docs:
+        attached = attach_commands.AttachPlan(docs=docs, sent=[None] * len(docs))
+    if not engine.is_remote:  # a server checks its own context window
+        reply.check_fits(engine, system, chats.branches.path_to(parent_id) if parent_id else [],
+                         attached.text or args.text)
+    if conversation is None:
+        conversation = chats.create_conversation(system_prompt=system)
+    if args.system is not None and args.system != conversation.system_prompt:
+        chats.set_system_prompt(conversation.id, args.system)
+        conversation = chats.get_conversation(conversation.id)
+    from app.session import ConversationSession
+
+    user = ConversationSession(chats).send(conversation.id, args.text, parent_id)
+    if docs:
+        attach_commands.store_and_link(chats, user.id, attached)
+        args.json_attachments = attached.info
+        args.attach_footer = f" · {attached.footer()}"
+    label = engine.model_name() if engine.is_remote else reply.local_model_label(args)
+    return reply.reply(args, engine, chats, conversation, user.id, label)

@@ -1,0 +1,41 @@
+"""``branchwise gui`` (and ``branchwise`` with no command): open the window."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from app.cli.arguments import common_options
+from app.cli.exit_codes import EXIT_ERROR
+
+NAME = "gui"
+LOADS_ENGINE = False
+"""The window runs its engine in a process of its own (engine/worker.py)."""
+STOP_ON_TERM = False
+
+
+def add_parser(sub) -> None:
+    """Add ``gui`` to ``sub`` (the CLI's subparsers)."""
+    common = common_options()
+    sub.add_parser("gui", parents=[common], help="open the window (the default)")
+
+
+def run(args) -> int:
+    """Open the window on ``--model`` and the data folder (``--screenshot PNG``: offscreen, save,
+    exit); returns its exit code, or 1 with one line on stderr when there is no display."""
+    from app.window.shell.gui import run
+
+    if args.screenshot:
+        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    elif _no_display():
+        print("branchwise: no display to open the window on (DISPLAY and WAYLAND_DISPLAY are unset). "
+              "Use the command line (branchwise --help) or set QT_QPA_PLATFORM=offscreen.",
+              file=sys.stderr)
+        return EXIT_ERROR
+    data_dir = getattr(args, "data_dir", None) or args.gui_data_dir
+    return run(data_dir, args.gui_model, screenshot=args.screenshot)
+
+
+def _no_display() -> bool:
+    return (sys.platform.startswith("linux") and not os.environ.get("QT_QPA_PLATFORM")
+            and not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"))
