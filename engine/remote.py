@@ -243,11 +243,15 @@ class RemoteEngine:
                             raise RemoteEngineError(self._server_says(event, r.status_code), r.status_code,
                                                     "".join(parts))
                         self._read_usage(event, stats)
+                        over = False  # more text than --max-tokens allows: the server ignores it
                         for delta, thought, finish in self._choices(event, parts):
                             if thought:
                                 thoughts.append(thought)
                                 if on_reasoning:
                                     on_reasoning(thought, -1)
+                            if delta and bounds.reached_max_tokens(chunks):
+                                over = True
+                                break
                             if delta:
                                 now = time.perf_counter()
                                 if t_first is None:
@@ -262,8 +266,8 @@ class RemoteEngine:
                             if finish:
                                 stats.finish_reason = _finish(finish)
                                 bounds.progress(0)
-                        if bounds.reached_max_tokens(chunks):  # counted here: the server may not stop
-                            stats.finish_reason = "length"
+                        if over:  # counted here: a server that ignores max_tokens is cut at the next chunk
+                            stats.finish_reason = "length"  # (one that honours it still sends its usage)
                             ended = True
                             break
                     else:
