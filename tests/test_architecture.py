@@ -26,37 +26,48 @@ def test_import_contracts_are_kept():
 
 def _import_cycles(graph) -> list[list[str]]:
     """The groups of modules that import each other in a circle (Tarjan's strongly
-    connected components of ``graph``, a grimp import graph), each sorted."""
+    connected components of ``graph``, a grimp import graph), each sorted. Iterative: an
+    explicit stack of (module, its imports still to visit), so a long import chain cannot
+    reach Python's recursion limit."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
     on_stack: set[str] = set()
     cycles = []
 
-    def visit(module: str) -> None:
+    def enter(module: str) -> tuple[str, list[str]]:
         index[module] = low[module] = len(index)
         stack.append(module)
         on_stack.add(module)
-        for imported in graph.find_modules_directly_imported_by(module):
-            if imported not in index:
-                visit(imported)
-                low[module] = min(low[module], low[imported])
-            elif imported in on_stack:
-                low[module] = min(low[module], index[imported])
-        if low[module] == index[module]:
-            group = []
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                group.append(member)
-                if member == module:
-                    break
-            if len(group) > 1:
-                cycles.append(sorted(group))
+        return module, sorted(graph.find_modules_directly_imported_by(module))
 
-    for module in sorted(graph.modules):
-        if module not in index:
-            visit(module)
+    for root in sorted(graph.modules):
+        if root in index:
+            continue
+        work = [enter(root)]
+        while work:
+            module, pending = work[-1]
+            if pending:
+                imported = pending.pop()
+                if imported not in index:
+                    work.append(enter(imported))
+                elif imported in on_stack:
+                    low[module] = min(low[module], index[imported])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[module])
+            if low[module] == index[module]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == module:
+                        break
+                if len(group) > 1:
+                    cycles.append(sorted(group))
     return cycles
 
 
@@ -65,11 +76,8 @@ def test_no_import_cycle_in_the_app():
     counts those): the CLI's commands, its supervisor and ``serve`` once imported each other
     from inside functions (issue #26, item 5). Imports under ``if TYPE_CHECKING:`` are left
     out: they never run (the window's flows name ChatController in annotations only)."""
-    import sys as _sys
-
     import grimp
 
-    _sys.setrecursionlimit(max(_sys.getrecursionlimit(), 10_000))
     graph = grimp.build_graph("app", "engine", "storage", exclude_type_checking_imports=True)
     assert "app.cli.opening" in graph.modules and graph.find_modules_directly_imported_by("app.cli.supervisor")
     cycles = [c for c in _import_cycles(graph) if any(m.startswith("app.") for m in c)]
@@ -79,6 +87,13 @@ def test_no_import_cycle_in_the_app():
     for importer, imported in (("p.a", "p.b"), ("p.b", "p.c"), ("p.c", "p.a"), ("p.c", "p.d")):
         circle.add_import(importer=importer, imported=imported)
     assert _import_cycles(circle) == [["p.a", "p.b", "p.c"]]
+
+    chain = grimp.ImportGraph()  # a chain far deeper than the recursion limit, closed at the end
+    depth = sys.getrecursionlimit() * 2
+    for i in range(depth):
+        chain.add_import(importer=f"q.m{i:05d}", imported=f"q.m{i + 1:05d}")
+    chain.add_import(importer=f"q.m{depth:05d}", imported="q.m00000")
+    assert [len(c) for c in _import_cycles(chain)] == [depth + 1]
 
 
 def test_the_cli_path_does_not_load_qt():
