@@ -162,3 +162,41 @@ def test_two_deliveries_of_one_stop_are_one_and_a_later_one_counts():
     assert repeats.is_repeat()
     now[0] += REPEAT_WINDOW_S
     assert not repeats.is_repeat()  # a new stop
+
+
+_STOP_DURING_SNAPSHOT = """
+import os, signal, sys
+from engine.core import Engine
+
+store_kv = Engine.snapshot
+
+def stopped_while_storing(self, stats=None):
+    os.kill(os.getpid(), signal.SIGTERM)  # `kill PID` lands while the reply's KV is being stored
+    return store_kv(self, stats)
+
+Engine.snapshot = stopped_while_storing
+from app.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_stop_while_the_kv_is_stored_finishes_storing_it_first(tmp_path):
+    """Issue #27, item 5: `kill` right after a reply, while its KV snapshot is written, used
+    to end the child inside the snapshot (KeyboardInterrupt), so the next turn prefilled the
+    whole reply again. Now the snapshot ends whole, then the command stops (143)."""
+    env = {**os.environ, "BRANCHWISE_DATA_DIR": str(tmp_path), "BRANCHWISE_SUPERVISED": str(os.getpid())}
+    first = subprocess.run([sys.executable, "-c", _STOP_DURING_SNAPSHOT, "chat", "--json", "--temperature", "0",
+                            "--max-tokens", "48", "Name three deserts."], capture_output=True, text=True,
+                           env=env, timeout=300)
+    assert first.returncode == 143, first.stderr
+    assert "the reply and its KV cache were saved first" in first.stderr
+    turn = json.loads(first.stdout)
+    assert turn["saved"]["kv_cache"] is True, turn
+    reply_end = turn["stats"]["prompt_tokens"] + turn["stats"]["generated_tokens"]
+    env.pop("BRANCHWISE_SUPERVISED")
+    follow = subprocess.run([sys.executable, "-m", "app.cli", "chat", "--json", "--conversation", "1",
+                             "--temperature", "0", "--max-tokens", "4", "Which is largest?"],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert follow.returncode == 0, follow.stderr
+    restored = json.loads(follow.stdout)["stats"]["restored_tokens"]
+    assert restored >= reply_end - 2, (restored, reply_end)  # the reply's KV came back (the template may re-render its end)

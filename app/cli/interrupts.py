@@ -26,7 +26,7 @@ import threading
 from engine.process_exit import REPEAT_WINDOW_S, RepeatFilter
 
 __all__ = ["REPEAT_WINDOW_S", "REPORT_ENV", "RepeatFilter", "install_child_handlers", "read_reports",
-           "report", "say_at_end", "stop_sets", "what_was_kept"]
+           "report", "say_at_end", "stop_sets", "stops_held", "what_was_kept"]
 
 REPORT_ENV = "BRANCHWISE_REPORT_FD"
 """In the child's environment: the file descriptor of the pipe to the supervisor."""
@@ -35,6 +35,15 @@ _report_fd: int | None = None
 stopped_by: int = signal.SIGINT
 """The signal behind the last stop the child took (for its exit code: 128 + it)."""
 _cancel: threading.Event | None = None
+_held: "HeldStop | None" = None
+
+
+class HeldStop:
+    """What :func:`stops_held` saw: ``signum`` is the stop that arrived while it held stops
+    (SIGINT or SIGTERM), or 0 when none did."""
+
+    def __init__(self) -> None:
+        self.signum = 0
 
 
 @contextlib.contextmanager
@@ -48,6 +57,22 @@ def stop_sets(cancel: threading.Event):
         yield cancel
     finally:
         _cancel = None
+
+
+@contextlib.contextmanager
+def stops_held():
+    """While storing what is already done (the KV snapshot after a finished reply): a stop
+    is remembered instead of raising KeyboardInterrupt, so the work ends whole and the
+    caller then stops. Yields a :class:`HeldStop`. A second Ctrl+C is not held: the
+    supervisor counts it and ends the child at once (the snapshot is then lost, the reply
+    is not: it was saved before)."""
+    global _held
+    held = HeldStop()
+    _held = held
+    try:
+        yield held
+    finally:
+        _held = None
 
 
 def install_child_handlers(graceful_term: bool) -> None:
@@ -71,6 +96,9 @@ def install_child_handlers(graceful_term: bool) -> None:
         stopped_by = signum
         if _cancel is not None:
             _cancel.set()
+            return
+        if _held is not None:
+            _held.signum = signum
             return
         raise KeyboardInterrupt
 

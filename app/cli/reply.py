@@ -131,10 +131,12 @@ def reply(args, engine, chats, conversation, parent_id, model_label: str) -> int
     if result.stats.finish_reason == FinishReason.CANCELLED:  # stored as stopped, with its stats
         return _stopped(args, conversation.id, parent_id, msg_id, result.text, stats_saved=True)
     saved.reply = saved.stats = True
+    held = None
     if use_cache and not remote and engine.store is not None:  # after the reply is safe: storing the KV is an optimisation
         if watch.gone():
             raise ConversationDeleted(conversation.id)
-        engine.snapshot(result.stats)  # never raises; a full disk only means no cache
+        with interrupts.stops_held() as held:  # Ctrl+C or kill now: store the KV first, then stop
+            engine.snapshot(result.stats)  # never raises; a full disk only means no cache
         if watch.gone():  # deleted while the blocks were written: the delete did not see them
             watch.forget_written(engine, list(result.prompt_ids) + list(result.token_ids))
             raise ConversationDeleted(conversation.id)
@@ -179,6 +181,9 @@ def reply(args, engine, chats, conversation, parent_id, model_label: str) -> int
               f"in {s.restore_ms:.0f} ms · prefilled {s.prefilled_tokens} in {s.prefill_ms / 1000:.2f} s · "
               f"TTFT {s.ttft_ms:.0f} ms · {s.decode_tokens_per_s:.1f} tok/s{_draft_note(s)}{_cut_note(s)}"
               f"{getattr(args, 'attach_footer', '')}]", file=sys.stderr)
+    if held is not None and held.signum:  # stopped while the KV was stored: it was finished first
+        print("branchwise: stopped; the reply and its KV cache were saved first", file=sys.stderr)
+        return 128 + held.signum
     return 0
 
 
