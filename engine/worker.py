@@ -9,6 +9,12 @@ at once so that a reply can be stopped while it streams. A ``PrewarmRequest`` (b
 work between requests, ``engine/prewarm.py``) stops between batches as soon as any other
 request arrives: it is dropped when a newer prewarm or a request that changes the live
 context (generate, load, cache) is waiting, and resumed after the others (counts, coverage).
+
+Stopping: the window decides. The child ignores SIGINT (a terminal's Ctrl+C reaches the
+whole process group; the window closes and sends ``ShutdownRequest``, which waits behind
+the request being served, so a finished reply's KV snapshot is written whole). A SIGTERM
+to the child itself (a logout, ``pkill``) cancels what runs, lets its snapshot finish and
+exits. When the window is gone (the pipe is closed) events are dropped, not raised.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import faulthandler
 import logging
 import multiprocessing as mp
 import queue
+import signal
 import threading
 import time
 import traceback
@@ -159,7 +166,9 @@ def _child_main(conn, data_dir: str, log_file: str) -> None:
         # A crash in llama.cpp (a signal) leaves every thread's stack in the same log.
         crash_log = open(log_file, "a", encoding="utf-8")  # noqa: SIM115  (open for the process's life)
         faulthandler.enable(file=crash_log, all_threads=True)
-    _Server(conn, Path(data_dir)).run()
+    server = _Server(conn, Path(data_dir))
+    server.take_signals()
+    server.run()
 
 
 class _Server:
@@ -174,10 +183,36 @@ class _Server:
         self.arrived = threading.Event()  # set by the reader for every request: a prewarm yields
         self.arrived_at: dict[int, float] = {}  # generate request id -> perf_counter when it was read
         self._send_lock = threading.Lock()
+        self.terminating = False  # a SIGTERM arrived: finish the request being served, then exit
+        self.parent_gone = False
 
     def send(self, event: Event) -> None:
+        if self.parent_gone:
+            return
         with self._send_lock:
-            self.conn.send(event)
+            try:
+                self.conn.send(event)
+            except (BrokenPipeError, EOFError, ConnectionResetError):  # the window ended: work on, then exit
+                self.parent_gone = True
+                log.info("the window closed the pipe; %s not delivered", type(event).__name__)
+
+    def take_signals(self) -> None:
+        """Ignore SIGINT (the window stops this process) and make SIGTERM a stop that
+        lets the request being served end whole (its reply cancelled, its snapshot
+        written) before the process exits."""
+        def terminate(_signum, _frame):
+            self.terminating = True
+            for event in list(self.cancels.values()):
+                event.set()
+            self.arrived.set()  # a prewarm yields
+            # not from inside the handler: it may have interrupted a thread holding the queue's lock
+            threading.Thread(target=self.inbox.put, args=(ShutdownRequest(),), daemon=True).start()
+
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, terminate)
+        except ValueError:  # not the main thread (tests run the server inline)
+            pass
 
     def _reader(self) -> None:
         while True:
@@ -201,9 +236,9 @@ class _Server:
         handlers = {LoadRequest: self.op_load, GenerateRequest: self.op_generate, CountRequest: self.op_count,
                     CoverageRequest: self.op_coverage, CacheRequest: self.op_cache,
                     PrewarmRequest: self.op_prewarm}
-        while True:
+        while not self.terminating:
             msg = self.inbox.get()
-            if isinstance(msg, ShutdownRequest):
+            if isinstance(msg, ShutdownRequest) or self.terminating:
                 break
             try:
                 handlers[type(msg)](msg)

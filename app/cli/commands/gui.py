@@ -33,7 +33,12 @@ def run(args) -> int:
               file=sys.stderr)
         return EXIT_ERROR
     data_dir = getattr(args, "data_dir", None) or args.gui_data_dir
-    return run(data_dir, args.gui_model, screenshot=args.screenshot)
+    code = run(data_dir, args.gui_model, screenshot=args.screenshot)
+    if code in (130, 143):  # Ctrl+C or SIGTERM closed the window the way its close button does
+        how = "Ctrl+C" if code == 130 else "a stop signal (SIGTERM)"
+        print(f"branchwise: the window was closed by {how}; your chats and their KV cache are saved.",
+              file=sys.stderr)
+    return code
 
 
 def _no_display() -> bool:

@@ -72,7 +72,8 @@ def run(data_dir: str | None, model_path: str | None, screenshot: str | None = N
     """Open the window on ``data_dir`` (None: ``BRANCHWISE_DATA_DIR`` or the per-user folder)
     with ``model_path`` (None: the last model used, else the embedded default). Returns the
     exit code: 0 after a normal quit, 2 when the data folder cannot be used or the user
-    declined a folder that holds other files (``ask``, see :func:`open_data_dir`).
+    declined a folder that holds other files (``ask``, see :func:`open_data_dir`), 130 or
+    143 when Ctrl+C or SIGTERM closed the window (it closes as its close button does).
 
     With ``screenshot`` (a PNG path) the window saves a picture of itself once the model
     has loaded (or failed to, or after 60 s) and quits: for installer checks."""
@@ -115,8 +116,13 @@ def run(data_dir: str | None, model_path: str | None, screenshot: str | None = N
     window.show()
     if screenshot:
         _quit_after_screenshot(app, window, Path(screenshot))
+    from app.window.shell.lifetime import SignalStop
+
+    signals = SignalStop(window)  # Ctrl+C, kill: close the window as its close button does
     try:
-        return app.exec()
+        code = app.exec()
     finally:
         window.shutdown()
+        signals.restore()
         sys.excepthook = sys.__excepthook__
+    return 128 + signals.signum if signals.signum else code
