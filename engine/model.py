@@ -69,6 +69,7 @@ class ModelFacts:
     cache_mode: str = "blocks"  # a CacheMode value: how the prefix store keeps this model's state
     n_threads: int = 0  # CPU threads in use
     reasoning_format: str = "none"  # engine.reasoning.ReasoningFormat: how the model writes its thinking
+    thinking_control: str = "none"  # engine.thinking_control.ThinkingControl: what a chat may set about it
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -163,6 +164,7 @@ class LoadedModel:
             cache_mode=self.cache_mode.value,
             n_threads=settings.threads,
             reasoning_format=str(self.reasoning.format),
+            thinking_control=str(self.prompts.thinking_control),
         )
 
         self._warm_up()

@@ -98,6 +98,8 @@ class ReplyView(QObject):
             return
         if r.text:
             pending.note.setText("· writing…")
+        if r.reasoning:  # a reasoning model's thinking, above the answer (thought_block.py)
+            pending.set_reasoning(r.reasoning)
         pending.set_text(r.text)
         if r.text:
             chat.timeline.mark("shown")
