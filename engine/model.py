@@ -243,7 +243,8 @@ class _LengthAwarePrompts:
     def __getattr__(self, name):
         return getattr(self._builder, name)
 
-    def build(self, messages, add_generation_prompt: bool = True, tools: list[dict] | None = None) -> list[int]:
+    def build(self, messages, add_generation_prompt: bool = True, tools: list[dict] | None = None,
+              thinking: str = "") -> list[int]:
         """:meth:`PromptBuilder.build`.
 
         Raises:
@@ -252,7 +253,7 @@ class _LengthAwarePrompts:
             TemplateError: the template failed otherwise.
         """
         try:
-            return self._builder.build(messages, add_generation_prompt, tools)
+            return self._builder.build(messages, add_generation_prompt, tools, thinking)
         except TemplateLimitError:
             n_ctx, total = self._model.llama.n_ctx(), 0
             for m in messages:

@@ -98,7 +98,7 @@ class ReplyView(QObject):
             return
         if r.text:
             pending.note.setText("· writing…")
-        if r.reasoning:  # a reasoning model's thinking, above the answer (thought_block.py)
+        if r.reasoning and r.reasoning != pending.thought.reasoning:  # a reasoning model's thinking (thought_block.py)
             pending.set_reasoning(r.reasoning)
         pending.set_text(r.text)
         if r.text:

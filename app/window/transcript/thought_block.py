@@ -55,7 +55,6 @@ class ThoughtBlock(QFrame):
         self.folded = False
         self.summary = THINKING
         self._started: float | None = None
-        self.pieces = 0  # streamed pieces (one per token of thinking)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.setSpacing(2)
@@ -92,21 +91,22 @@ class ThoughtBlock(QFrame):
 
     def set_live(self, text: str) -> None:
         """The thinking streamed so far (it only grows); shown open until :meth:`fold`."""
+        if text == self.reasoning:
+            return
         if self._started is None:
             self._started = self._clock()
-        self.pieces += 1
         self.reasoning = text
         self.setVisible(bool(text))
         if self.is_open:
             self.body.setText(text)
 
     def fold_live(self) -> None:
-        """The answer started: fold, with the time since the first piece of thinking and
-        the pieces seen (the engine's figures replace them once the reply is saved)."""
+        """The answer started: fold, with the time since the first piece of thinking was
+        shown (the engine's figures, with the token count, replace it once the reply is saved)."""
         if self.folded or not self.reasoning:
             return
         ms = (self._clock() - self._started) * 1000 if self._started is not None else None
-        self.fold(thought_summary(ms, self.pieces))
+        self.fold(thought_summary(ms, None))
 
     def fold(self, summary: str) -> None:
         """Fold the block to the line ``summary``."""
