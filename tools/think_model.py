@@ -53,8 +53,9 @@ def think_copy(src: Path, dst: Path, template: str = THINK_TEMPLATE) -> Path:
     return Path(dst)
 
 
-def grammar_file(folder: Path) -> Path:
-    """:data:`GRAMMAR` written to ``folder/think.gbnf``; returns its path."""
+def grammar_file(folder: Path, grammar: str = GRAMMAR) -> Path:
+    """``grammar`` (GBNF text, :data:`GRAMMAR` by default) written to ``folder/think.gbnf``;
+    returns its path."""
     path = Path(folder) / "think.gbnf"
-    path.write_text(GRAMMAR)
+    path.write_text(grammar)
     return path
