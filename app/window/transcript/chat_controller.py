@@ -342,9 +342,8 @@ class ChatController(QObject):
         self.reply = self.session.start_reply(user.id, self.model.label)
         self._request, self._stopping = handle, False
         handle.token.connect(self._token)
-        handle.reasoning.connect(self._reasoning)
-        status = self.status
-        handle.progress.connect(lambda phase, done, total: status.reply_progress(phase, done, total))
+        handle.reasoning.connect(self.view.reasoning_arrived)
+        handle.progress.connect(self.status.reply_progress)
         handle.done.connect(lambda e, r=self.reply: self._done(r, e))
         handle.snapshot.connect(lambda e, r=self.reply: self._snapshot(r, e))
         handle.failed.connect(lambda e, r=self.reply: self._failed(r, e))
@@ -382,18 +381,6 @@ class ChatController(QObject):
             self.timeline.mark("token")
         try:
             self.reply.add_text(text)
-        except NotFoundError:  # the chat was deleted meanwhile: its reply is being stopped
-            self.stop()
-        except StorageError as exc:
-            self.banner.storage_failed(exc)
-        self.view.text_arrived()
-
-    def _reasoning(self, text: str) -> None:
-        """A piece of a reasoning model's thinking: stored with the reply, shown above it."""
-        if self.reply is None:
-            return
-        try:
-            self.reply.add_reasoning(text)
         except NotFoundError:  # the chat was deleted meanwhile: its reply is being stopped
             self.stop()
         except StorageError as exc:
