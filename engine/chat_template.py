@@ -350,8 +350,10 @@ class PromptBuilder:
         ``thinking`` is a chat's thinking setting (``engine.thinking_control``: "" the
         template's default, "off", or an effort "low" / "medium" / "high"); one that
         :attr:`thinking_control` does not take changes nothing."""
-        messages = with_flag(self.thinking_control, thinking, messages)
         variables = template_variables(self.thinking_control, thinking)
+        flagged = with_flag(self.thinking_control, thinking, messages)
+        if flagged != list(messages):  # the template reads the flag from the text, which the sentinels hide
+            return self._with_bos(self._fallback(flagged, add_generation_prompt, tools, variables))
         if self.tool_format is ToolFormat.GENERIC and (tools or any(m.tool_calls or m.role == "tool" for m in messages)):
             messages, tools = generic_chat_messages(messages, tools), None
         placeholders = [m.template_dict(_SENTINEL.format(i), _REASONING_SENTINEL.format(i))

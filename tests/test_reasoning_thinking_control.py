@@ -50,6 +50,8 @@ def test_the_no_think_flag_is_added_to_the_system_message():
     off = b.render(Q, thinking="off")
     assert off.startswith("[no thinking]<|im_start|>system\nBe brief. /no_think<|im_end|>")
     assert not b.render(Q).startswith("[no thinking]")
+    assert text_of(b.build(Q, thinking="off")) == off  # the token path too (the flag is read from the text)
+    assert text_of(b.build(Q)) == b.render(Q)
     alone = with_flag(ThinkingControl.NO_THINK_FLAG, "off", Q[1:])
     assert [(m.role, m.content) for m in alone] == [("system", "/no_think"), ("user", "What is 2+2?")]
     assert with_flag(ThinkingControl.ENABLE, "off", Q) == Q
