@@ -97,3 +97,29 @@ def test_settings_form_shows_thinking_only_where_the_template_has_a_control(qtbo
     assert {k: plain.values()[1][k] for k in ("thinking", "thinking_budget")} == {"thinking": "off",
                                                                                    "thinking_budget": 5}
     assert form(None).values()[1]["thinking_budget"] is None  # off by default
+
+
+QWEN_LIKE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% if enable_thinking is defined and "
+    "enable_thinking is false %}{{ '<think>\n\n</think>\n\n' }}{% endif %}{% endif %}"
+)
+
+
+def test_the_engine_renders_the_chat_setting_on_the_real_model(tmp_path, model_path):
+    """``SamplingParams.thinking`` (what the window sends) reaches the template."""
+    from engine.core import Engine
+    from engine.settings import EngineSettings
+    from tools.think_model import think_copy
+
+    engine = Engine(think_copy(model_path, tmp_path / "qwen-like.gguf", QWEN_LIKE), EngineSettings(n_ctx=1024))
+    try:
+        assert engine.model.facts.thinking_control == "enable_thinking"
+        q = [ChatMessage("user", "Hi")]
+        off = engine.generate(q, SamplingParams(temperature=0.0, max_tokens=2, thinking="off"), use_cache=False)
+        on = engine.generate(q, SamplingParams(temperature=0.0, max_tokens=2), use_cache=False)
+        assert engine.model.detokenize(off.prompt_ids).endswith("assistant\n<think>\n\n</think>\n\n")
+        assert off.prompt_ids[: len(on.prompt_ids)] == on.prompt_ids and len(off.prompt_ids) > len(on.prompt_ids)
+        assert engine.prompt_tokens(q, "off") == off.prompt_ids
+    finally:
+        engine.close()
