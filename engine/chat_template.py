@@ -37,6 +37,7 @@ from enum import StrEnum
 from engine.errors import TemplateError
 from engine.stop_strings import StopMatcher, Tokenize
 from engine.tool_calls import ToolFormat, detect_format, generic_chat_messages, template_message
+from engine.thinking_control import ThinkingControl, detect_control, template_variables, with_flag
 from engine.template_sandbox import (  # re-exported: importers name them from here
     MAX_INT_BITS,
     MAX_OUTPUT_CHARS,
@@ -277,6 +278,7 @@ class PromptBuilder:
         self.note = ""
         self.stop_strings: tuple[str, ...] = ()
         self.tool_format = ToolFormat.GENERIC  # the tool-call syntax (engine.tool_calls)
+        self.thinking_control = ThinkingControl.NONE  # what a chat may set (engine.thinking_control)
         if template is None or not template.strip():
             why = missing_reason or ("The model file has no chat template" if template is None
                                      else "The model's chat template is blank")
@@ -284,6 +286,7 @@ class PromptBuilder:
             return
         self._template = compile_template(template)
         self.tool_format = detect_format(template)
+        self.thinking_control = detect_control(template)
         probe = "Hello \u2013 what is 2+2?"
         try:
             text = self._render([{"role": "user", "content": probe}], True)
@@ -298,6 +301,7 @@ class PromptBuilder:
         self._template = compile_template(CHATML_TEMPLATE)
         self.format = PromptFormat.CHATML_FALLBACK
         self.tool_format = ToolFormat.GENERIC
+        self.thinking_control = ThinkingControl.NONE
         self.stop_strings = CHATML_STOP_STRINGS
         self.note = (f"{why}, so Branchwise uses the ChatML prompt format and ends each reply at "
                      "ChatML's <|im_end|> marker. Replies may be poor: this may be a base model, "
@@ -308,12 +312,16 @@ class PromptBuilder:
         template ends its turns (with an end-of-generation token)."""
         return StopMatcher(self.stop_strings) if self.stop_strings else None
 
-    def render(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> str:
-        """The template's text for ``messages`` (for display and debugging)."""
-        return self._render([_message_dict(m, m.content) for m in messages], add_generation_prompt)
+    def render(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
+               thinking: str = "") -> str:
+        """The template's text for ``messages`` (for display and debugging); ``thinking`` as in :meth:`build`."""
+        messages = with_flag(self.thinking_control, thinking, messages)
+        return self._render([_message_dict(m, m.content) for m in messages], add_generation_prompt,
+                            variables=template_variables(self.thinking_control, thinking))
 
-    def _render(self, msgs: list[dict], add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
-        extra = {"tools": tools} if tools else {}
+    def _render(self, msgs: list[dict], add_generation_prompt: bool, tools: list[dict] | None = None,
+                variables: dict | None = None) -> str:
+        extra = {**(variables or {}), **({"tools": tools} if tools else {})}
         try:
             return render_bounded(
                 self._template,
@@ -329,7 +337,7 @@ class PromptBuilder:
             raise TemplateError(f"The model's chat template failed: {exc}") from exc
 
     def build(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
-              tools: list[dict] | None = None) -> list[int]:
+              tools: list[dict] | None = None, thinking: str = "") -> list[int]:
         """Prompt token ids for ``messages``, ending with the assistant's turn header.
         ``tools`` (OpenAI's function objects) are rendered by the template, or with
         :attr:`tool_format` GENERIC described in a system message (``engine.tool_calls``).
@@ -337,17 +345,25 @@ class PromptBuilder:
         An assistant reply with ``reasoning`` (not None) goes to the template with the
         answer as ``content`` and the reasoning in :data:`REASONING_FIELDS`; whatever the
         template keeps of the two is tokenized as text (the reply's generated ids hold
-        the thinking, which most templates drop from earlier turns)."""
+        the thinking, which most templates drop from earlier turns).
+
+        ``thinking`` is a chat's thinking setting (``engine.thinking_control``: "" the
+        template's default, "off", or an effort "low" / "medium" / "high"); one that
+        :attr:`thinking_control` does not take changes nothing."""
+        variables = template_variables(self.thinking_control, thinking)
+        flagged = with_flag(self.thinking_control, thinking, messages)
+        if flagged != list(messages):  # the template reads the flag from the text, which the sentinels hide
+            return self._with_bos(self._fallback(flagged, add_generation_prompt, tools, variables))
         if self.tool_format is ToolFormat.GENERIC and (tools or any(m.tool_calls or m.role == "tool" for m in messages)):
             messages, tools = generic_chat_messages(messages, tools), None
         placeholders = [m.template_dict(_SENTINEL.format(i), _REASONING_SENTINEL.format(i))
                         for i, m in enumerate(messages)]
-        text = self._render(placeholders, add_generation_prompt, tools)
+        text = self._render(placeholders, add_generation_prompt, tools, variables)
         found = [int(i) for kind, i in _SENTINEL_RE.findall(text) if kind == "w"]
         if found != list(range(len(messages))):
             # The template transforms or reorders content; render it for real. Prefix
             # stability may suffer, correctness does not.
-            return self._with_bos(self._fallback(messages, add_generation_prompt, tools))
+            return self._with_bos(self._fallback(messages, add_generation_prompt, tools, variables))
 
         ids: list[int] = []
         pending: list[str] = []
@@ -384,14 +400,14 @@ class PromptBuilder:
         )
 
     def _fallback(self, messages: Sequence[ChatMessage], add_generation_prompt: bool,
-                  tools: list[dict] | None = None) -> list[int]:
+                  tools: list[dict] | None = None, variables: dict | None = None) -> list[int]:
         if not all(self._is_plain(m.content) and self._is_plain(m.reasoning or "") for m in messages):
             raise TemplateError(
                 "This model's chat template cannot safely include text that looks like "
                 "control tokens. Remove them from the message."
             )
         msgs = [m.template_dict(m.content) for m in messages]
-        return self._tokenize(self._render(msgs, add_generation_prompt, tools), True)
+        return self._tokenize(self._render(msgs, add_generation_prompt, tools, variables), True)
 
     def _with_bos(self, ids: list[int]) -> list[int]:
         if self.add_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):

@@ -171,9 +171,10 @@ class Engine:
         """The GGUF's ``general.name`` (its file name when it has none)."""
         return self.model.facts.name
 
-    def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
-        """The prompt token ids for ``messages`` (ends with the assistant header)."""
-        return self.model.prompts.build(messages)
+    def prompt_tokens(self, messages: Sequence[ChatMessage], thinking: str = "") -> list[int]:
+        """The prompt token ids for ``messages`` (ends with the assistant header);
+        ``thinking`` a chat's thinking setting (``SamplingParams.thinking``)."""
+        return self.model.prompts.build(messages, thinking=thinking)
 
     def message_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
         """Tokens each message takes in the prompt of ``messages`` (same order): its content
@@ -226,7 +227,8 @@ class Engine:
 
         A reasoning model's thinking (``engine/reasoning.py``) streams to ``on_reasoning``
         and its answer to ``on_token``; ``thinking_budget`` (tokens) closes the thinking
-        when that many were generated and lets the model answer (None: no limit).
+        when that many were generated and lets the model answer (None: no limit, or
+        ``sampling.thinking_budget``); ``sampling.thinking`` goes to the chat template.
 
         Raises:
             ContextOverflowError: the prompt does not fit n_ctx.
@@ -236,7 +238,10 @@ class Engine:
         with self.lock:
             t0 = time.perf_counter()
             stats = GenerationStats()
-            prompt = self.model.prompts.build(messages, True, tools) if tools else self.prompt_tokens(messages)
+            prompt = (self.model.prompts.build(messages, True, tools, sampling.thinking) if tools
+                      else self.prompt_tokens(messages, sampling.thinking))
+            if thinking_budget is None:
+                thinking_budget = sampling.thinking_budget
             n_ctx = self.llama.n_ctx()
             stats.prompt_tokens = len(prompt)
             if len(prompt) + 1 > n_ctx:

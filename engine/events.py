@@ -22,7 +22,7 @@ Events, engine -> window::
     LoadProgressEvent  done, total (bytes of the model file hashed)
     LoadedEvent        facts (ModelFacts dict)  | LoadFailedEvent message
     ProgressEvent      id, phase (Phase), done, total (tokens)
-    TokenEvent         id, text
+    TokenEvent         id, text, reasoning (True: a piece of the thinking)
     DoneEvent          id, text, token_ids, stats (GenerationStats dict), reasoning
     SnapshotEvent      id, snapshot_ms, bytes_written (after DoneEvent, when the KV was stored)
     ErrorEvent         id, kind (ErrorKind), message, prompt_tokens, n_ctx
@@ -201,6 +201,7 @@ class ProgressEvent:
 class TokenEvent:
     id: int
     text: str
+    reasoning: bool = False  # a piece of a reasoning model's thinking, not of its answer
 
 
 @dataclass(frozen=True)

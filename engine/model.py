@@ -69,6 +69,7 @@ class ModelFacts:
     cache_mode: str = "blocks"  # a CacheMode value: how the prefix store keeps this model's state
     n_threads: int = 0  # CPU threads in use
     reasoning_format: str = "none"  # engine.reasoning.ReasoningFormat: how the model writes its thinking
+    thinking_control: str = "none"  # engine.thinking_control.ThinkingControl: what a chat may set about it
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -163,6 +164,7 @@ class LoadedModel:
             cache_mode=self.cache_mode.value,
             n_threads=settings.threads,
             reasoning_format=str(self.reasoning.format),
+            thinking_control=str(self.prompts.thinking_control),
         )
 
         self._warm_up()
@@ -241,7 +243,8 @@ class _LengthAwarePrompts:
     def __getattr__(self, name):
         return getattr(self._builder, name)
 
-    def build(self, messages, add_generation_prompt: bool = True, tools: list[dict] | None = None) -> list[int]:
+    def build(self, messages, add_generation_prompt: bool = True, tools: list[dict] | None = None,
+              thinking: str = "") -> list[int]:
         """:meth:`PromptBuilder.build`.
 
         Raises:
@@ -250,7 +253,7 @@ class _LengthAwarePrompts:
             TemplateError: the template failed otherwise.
         """
         try:
-            return self._builder.build(messages, add_generation_prompt, tools)
+            return self._builder.build(messages, add_generation_prompt, tools, thinking)
         except TemplateLimitError:
             n_ctx, total = self._model.llama.n_ctx(), 0
             for m in messages:

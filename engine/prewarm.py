@@ -35,6 +35,7 @@ Guarantees (``tests/test_prewarm.py`` checks them on the real default model):
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -144,10 +145,12 @@ class Prewarmer:
         return ""
 
     def run(self, messages: Sequence[ChatMessage], draft: str | None, complete: bool = False,
-            cancel: threading.Event | None = None) -> PrewarmResult:
+            cancel: threading.Event | None = None, thinking: str = "") -> PrewarmResult:
         """Bring the live context to the target of ``(messages, draft, complete)`` (see
         :func:`prewarm_target`), stopping between batches once ``cancel`` is set.
-        Never raises for a template or context-size problem: the result says it was skipped."""
+        ``thinking``: the chat's thinking setting (``SamplingParams.thinking``), rendered as
+        the reply will render it. Never raises for a template or context-size problem: the
+        result says it was skipped."""
         t = time.perf_counter()
         res = PrewarmResult(kind="prompt" if draft is None or complete else "draft" if draft else "open")
         if why := self.supported():
@@ -155,7 +158,7 @@ class Prewarmer:
             return res
         e = self.engine
         try:
-            target = prewarm_target(e.model.prompts.build, messages, draft, complete)
+            target = prewarm_target(functools.partial(e.model.prompts.build, thinking=thinking), messages, draft, complete)
         except EngineError as exc:  # a template error: the request will say it in words
             res.skipped = f"the prompt cannot be built: {exc}"
             return res

@@ -90,6 +90,9 @@ class SamplingParams:
     max_tokens: most tokens generated (the reply also ends at end-of-turn or a full context).
     seed: the sampler's RNG seed (used when temperature > 0); None draws a new one for
         every reply, so regenerating gives a different reply.
+    thinking: a reasoning model's thinking setting, passed to its chat template where the
+        template has a control for it (``engine.thinking_control``; "" the default).
+    thinking_budget: tokens of thinking before the engine closes it (None: no limit).
     """
 
     temperature: float = _SAMPLING["temperature"]
@@ -99,6 +102,8 @@ class SamplingParams:
     repeat_penalty: float = _SAMPLING["repeat_penalty"]
     seed: int | None = _SAMPLING["seed"]
     max_tokens: int = _SAMPLING["max_tokens"]
+    thinking: str = _SAMPLING["thinking"]
+    thinking_budget: int | None = _SAMPLING["thinking_budget"]
 
     def to_dict(self) -> dict:
         return asdict(self)

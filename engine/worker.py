@@ -180,6 +180,7 @@ class _Server:
         self.engine = None
         self.store = None
         self.prewarmer = None  # engine.prewarm.Prewarmer of a local engine
+        self.thinking = ""  # the thinking setting of the last reply (SamplingParams.thinking), for prewarms
         self.arrived = threading.Event()  # set by the reader for every request: a prewarm yields
         self.arrived_at: dict[int, float] = {}  # generate request id -> perf_counter when it was read
         self._send_lock = threading.Lock()
@@ -338,11 +339,14 @@ class _Server:
         cancel = self.cancels.setdefault(rid, threading.Event())
         result = None
         try:
+            sampling = SamplingParams.from_dict(msg.sampling)
+            self.thinking = sampling.thinking  # the prewarms after this reply render the same way
             result = self.engine.generate(
                 list(msg.messages),
-                SamplingParams.from_dict(msg.sampling),
+                sampling,
                 use_cache=msg.use_cache,
                 on_token=lambda text, _tok: text and self.send(TokenEvent(rid, text)),
+                on_reasoning=lambda text, _tok: text and self.send(TokenEvent(rid, text, True)),
                 on_progress=lambda phase, done, total: self.send(ProgressEvent(rid, phase, done, total)),
                 cancel=cancel,
                 snapshot=False,
@@ -388,7 +392,8 @@ class _Server:
         kind = "prompt" if msg.draft is None or msg.complete else "draft" if msg.draft else "open"
         result = PrewarmResult(kind, finished=False, skipped="superseded")  # not started: a request waits
         if self.inbox.empty():
-            result = self.prewarmer.run(unpack_messages(msg.messages), msg.draft, msg.complete, cancel=self.arrived)
+            result = self.prewarmer.run(unpack_messages(msg.messages), msg.draft, msg.complete, cancel=self.arrived,
+                                        thinking=self.thinking)
             if result.finished:
                 self.send(PrewarmEvent(msg.id, result.to_dict()))
                 return

@@ -40,6 +40,8 @@ DEFAULT_SAMPLING: Final[Mapping[str, Any]] = MappingProxyType({
     "repeat_penalty": 1.1,  # 1.0: off
     "seed": None,  # None: a different random seed for every generation
     "max_tokens": 1024,  # most tokens generated for one reply
+    "thinking": "",  # a reasoning model's thinking: "" the template's default, "off", "low"/"medium"/"high"
+    "thinking_budget": None,  # tokens of thinking before it is closed (None: no limit)
 })
 """Sampling settings of a new conversation (read-only); its keys are the only ones accepted.
 The one source of sampling defaults: ``engine.settings.SamplingParams`` takes its defaults from here.

@@ -1,8 +1,8 @@
 """Reasoning on the real default model, end to end (engine and CLI).
 
-SmolLM2 never thinks by itself, so the shape is forced: a copy of the model whose chat
-template opens ``<think>`` in the generation prompt (as DeepSeek-R1's does; written in
-place, same length, like tests/test_chat_template_models.py), plus a GBNF grammar
+SmolLM2 never thinks by itself, so the shape is forced (tools/think_model.py): a copy of
+the model whose chat template opens ``<think>`` in the generation prompt (as DeepSeek-R1's
+does; written in place, same length), plus a GBNF grammar
 (``llama_cpp.LlamaGrammar``) that makes the reply ``thinking\\n</think>\\n\\nanswer``. The
 engine must split it, store both parts and every generated id, render the next prompt
 with the answer alone, restore from the store up to where the two prompts diverge, and
@@ -17,30 +17,19 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_chat_template_models import _patched_copy, _template
 
 from engine.chat_template import ChatMessage
 from engine.reasoning import GRAMMAR_ENV, ReasoningFormat
 from engine.settings import EngineSettings, SamplingParams
+from tools.think_model import GRAMMAR, think_copy
 
-THINK_TEMPLATE = (
-    "{% for m in messages %}{% if loop.first and m.role != 'system' %}{{ '<|im_start|>system\nYou are a "
-    "helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{ '<|im_start|>' "
-    "+ m.role + '\n' + m.content + '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}"
-    "{{ '<|im_start|>assistant\n<think>\n' }}{% endif %}"
-)
-GRAMMAR = r'''
-root ::= thought "\n</think>\n\n" answer
-thought ::= [A-Za-z ,.]{12,60}
-answer ::= [A-Za-z ,.]{4,40}
-'''
 SP = SamplingParams(temperature=0.0, max_tokens=120, seed=1)
 
 
 @pytest.fixture(scope="module")
 def think_model(tmp_path_factory, model_path) -> Path:
     d = tmp_path_factory.mktemp("think")
-    return _patched_copy(model_path, d / "think.gguf", "tokenizer.chat_template", _template(THINK_TEMPLATE))
+    return think_copy(model_path, d / "think.gguf")
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +111,9 @@ def test_thinking_budget_closes_the_thinking_and_the_model_answers(think_model, 
         assert r.reasoning == engine.model.detokenize(r.token_ids[:10]).strip() and r.text
         assert engine.model.detokenize(closing[-1:]) == "\n\n"  # after "</think>": the answer's start
         assert r.stats.reasoning_tokens == 10 + len(closing) - 1  # up to the token that closes the tag
+        # the window's path: the budget in the chat's sampling (Settings → Thinking budget)
+        via_sampling = engine.generate(q, SamplingParams(temperature=0.0, max_tokens=60, thinking_budget=10))
+        assert (via_sampling.token_ids, via_sampling.text, via_sampling.reasoning) == (r.token_ids, r.text, r.reasoning)
     finally:
         engine.close()
         store.close()

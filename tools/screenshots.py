@@ -3,7 +3,8 @@
 Opens the window offscreen on a temporary data folder with the embedded default
 model, writes a conversation with a branch (real generation, temperature 0), opens
 the tree panel, and saves ``light.png``, ``dark.png`` and ``tree.png`` (the tree panel
-alone) into OUTDIR.
+alone) into OUTDIR, then ``thought-collapsed.png`` and ``thought-expanded.png`` (a
+reasoning reply, tools/thought_screenshots.py). ``--scene thought`` makes only the latter.
 """
 
 from __future__ import annotations
@@ -53,14 +54,27 @@ def send_and_wait(window, send) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m tools.screenshots OUTDIR", file=sys.stderr)
+    only_thought = args[1:] == ["--scene", "thought"]
+    if len(args) != 1 and not only_thought:
+        print("usage: python -m tools.screenshots OUTDIR [--scene thought]", file=sys.stderr)
         return 2
     out = Path(args[0])
     out.mkdir(parents=True, exist_ok=True)
     app = QApplication.instance() or QApplication([])
     app.setApplicationName("Branchwise")
+    if not only_thought:
+        code = _main_scenes(out)
+        if code:
+            return code
+    from tools.thought_screenshots import thought_scenes
 
+    for path in thought_scenes(out, wait_until, send_and_wait, _settle):
+        print(path)
+    return 0
+
+
+def _main_scenes(out: Path) -> int:
+    """light.png, dark.png and tree.png into ``out`` (1 when the model does not load)."""
     from app.window.shell.main_window import MainWindow
 
     with tempfile.TemporaryDirectory(prefix="branchwise-shots-") as tmp:

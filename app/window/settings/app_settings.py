@@ -32,8 +32,9 @@ def _valid_value(name: str, value) -> bool:
             checked_sampling(value)
         except (ValueError, TypeError):
             return False
-        return all(not isinstance(v, bool) and (isinstance(v, (int, float)) or (k == "seed" and v is None))
-                   and (k != "seed" or not isinstance(v, float)) for k, v in value.items())
+        return all(isinstance(v, str) if k == "thinking" else
+                   not isinstance(v, bool) and (isinstance(v, (int, float)) or (k in ("seed", "thinking_budget") and v is None))
+                   and (k not in ("seed", "thinking_budget") or not isinstance(v, float)) for k, v in value.items())
     if name == "prompt_presets":
         return all(isinstance(v, str) for v in value.values())
     return True

@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.window.settings.thinking_rows import thinking_rows
 from app.window.shell.plain import menu_text
 from storage.chats import DEFAULT_SAMPLING
 
@@ -51,12 +52,15 @@ class ChatSettingsForm(QWidget):
     Args:
         system_prompt / sampling: the values shown (sampling: some or all DEFAULT_SAMPLING keys).
         placeholder: the system prompt's placeholder text.
+        facts: the loaded model's ModelFacts dict: its ``thinking_control`` shows the
+            Thinking choice (only when the template has one), its ``reasoning_format`` the
+            thinking budget (only for a model that thinks). Hidden rows keep their values.
     """
 
     presets_changed = Signal()
 
     def __init__(self, system_prompt: str, sampling: dict, presets: dict[str, str], placeholder: str,
-                 parent: QWidget | None = None):
+                 parent: QWidget | None = None, facts: dict | None = None):
         super().__init__(parent)
         self.presets = presets
         s = {**DEFAULT_SAMPLING, **(sampling or {})}
@@ -100,6 +104,7 @@ class ChatSettingsForm(QWidget):
         form.addRow("Seed", self.seed)
         form.addRow("Max tokens per reply", self.max_tokens)
         self.form = form
+        self.thinking, self.thinking_budget = thinking_rows(form, s, facts or {})
 
     def fill_presets(self) -> None:
         """Refill the preset list from ``presets``, selecting the one whose text is shown."""
@@ -163,4 +168,6 @@ class ChatSettingsForm(QWidget):
             "repeat_penalty": round(self.repeat_penalty.value(), 2),
             "seed": seed,
             "max_tokens": self.max_tokens.value(),
+            "thinking": self.thinking.currentData(),
+            "thinking_budget": self.thinking_budget.value() or None,
         }

@@ -54,7 +54,7 @@ class SettingsDialog(QDialog):
 
     def __init__(self, conversation: Conversation | None, settings: AppSettings, data_dir: Path,
                  client: EngineClient | None, parent: QWidget | None = None,
-                 new_chat: tuple[str, dict] | None = None, trained_context: int = 0):
+                 new_chat: tuple[str, dict] | None = None, trained_context: int = 0, facts: dict | None = None):
         super().__init__(parent)
         self._settings = settings
         self._trained_context = int(trained_context)  # the loaded model's n_ctx_train (0: unknown)
@@ -73,9 +73,9 @@ class SettingsDialog(QDialog):
         else:
             prompt, sampling = new_chat or (settings.default_system_prompt, settings.default_sampling)
         self.chat_form = ChatSettingsForm(prompt, sampling, self.presets,
-                                          "Optional instructions sent before every turn of this chat")
+                                          "Optional instructions sent before every turn of this chat", facts=facts)
         self.defaults_form = ChatSettingsForm(settings.default_system_prompt, settings.default_sampling,
-                                              self.presets, "Instructions every new chat starts with")
+                                              self.presets, "Instructions every new chat starts with", facts=facts)
         defaults_note = QLabel("Every new chat starts with these; change one chat in “This chat”.")
         defaults_note.setWordWrap(True)
         self.defaults_form.form.insertRow(0, defaults_note)

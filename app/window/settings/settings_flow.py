@@ -60,7 +60,8 @@ class SettingsFlow(QObject):
         conv = self.store.get_conversation(cid) if cid else None
         dlg = SettingsDialog(conv, self.settings.values, self.settings.data_dir, model.client, self.parent_widget,
                              new_chat=chat.new_chat_settings(),
-                             trained_context=int((model.facts or {}).get("context_length") or 0))
+                             trained_context=int((model.facts or {}).get("context_length") or 0),
+                             facts=model.facts)
         self.dialog = dlg
         name_controls(dlg)
         dlg.finished.connect(lambda result: self._done(dlg, conv, result))

@@ -342,8 +342,8 @@ class ChatController(QObject):
         self.reply = self.session.start_reply(user.id, self.model.label)
         self._request, self._stopping = handle, False
         handle.token.connect(self._token)
-        status = self.status
-        handle.progress.connect(lambda phase, done, total: status.reply_progress(phase, done, total))
+        handle.reasoning.connect(self.view.reasoning_arrived)
+        handle.progress.connect(self.status.reply_progress)
         handle.done.connect(lambda e, r=self.reply: self._done(r, e))
         handle.snapshot.connect(lambda e, r=self.reply: self._snapshot(r, e))
         handle.failed.connect(lambda e, r=self.reply: self._failed(r, e))

@@ -27,6 +27,7 @@ from app.window.transcript.long_text import LongTextExpander, collapsed
 from app.window.transcript.message_body import MessageBody
 from app.window.transcript.markdown_view import LinkKind, classify_link, code_blocks, to_html
 from app.window.transcript.streaming_body import StreamingBody
+from app.window.transcript.thought_block import ThoughtBlock
 from app.window.shell.theme import LIGHT, Colors
 from storage.chats import Message
 
@@ -150,6 +151,10 @@ class MessageWidget(QFrame):
         self.set_busy(busy)
         outer.addLayout(header)
 
+        self.thought = ThoughtBlock(colors)  # a reasoning model's thinking, above the answer
+        outer.addWidget(self.thought)
+        if message is not None and getattr(message, "reasoning", None):
+            self.thought.set_saved(message.reasoning, message.stats)
         self.body = MessageBody()
         self.body.setTextFormat(Qt.TextFormat.RichText)
         self.body.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
@@ -201,6 +206,8 @@ class MessageWidget(QFrame):
         if self.body.hasSelectedText():
             menu.addAction("Copy selection", lambda: QGuiApplication.clipboard().setText(self.body.selectedText()))
         menu.addAction("Copy message", self._copy_all)
+        if self.thought.reasoning:
+            menu.addAction("Copy with reasoning", self.copy_with_reasoning)
         menu.addAction("Copy conversation as Markdown", self.copy_conversation_requested.emit)
         if self.message is not None:
             menu.addSeparator()
@@ -232,7 +239,9 @@ class MessageWidget(QFrame):
     def set_text(self, text: str) -> None:
         self._text = text
         if self.stream is not None:  # streaming: only the block being written is redrawn
-            self.body.setVisible(not text)
+            if text:
+                self.thought.fold_live()  # the answer started: the thinking folds
+            self.body.setVisible(not text and not self.thought.reasoning)
             self.body.setText(f'<span style="color:{self.colors.muted};">…</span>' if not text else "")
             self.stream.setVisible(bool(text))
             self.stream.set_text(text)
@@ -253,7 +262,16 @@ class MessageWidget(QFrame):
         self.note.setText(f"· {note}" if note else "")
 
     def _copy_all(self) -> None:
-        QGuiApplication.clipboard().setText(self._text)
+        QGuiApplication.clipboard().setText(self._text)  # the answer: the thinking only when asked
+
+    def copy_with_reasoning(self) -> None:
+        """The thinking, a blank line, then the answer, to the clipboard (plain text)."""
+        QGuiApplication.clipboard().setText(f"{self.thought.reasoning}\n\n{self._text}" if self.thought.reasoning
+                                            else self._text)
+
+    def set_reasoning(self, text: str) -> None:
+        """The thinking streamed so far of the reply being written (shown open above it)."""
+        self.thought.set_live(text)
 
     def _link(self, href: str) -> None:
         kind = classify_link(href)

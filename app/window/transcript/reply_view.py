@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, QTimer
 
-from storage.errors import StorageError
+from storage.errors import NotFoundError, StorageError
 
 if TYPE_CHECKING:
     from app.window.transcript.chat_controller import ChatController
@@ -85,6 +85,19 @@ class ReplyView(QObject):
             self._flush()
             self.flush_timer.start()
 
+    def reasoning_arrived(self, text: str) -> None:
+        """A piece of a reasoning model's thinking: stored with the reply, shown above it."""
+        chat = self.chat
+        if chat.reply is None:
+            return
+        try:
+            chat.reply.add_reasoning(text)
+        except NotFoundError:  # the chat was deleted meanwhile: its reply is being stopped
+            chat.stop()
+        except StorageError as exc:
+            chat.banner.storage_failed(exc)
+        self.text_arrived()
+
     def _tick(self) -> None:
         if self._dirty:
             self._flush()
@@ -98,6 +111,8 @@ class ReplyView(QObject):
             return
         if r.text:
             pending.note.setText("· writing…")
+        if r.reasoning and r.reasoning != pending.thought.reasoning:  # a reasoning model's thinking (thought_block.py)
+            pending.set_reasoning(r.reasoning)
         pending.set_text(r.text)
         if r.text:
             chat.timeline.mark("shown")

@@ -37,7 +37,8 @@ batches at 0-4,096 tokens of context took 3.1-22.5 s with four other jobs runnin
 
 
 class PendingRequest(QObject):
-    """One request in flight. Signals (UI thread): ``token(text)``, ``progress(phase, done,
+    """One request in flight. Signals (UI thread): ``token(text)``, ``reasoning(text)`` (the
+    thinking of a reasoning model), ``progress(phase, done,
     total)`` for a reply; ``done(event)`` with the answering event (DoneEvent, CountEvent,
     CoverageEvent, CacheEvent); ``snapshot(SnapshotEvent)`` after a reply's KV was stored;
     ``failed(ErrorEvent)``. ``finished`` is True once nothing more will arrive.
@@ -45,6 +46,7 @@ class PendingRequest(QObject):
     token from the pipe (None before), for the send timeline (``transcript/send_timeline.py``)."""
 
     token = Signal(str)
+    reasoning = Signal(str)  # a piece of a reasoning model's thinking (before the answer's tokens)
     progress = Signal(str, int, int)
     done = Signal(object)
     snapshot = Signal(object)
@@ -62,7 +64,7 @@ class PendingRequest(QObject):
     def _deliver(self, event) -> bool:
         """Emit ``event``; return True when this request has received its last event."""
         if isinstance(event, ev.TokenEvent):
-            self.token.emit(event.text)
+            (self.reasoning if event.reasoning else self.token).emit(event.text)
             return False
         if isinstance(event, ev.ProgressEvent):
             self.progress.emit(str(event.phase), event.done, event.total)
@@ -339,7 +341,7 @@ class EngineClient(QObject):
             self.load_failed.emit(event.message)
         else:
             rid = getattr(event, "id", None)
-            if isinstance(event, ev.TokenEvent):
+            if isinstance(event, ev.TokenEvent) and not event.reasoning:
                 self.token.emit(event.id, event.text)
             elif isinstance(event, ev.DoneEvent):
                 self._replies_done += 1
