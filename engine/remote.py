@@ -527,7 +527,8 @@ class _ToolCallDeltas:
         self.host, self.limit, self.chars = host, limit, 0
 
     def read(self, event: dict) -> None:
-        for choice in event.get("choices") or []:
+        choices = event.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
             delta = choice.get("delta") if isinstance(choice, dict) else None
             pieces = delta.get("tool_calls") if isinstance(delta, dict) else None
             for piece in pieces if isinstance(pieces, list) else []:

@@ -129,7 +129,7 @@ def test_tool_choice_none_gives_text(tool_server):
 
 @pytest.mark.parametrize(("body", "param", "words"), [
     ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "'nope'"),
-    ({"tools": [{"type": "retrieval"}]}, "tools[0]", "function tools only"),
+    ({"tools": [{"type": "retrieval"}]}, "tools", "function tools only"),
     ({"tools": [WEATHER, WEATHER]}, "tools", "twice"),
     ({"tools": [], "tool_choice": "required"}, "tool_choice", "'tools' is empty"),
     ({"messages": [*QUESTION, {"role": "tool", "content": "x"}]}, "messages[1].tool_call_id", "tool_call_id"),

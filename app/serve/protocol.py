@@ -144,6 +144,19 @@ def _file_part(part: dict, where: str):
 
 
 def parse_chat_request(body, defaults: SamplingParams | None = None) -> ChatRequest:
+    """:func:`_parse_chat_request`, a tool field's mistake (``app.serve.tool_protocol``) as
+    the 400 it is.
+
+    Raises:
+        ApiError: 400 naming the field at fault (unknown fields included).
+    """
+    try:
+        return _parse_chat_request(body, defaults)
+    except tool_protocol.ToolFieldError as exc:
+        raise _bad(exc.message, exc.param, exc.code) from None
+
+
+def _parse_chat_request(body, defaults: SamplingParams | None) -> ChatRequest:
     """Validate a decoded JSON body. Fields the client leaves out take ``defaults``
     (Branchwise's own sampling defaults, the same as ``branchwise chat``).
 

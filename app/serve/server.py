@@ -35,7 +35,6 @@ uvicorn on a thread of the calling process instead (the tests use it) and
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hmac
 import ipaddress
 import json
@@ -62,7 +61,6 @@ from app.serve import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_QUEUE, ServeError, pro
 from app.serve.guard import CrossSiteGuard
 from app.serve.protocol import ApiError, ChatRequest, StopScanner
 from app.serve.replies import ReplyMemory
-from app.serve.tool_protocol import calls_key
 from app.serve.tool_turn import ToolTurn
 from engine.chat_template import ChatMessage
 from engine.errors import ContextOverflowError, EngineError, TemplateError
@@ -338,18 +336,6 @@ class ApiServer:
                 if job.state == JobState.RUNNING:
                     job.state = JobState.CANCELLED if job.cancel.is_set() else JobState.DONE
 
-    def _messages(self, request: ChatRequest) -> list[ChatMessage]:
-        """The messages, a reply this server made with its ids (a tool-call reply as those ids alone)."""
-        out = []
-        for m in request.messages:
-            if m.role != "assistant":
-                out.append(m)
-                continue
-            key = calls_key(m.content, m.tool_calls) if m.tool_calls else m.content
-            ids = self.replies.recall(self._model_key, key)
-            out.append(dataclasses.replace(m, token_ids=ids, tool_calls=None if ids else m.tool_calls))
-        return out
-
     def _run(self, job: _Job) -> None:
         req = job.request
         scanner = StopScanner(req.stop)
@@ -376,14 +362,13 @@ class ApiServer:
                 job.emit("token", safe)
 
         try:
-            result = self.engine.generate(self._messages(req), req.sampling, use_cache=self.use_cache, on_token=on_token,
+            result = self.engine.generate(self.replies.resent(self._model_key, req.messages), req.sampling, use_cache=self.use_cache, on_token=on_token,
                                           on_progress=on_progress, cancel=job.cancel, snapshot=False, on_reasoning=job.reasoning,
                                           tools=tools.render_tools, grammar=tools.grammar)
         except ContextOverflowError as exc:
-            raise_to = ApiError(400, f"This request is {exc.prompt_tokens:,} tokens long, but the model's context "
-                                     f"window holds {exc.n_ctx:,} (with room for at least one reply token).",
-                                param="messages", code="context_length_exceeded")
-            job.emit("error", raise_to)
+            job.emit("error", ApiError(400, f"This request is {exc.prompt_tokens:,} tokens long, but the model's "
+                                            f"context window holds {exc.n_ctx:,} (with room for at least one reply "
+                                            "token).", param="messages", code="context_length_exceeded"))
             return
         except TemplateError as exc:
             job.emit("error", ApiError(400, str(exc), param="messages", code="invalid_value"))

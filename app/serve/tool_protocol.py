@@ -10,7 +10,8 @@
   {"name", "arguments"}}``, ``arguments`` a JSON string) with ``content`` null or text,
   and ``{"role": "tool", "tool_call_id", "content"}`` results.
 
-A mistake is an :class:`app.serve.protocol.ApiError` (400) naming the field.
+A mistake raises :class:`ToolFieldError` naming the field (a 400 ``ApiError`` in
+``app.serve.protocol``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 
 from engine.chat_template import ChatMessage
 
-__all__ = ["MAX_TOOLS", "ToolRequest", "assistant_calls", "calls_key", "parse_tools", "tool_message"]
+__all__ = ["MAX_TOOLS", "ToolFieldError", "ToolRequest", "assistant_calls", "calls_key", "parse_tools", "tool_message"]
 
 MAX_TOOLS = 128  # OpenAI's limit
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -49,16 +50,23 @@ class ToolRequest:
         return self.active and self.choice == "required"
 
 
-def _bad(message: str, param: str, code: str = "invalid_value"):
-    from app.serve.protocol import ApiError  # noqa: PLC0415 - protocol imports this module
+class ToolFieldError(ValueError):
+    """A tool field a request got wrong: ``param`` names it, ``code`` is OpenAI's error code
+    (``app.serve.protocol`` turns it into a 400 ``ApiError``)."""
 
-    return ApiError(400, message, param=param, code=code)
+    def __init__(self, message: str, param: str, code: str):
+        super().__init__(message)
+        self.message, self.param, self.code = message, param, code
+
+
+def _bad(message: str, param: str, code: str = "invalid_value") -> ToolFieldError:
+    return ToolFieldError(message, param, code)
 
 
 def _tool(t, where: str) -> dict:
     if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict):
         raise _bad(f"{where} must be {{\"type\": \"function\", \"function\": {{...}}}}; this server takes "
-                   "function tools only.", where, "invalid_type")
+                   "function tools only.", "tools", "invalid_type")
     fn = t["function"]
     extra = sorted(set(fn) - {"name", "description", "parameters", "strict"})
     if extra:
@@ -85,7 +93,7 @@ def parse_tools(body: dict) -> ToolRequest:
     """``tools``, ``tool_choice`` and ``parallel_tool_calls`` of a request body.
 
     Raises:
-        ApiError: 400 naming the field (a tool of the wrong shape, two tools with one
+        ToolFieldError: naming the field (a tool of the wrong shape, two tools with one
             name, a choice naming no listed tool, "required" without tools).
     """
     raw = body.get("tools") or []
@@ -147,7 +155,7 @@ def tool_message(m: dict, where: str, content: str) -> ChatMessage:
     """A ``{"role": "tool"}`` message (its ``content`` already read by the caller).
 
     Raises:
-        ApiError: 400 when ``tool_call_id`` is missing or not a string.
+        ToolFieldError: when ``tool_call_id`` is missing or not a string.
     """
     call_id = m.get("tool_call_id")
     if not isinstance(call_id, str) or not call_id:
