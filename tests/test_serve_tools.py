@@ -257,3 +257,24 @@ def test_auto_mode_streams_text_and_announces_only_calls_that_fit():
         assert calls == [] and content == text and {e.kind for e in events} == {"content"}
     content, calls, events = _split(ToolFormat.HERMES, "a <tool_ca is not a call", live=False)
     assert calls == [] and "".join(e.text for e in events) == content == "a <tool_ca is not a call"
+
+
+@pytest.mark.parametrize(("fmt", "full", "shown"), [
+    (ToolFormat.MISTRAL, '[TOOL_CALLS][{"name": "add", "arguments": {"a": 2, "b": 3}, "id": "abcdefghi"}]',
+     '[{"name": "add", "arguments": {"a": 2, "b": 3}, "id": "abcdefghi"}]'),
+    (ToolFormat.LLAMA3, '<|python_tag|>{"name": "add", "parameters": {"a": 2, "b": 3}}',
+     '{"name": "add", "parameters": {"a": 2, "b": 3}}'),
+    (ToolFormat.HARMONY, '<|channel|>commentary to=functions.add <|constrain|>json<|message|>{"a": 2, "b": 3}',
+     'commentary to=functions.add json{"a": 2, "b": 3}'),
+])
+def test_calls_whose_markers_are_control_tokens_stream_as_calls_not_text(fmt, full, shown):
+    """The engine's streamed text leaves control tokens out; the end reads the calls from
+    the text with them shown (the ids), and nothing of the call was sent as content."""
+    s = ToolStream(fmt, TOOLS, live=False)
+    events = [d for i in range(0, len(shown), 3) for d in s.feed(shown[i:i + 3])]
+    content, calls, last = s.finish(full)
+    events += last
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("add", {"a": 2, "b": 3})]
+    assert content == "" and not [e for e in events if e.kind == "content"]
+    assert [e.kind for e in events].count("call") == 1
+    assert "".join(e.text for e in events if e.kind == "arguments") == calls[0].arguments
