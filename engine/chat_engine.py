@@ -65,13 +65,15 @@ class GenerationStats:
 @dataclass
 class GenerationResult:
     """``text`` is the answer; ``reasoning`` the thinking before it (None: the model wrote
-    none, and ``text`` is the whole reply); ``token_ids`` every generated id, both parts."""
+    none, and ``text`` is the whole reply); ``token_ids`` every generated id, both parts;
+    ``tool_calls`` the calls a remote server returned (OpenAI's objects; None: none)."""
 
     text: str
     token_ids: list[int]
     stats: GenerationStats
     prompt_ids: list[int] = field(default_factory=list)
     reasoning: str | None = None
+    tool_calls: list[dict] | None = None
 
 
 @runtime_checkable

@@ -175,8 +175,17 @@ class RemoteEngine:
         snapshot: bool = True,
         on_reasoning: TokenFn | None = None,
         thinking_budget: int | None = None,
+        tools: list[dict] | None = None,
+        tool_choice: str | dict | None = None,
+        parallel_tool_calls: bool | None = None,
     ) -> GenerationResult:
         """Stream the reply to ``messages`` from the server.
+
+        ``tools``, ``tool_choice`` and ``parallel_tool_calls`` are sent as given (OpenAI's
+        fields), and messages' ``tool_calls``, ``tool_call_id`` and ``name`` with them; the
+        server's ``tool_calls`` deltas are joined by index into ``result.tool_calls``
+        (OpenAI's objects, ids, names and argument text as the server sent them; the
+        server's template and parser made them).
 
         Reasoning that the server sends apart (``reasoning_content``, as llama-server,
         vLLM and DeepSeek's API do, or ``reasoning``) goes to ``on_reasoning(delta, -1)``
@@ -196,8 +205,7 @@ class RemoteEngine:
             model = self.model_name()
             body = {
                 "model": model,
-                "messages": [{"role": m.role, "content": m.content,
-                              **({"reasoning_content": m.reasoning} if m.reasoning else {})} for m in messages],
+                "messages": [_wire_message(m) for m in messages],
                 "stream": True,
                 "stream_options": {"include_usage": True},
                 "temperature": sp.temperature,
@@ -206,6 +214,10 @@ class RemoteEngine:
             }
             if sp.seed is not None:
                 body["seed"] = sp.seed
+            for key, value in (("tools", tools), ("tool_choice", tool_choice), ("parallel_tool_calls", parallel_tool_calls)):
+                if value is not None:
+                    body[key] = value
+            calls = _ToolCallDeltas(self.host, sp.max_tokens * MAX_CHARS_PER_TOKEN)
             stats = RemoteStats(server=self.host, model=model, restore_source="server")
             parts: list[str] = []
             thoughts: list[str] = []  # reasoning_content deltas
@@ -243,6 +255,7 @@ class RemoteEngine:
                             raise RemoteEngineError(self._server_says(event, r.status_code), r.status_code,
                                                     "".join(parts))
                         self._read_usage(event, stats)
+                        calls.read(event)
                         over = False  # more text than --max-tokens allows: the server ignores it
                         for delta, thought, finish in self._choices(event, parts):
                             if thought:
@@ -287,7 +300,7 @@ class RemoteEngine:
                 stats.prefilled_tokens = max(stats.prompt_tokens - stats.restored_tokens, 0)
             stats.finish_reason = stats.finish_reason or "stop"
             return GenerationResult("".join(parts), None, stats, [],  # type: ignore[arg-type]
-                                    "".join(thoughts) if thoughts else None)
+                                    "".join(thoughts) if thoughts else None, calls.joined())
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -489,6 +502,56 @@ class _StreamBounds:
         kept = "; the partial reply is kept, marked stopped" if partial else ""
         raise RemoteEngineError(f"The server at {self.engine.host} {what}, so the request was ended{kept}.",
                                 None, partial)
+
+
+def _wire_message(m: ChatMessage) -> dict:
+    """A message as OpenAI's API takes it (with an earlier reply's reasoning, and tool fields)."""
+    out = {"role": m.role, "content": m.content if m.content or not m.tool_calls else None}
+    if m.reasoning:
+        out["reasoning_content"] = m.reasoning
+    if m.tool_calls:
+        out["tool_calls"] = list(m.tool_calls)
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    if m.name is not None and m.role == "tool":
+        out["name"] = m.name
+    return out
+
+
+class _ToolCallDeltas:
+    """A stream's ``delta.tool_calls`` pieces joined by ``index``: the first carries ``id``,
+    ``type`` and ``function.name``, the rest ``function.arguments`` text to append."""
+
+    def __init__(self, host: str, limit: int):
+        self.calls: dict[int, dict] = {}
+        self.host, self.limit, self.chars = host, limit, 0
+
+    def read(self, event: dict) -> None:
+        choices = event.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            pieces = delta.get("tool_calls") if isinstance(delta, dict) else None
+            for piece in pieces if isinstance(pieces, list) else []:
+                if not isinstance(piece, dict):
+                    continue
+                index = _int(piece.get("index"), len(self.calls))
+                call = self.calls.setdefault(index, {"id": "", "type": "function",
+                                                     "function": {"name": "", "arguments": ""}})
+                fn = piece.get("function") if isinstance(piece.get("function"), dict) else {}
+                for key in ("id", "type"):
+                    if isinstance(piece.get(key), str) and piece[key]:
+                        call[key] = piece[key]
+                if isinstance(fn.get("name"), str) and fn["name"]:
+                    call["function"]["name"] = fn["name"]
+                if isinstance(fn.get("arguments"), str):
+                    call["function"]["arguments"] += fn["arguments"]
+                    self.chars += len(fn["arguments"])
+                if self.chars > self.limit or len(self.calls) > 128:
+                    raise RemoteEngineError(f"The server at {self.host} sent more tool-call text than --max-tokens "
+                                            "allows, so the request was ended.")
+
+    def joined(self) -> list[dict] | None:
+        return [self.calls[i] for i in sorted(self.calls)] or None
 
 
 def _read_capped(r: httpx.Response, limit: int = 64 * 1024) -> bytes:

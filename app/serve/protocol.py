@@ -16,13 +16,15 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from app.serve import tool_protocol
+from app.serve.tool_protocol import ToolRequest
 from engine import limits
 from engine.chat_template import ChatMessage
 from engine.settings import SamplingParams
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a request body above this gets 413
 MAX_STOP = 4  # OpenAI's limit on stop sequences
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 # Fields a client may send that change nothing here, and the values at which they are
 # harmless; any other value is refused rather than silently ignored.
@@ -31,13 +33,12 @@ _NEUTRAL = {
     "presence_penalty": (0, 0.0),
     "frequency_penalty": (0, 0.0),
     "logprobs": (False,),
-    "parallel_tool_calls": (True, False),
-    "tools": ([],),
-    "tool_choice": ("none", "auto"),
     "response_format": ({"type": "text"},),
     "logit_bias": ({},),
 }
 _IGNORED = ("model", "user", "metadata", "store", "service_tier", "stream_options")
+_TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")  # app/serve/tool_protocol.py
+_MESSAGE_FIELDS = {"assistant": {"reasoning_content", "tool_calls"}, "tool": {"tool_call_id"}}
 
 
 class ApiError(Exception):
@@ -70,6 +71,7 @@ class ChatRequest:
     include_usage: bool = False  # stream_options.include_usage: a last chunk carrying usage
     stop: list[str] = field(default_factory=list)
     model: str = ""
+    tools: ToolRequest = field(default_factory=ToolRequest)
 
 
 def _bad(message: str, param: str | None = None, code: str | None = "invalid_value") -> ApiError:
@@ -142,6 +144,19 @@ def _file_part(part: dict, where: str):
 
 
 def parse_chat_request(body, defaults: SamplingParams | None = None) -> ChatRequest:
+    """:func:`_parse_chat_request`, a tool field's mistake (``app.serve.tool_protocol``) as
+    the 400 it is.
+
+    Raises:
+        ApiError: 400 naming the field at fault (unknown fields included).
+    """
+    try:
+        return _parse_chat_request(body, defaults)
+    except tool_protocol.ToolFieldError as exc:
+        raise _bad(exc.message, exc.param, exc.code) from None
+
+
+def _parse_chat_request(body, defaults: SamplingParams | None) -> ChatRequest:
     """Validate a decoded JSON body. Fields the client leaves out take ``defaults``
     (Branchwise's own sampling defaults, the same as ``branchwise chat``).
 
@@ -151,7 +166,7 @@ def parse_chat_request(body, defaults: SamplingParams | None = None) -> ChatRequ
     if not isinstance(body, dict):
         raise _bad("The request body must be a JSON object.", None, "invalid_type")
     known = {"messages", "temperature", "top_p", "max_tokens", "max_completion_tokens", "stop", "seed",
-             "stream", "top_k", "min_p", "repeat_penalty", *_NEUTRAL, *_IGNORED}
+             "stream", "top_k", "min_p", "repeat_penalty", *_NEUTRAL, *_IGNORED, *_TOOL_FIELDS}
     unknown = sorted(k for k in body if k not in known)
     if unknown:
         raise _bad(f"Unrecognized request argument supplied: {', '.join(unknown)}.", unknown[0],
@@ -172,15 +187,19 @@ def parse_chat_request(body, defaults: SamplingParams | None = None) -> ChatRequ
         role = m.get("role")
         if role not in ROLES:
             raise _bad(f"{where}.role must be one of {', '.join(ROLES)}; got {role!r}.", f"{where}.role")
-        extra = sorted(set(m) - {"role", "content", "name"} - ({"reasoning_content"} if role == "assistant" else set()))
+        extra = sorted(set(m) - {"role", "content", "name"} - _MESSAGE_FIELDS.get(role, set()))
         if extra:
             raise _bad(f"{where} has fields this server does not take: {', '.join(extra)}.", f"{where}.{extra[0]}",
                        "unknown_parameter")
         thought = m.get("reasoning_content")  # an earlier reply's thinking (DeepSeek's and llama-server's field)
         if thought is not None and not isinstance(thought, str):
             raise _bad(f"{where}.reasoning_content must be a string.", f"{where}.reasoning_content", "invalid_type")
+        if role == "tool":
+            messages.append(tool_protocol.tool_message(m, where, _content(m.get("content"), where)))
+            continue
+        calls = tool_protocol.assistant_calls(m, where) if role == "assistant" else None
         messages.append(ChatMessage("system" if role == "developer" else role, _content(m.get("content"), where),
-                                    reasoning=thought))
+                                    reasoning=thought, tool_calls=calls))
     if messages[-1].role == "assistant":
         raise _bad("The last message is the assistant's; end with a user message to get a reply.", "messages")
 
@@ -217,7 +236,8 @@ def parse_chat_request(body, defaults: SamplingParams | None = None) -> ChatRequ
     model = body.get("model") or ""
     if not isinstance(model, str):
         raise _bad("'model' must be a string.", "model", "invalid_type")
-    return ChatRequest(messages, SamplingParams.from_dict(s), stream, bool(options.get("include_usage")), stop, model)
+    return ChatRequest(messages, SamplingParams.from_dict(s), stream, bool(options.get("include_usage")), stop, model,
+                       tool_protocol.parse_tools(body))
 
 
 class StopScanner:
@@ -264,6 +284,7 @@ class StopScanner:
 
 
 FINISH = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
+TOOL_CALLS = "tool_calls"  # the finish reason of a reply that is tool calls
 
 
 def completion_id() -> str:
@@ -292,12 +313,17 @@ def timings(stats) -> dict:
     }
 
 
-def completion(cid: str, model: str, text: str, finish: str, stats, reasoning: str | None = None) -> dict:
+def completion(cid: str, model: str, text: str, finish: str, stats, reasoning: str | None = None,
+               tool_calls: list[dict] | None = None) -> dict:
     """A whole chat completion; ``reasoning`` (a reasoning model's thinking) goes in the
-    message's ``reasoning_content``, as llama-server, vLLM and DeepSeek's API send it."""
+    message's ``reasoning_content``, as llama-server, vLLM and DeepSeek's API send it;
+    ``tool_calls`` (OpenAI's objects) in ``tool_calls``, with ``content`` null when empty."""
     message = {"role": "assistant", "content": text}
     if reasoning is not None:
         message["reasoning_content"] = reasoning
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+        message["content"] = text or None
     return {
         "id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
         "choices": [{"index": 0, "message": message, "finish_reason": finish,

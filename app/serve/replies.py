@@ -13,12 +13,15 @@ written for, and its ids are checked to decode to that text before they are stor
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import sqlite3
 import threading
 from array import array
 from pathlib import Path
+
+from app.serve.tool_protocol import calls_key
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +93,20 @@ class ReplyMemory:
         except (ValueError, TypeError):  # a damaged row
             return None
         return ids.tolist()
+
+    def resent(self, model_key: bytes, messages: list) -> list:
+        """``messages`` (``ChatMessage``) with every assistant reply this server generated
+        given its generated ids; a reply of tool calls is found by its calls
+        (``tool_protocol.calls_key``) and then stands as those ids alone, without the
+        calls (the template would render them a second time)."""
+        out = []
+        for m in messages:
+            if m.role != "assistant":
+                out.append(m)
+                continue
+            ids = self.recall(model_key, calls_key(m.content, m.tool_calls) if m.tool_calls else m.content)
+            out.append(dataclasses.replace(m, token_ids=ids, tool_calls=None if ids else m.tool_calls))
+        return out
 
     def close(self) -> None:
         with self._lock:

@@ -61,6 +61,7 @@ from app.serve import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_QUEUE, ServeError, pro
 from app.serve.guard import CrossSiteGuard
 from app.serve.protocol import ApiError, ChatRequest, StopScanner
 from app.serve.replies import ReplyMemory
+from app.serve.tool_turn import ToolTurn
 from engine.chat_template import ChatMessage
 from engine.errors import ContextOverflowError, EngineError, TemplateError
 from engine.process_exit import RepeatFilter
@@ -335,17 +336,15 @@ class ApiServer:
                 if job.state == JobState.RUNNING:
                     job.state = JobState.CANCELLED if job.cancel.is_set() else JobState.DONE
 
-    def _messages(self, request: ChatRequest) -> list[ChatMessage]:
-        out = []
-        for m in request.messages:
-            ids = self.replies.recall(self._model_key, m.content) if m.role == "assistant" else None
-            out.append(ChatMessage(m.role, m.content, ids, m.reasoning))
-        return out
-
     def _run(self, job: _Job) -> None:
         req = job.request
         scanner = StopScanner(req.stop)
         started = False
+        try:
+            tools = ToolTurn(self.engine, req.tools, job.emit, scanner, job.cancel)
+        except ApiError as exc:
+            job.emit("error", exc)
+            return
 
         def on_progress(_phase: str, _done: int, _total: int) -> None:
             nonlocal started
@@ -354,6 +353,8 @@ class ApiServer:
                 job.emit("started")
 
         def on_token(delta: str, _tok: int) -> None:
+            if tools.stream is not None:
+                return tools.on_token(delta)
             safe = scanner.feed(delta)
             if scanner.stopped:
                 job.cancel.set()  # a stop sequence: end decoding here
@@ -361,13 +362,13 @@ class ApiServer:
                 job.emit("token", safe)
 
         try:
-            result = self.engine.generate(self._messages(req), req.sampling, use_cache=self.use_cache, on_token=on_token,
-                                          on_progress=on_progress, cancel=job.cancel, snapshot=False, on_reasoning=job.reasoning)
+            result = self.engine.generate(self.replies.resent(self._model_key, req.messages), req.sampling, use_cache=self.use_cache, on_token=on_token,
+                                          on_progress=on_progress, cancel=job.cancel, snapshot=False, on_reasoning=job.reasoning,
+                                          tools=tools.render_tools, grammar=tools.grammar)
         except ContextOverflowError as exc:
-            raise_to = ApiError(400, f"This request is {exc.prompt_tokens:,} tokens long, but the model's context "
-                                     f"window holds {exc.n_ctx:,} (with room for at least one reply token).",
-                                param="messages", code="context_length_exceeded")
-            job.emit("error", raise_to)
+            job.emit("error", ApiError(400, f"This request is {exc.prompt_tokens:,} tokens long, but the model's "
+                                            f"context window holds {exc.n_ctx:,} (with room for at least one reply "
+                                            "token).", param="messages", code="context_length_exceeded"))
             return
         except TemplateError as exc:
             job.emit("error", ApiError(400, str(exc), param="messages", code="invalid_value"))
@@ -375,6 +376,7 @@ class ApiServer:
         except EngineError as exc:
             job.emit("error", ApiError(500, str(exc), type="server_error", code="engine_error"))
             return
+        calls = tools.end(result)
         tail = scanner.flush()
         if tail:
             job.emit("token", tail)
@@ -382,15 +384,14 @@ class ApiServer:
         log.info("served: %d prompt tokens (%d restored, %d prefilled), %d generated, finish=%s, TTFT %.0f ms",
                  stats.prompt_tokens, stats.restored_tokens, stats.prefilled_tokens, stats.generated_tokens,
                  "stop-sequence" if scanner.stopped else stats.finish_reason, stats.ttft_ms)
-        if scanner.stopped:
-            finish = "stop"
-        else:
-            finish = protocol.FINISH.get(stats.finish_reason, "stop")
-        text = scanner.text
-        job.state = JobState.DONE
-        job.emit("done", (text, finish, stats, result.reasoning))
+        finish = protocol.TOOL_CALLS if calls else "stop" if scanner.stopped else protocol.FINISH.get(
+            stats.finish_reason, "stop")
+        text, job.state = scanner.text, JobState.DONE
+        job.emit("done", (text, finish, stats, result.reasoning, calls))
         # After the reply is out: store its KV (the client is reading) and its ids.
-        if not scanner.stopped and result.token_ids and self.engine.model.detokenize(result.token_ids) == text:
+        if calls:
+            tools.remember(self.replies, self._model_key, text, calls, result.token_ids)
+        elif not scanner.stopped and result.token_ids and self.engine.model.detokenize(result.token_ids) == text:
             self.replies.remember(self._model_key, text, result.token_ids)
         if self.use_cache:
             self.engine.snapshot(stats)
@@ -485,9 +486,9 @@ class ApiServer:
                 elif kind == "error":
                     raise value
                 elif kind == "done":
-                    text, finish, stats, reasoning = value
+                    text, finish, stats, reasoning, calls = value
                     return JSONResponse(protocol.completion(protocol.completion_id(), self.model_id, text,
-                                                            finish, stats, reasoning))
+                                                            finish, stats, reasoning, calls))
         finally:
             watcher.cancel()
             if job.state != JobState.DONE:
@@ -505,11 +506,13 @@ class ApiServer:
                 kind, value = await job.events.get()
                 if kind in ("token", "reasoning"):
                     yield event(protocol.chunk(cid, model, created, {_DELTA_FIELD[kind]: value}))
+                elif kind == "tool":  # a tool call's first delta (id, name) or its next arguments
+                    yield event(protocol.chunk(cid, model, created, value.to_openai()))
                 elif kind == "error":  # after the headers: an error event, as OpenAI's API sends
                     yield event(value.body())
                     return
                 elif kind == "done":
-                    _text, finish, stats, _reasoning = value
+                    _text, finish, stats, _reasoning, _calls = value
                     last = protocol.chunk(cid, model, created, {}, finish)
                     last["timings"] = protocol.timings(stats)
                     yield event(last)

@@ -29,6 +29,11 @@ options set the defaults for fields a request leaves out (otherwise the same as
 {"url", "port", "model"}. Requests are served one at a time, in order; when --queue-size
 requests wait, more get 429 with Retry-After.
 
+Tool calling: 'tools', 'tool_choice' ("none", "auto", "required" or a named function)
+and 'parallel_tool_calls' are rendered by the model's own chat template; "required" and a
+named function are forced by a grammar from the tools' JSON schemas. A model whose
+template has no tool support (the default model's) answers 400 when it may call a tool.
+
 Served conversations are NOT saved to your chats: the client keeps its own history
 and resends it every time, and your chat list stays yours. Only the KV cache
 (kvcache.sqlite3) and the token ids of the replies sent (serve-replies.sqlite3, so a
