@@ -48,6 +48,8 @@ def add_parser(subparsers) -> None:
                     help="also models other apps downloaded (LM Studio, Ollama, GPT4All, Jan), used in place")
     rm = sub.add_parser("rm", parents=[common], help="delete a model from the library")
     rm.add_argument("name")
+    rm.add_argument("--forget-blocks", action="store_true",
+                    help="also delete the model's KV blocks and checkpoints from the prefix store")
     sub.add_parser("login", parents=[common], help="store a hub access token (read from stdin) for gated "
                    "repositories, 0600 in the data folder")
 
@@ -259,12 +261,18 @@ def _list(args, data_dir: Path) -> int:
 def _rm(args, data_dir: Path) -> int:
     from engine.hub import library
 
+    model = library.find(data_dir, args.name)
+    freed = library.forget_blocks(data_dir, model) if model is not None and args.forget_blocks else None
     model = library.remove(data_dir, args.name)
     if args.json:
-        print(json.dumps({"removed": model.to_dict()}))
+        print(json.dumps({"removed": model.to_dict(), "blocks_deleted": freed}))
+    elif freed is not None:
+        print(f"Removed {model.name} ({model.size / 1e9:,.2f} GB) from {Path(model.path).parent} and its "
+              f"{freed:,} KV blocks from the prefix store.")
     else:
         print(f"Removed {model.name} ({model.size / 1e9:,.2f} GB) from {Path(model.path).parent}. Its KV blocks "
-              "stay in the prefix store until evicted ('branchwise cache clear' frees them now).")
+              "stay in the prefix store until evicted ('branchwise models rm NAME --forget-blocks' frees them "
+              "with the model).")
     return 0
 
 
