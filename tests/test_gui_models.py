@@ -85,8 +85,10 @@ def test_find_fit_download_and_use_a_model_without_leaving_the_window(qtbot, ope
         assert item.text(2).split(" · ")[0] == lab["fit"] == fit.label(lab["needs"], available)
         assert item.text(3) == f"≈ {fit.gb(lab['needs'])} at 2,048 tokens"
     fitting = [item for _q, item in files if item.data(0, USER).labels["fit"] == "Fits"]
-    assert [item.text(0) for _q, item in files if "Recommended" in item.text(2)] == \
-        ([fitting[-1].text(0)] if fitting else [])
+    recommended = [item for _q, item in files if "Recommended" in item.text(2)]
+    assert len(recommended) == (1 if fitting else 0)
+    assert all(r in fitting and r.data(0, USER).size == max(i.data(0, USER).size for i in fitting)
+               for r in recommended)
     assert f"127.0.0.1:{hub.port}" in mw.files_caption.text() and "available" in mw.files_caption.text()
 
     hub.hub.throttle = 40 << 20  # about 2.5 s for the 98 MB file: progress is seen

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Qt, Signal
-from PySide6.QtWidgets import QCheckBox, QFrame, QHBoxLayout, QLabel, QPushButton, QWidget
+from PySide6.QtWidgets import QCheckBox, QFrame, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from app.session import model_label
 from app.window.flows.model_controller import ModelController, ModelState
@@ -87,16 +87,16 @@ class FirstScreen(QWidget):
     def __init__(self, find_models: Callable[[], None], parent: QWidget | None = None):
         super().__init__(parent)
         self.setObjectName("first_screen_models")
-        lay = QHBoxLayout(self)
-        lay.addStretch(1)
+        lay = QVBoxLayout(self)
         self.label = plain_label(QLabel())
         self.label.setObjectName("first_screen_model")
+        self.label.setWordWrap(True)
+        self.label.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.button = QPushButton("Get a better model…")
         self.button.setObjectName("get_better_model")
         self.button.clicked.connect(find_models)
         lay.addWidget(self.label)
-        lay.addWidget(self.button)
-        lay.addStretch(1)
+        lay.addWidget(self.button, 0, Qt.AlignmentFlag.AlignHCenter)
 
     def set_model(self, name: str, embedded: bool) -> None:
         self.label.setText(f"Chatting with the embedded {name}, a small model that shows how Branchwise works."

@@ -68,6 +68,7 @@ class ModelsWindow(QDialog):
         self._search_job = 0
         self._files_job = 0
         self.repo_files = None  # the catalog.RepoFiles shown
+        self._freed = 0  # bytes the loaded model gives back, counted in the available memory
         self.searches = 0  # searches sent to the hub (tests: none before the user asks)
         lay = QVBoxLayout(self)
         self.host_label = plain_label(QLabel())
@@ -259,6 +260,7 @@ class ModelsWindow(QDialog):
             rows, available = fit.fit_repo_files(listing, token, n_ctx, kv_type, freed_bytes=freed)
             return listing, available
 
+        self._freed = freed
         self.workers.start(work, name="hub files", success=lambda r: self._files(job, r, select),
                            failure=lambda exc: self._files_failed(job, repo, select, exc, token_asked))
 
@@ -281,7 +283,8 @@ class ModelsWindow(QDialog):
                 verdict = lab["fit"] + (" · Recommended" if lab["recommended"] else "")
                 item = QTreeWidgetItem([Path(f.name).name + parts, fit.gb(f.size), verdict,
                                         f"≈ {fit.gb(lab['needs'])} at {lab['n_ctx']:,} tokens",
-                                        f"{lab['largest_context']:,} tokens"])
+                                        f"{lab['largest_context']:,} tokens" if lab["largest_context"]
+                                        else "none fits"])
                 item.setToolTip(2, lab["text"])
                 item.setData(0, ROLE, f)
                 group.addChild(item)
@@ -293,8 +296,9 @@ class ModelsWindow(QDialog):
         n = len(listing.files)
         self.files_caption.setText(
             f"{listing.repo} ({listing.licence or 'licence not stated'}) on {catalog.host()}: {n} model file"
-            f"{'' if n == 1 else 's'}; {fit.gb(available)} of memory available (counting the loaded model as freed). "
-            "Fits: within 80 % of it; Tight: up to all of it." if n else
+            f"{'' if n == 1 else 's'}; {fit.gb(available)} of memory available"
+            f"{' (counting the loaded model as freed)' if self._freed else ''}. Fits: within 80 % of it; Tight: up "
+            "to all of it." if n else
             f"{listing.repo} on {catalog.host()} has no GGUF model files.")
 
     def _files_failed(self, job: int, repo: str, select: str | None, exc: Exception, token_asked: bool) -> None:
