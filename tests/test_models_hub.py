@@ -344,7 +344,13 @@ def test_rm_with_forget_blocks_frees_the_models_kv_blocks_and_no_others(hub, tmp
         return json.loads(out.stdout)
 
     chat = ["chat", "--temperature", "0", "--max-tokens", "4", "--ctx-size", "512", "--json"]
-    run(*chat, "--model", "SmolLM2-135M-Instruct-Q4_1", "Tell me about the moon and the tides, please")
+    first = run(*chat, "--model", "SmolLM2-135M-Instruct-Q4_1", "Tell me about the moon and the tides, please")
+    from storage.chats import ChatStore
+
+    with ChatStore(tmp_path / "chats.sqlite3") as chats:  # the CLI's chat remembers its model too
+        remembered = chats.models.of(first["conversation_id"])
+    downloaded = tmp_path / "models" / "bartowski--SmolLM2-135M-Instruct-GGUF" / Q41
+    assert (remembered.path, remembered.name) == (str(downloaded), "SmolLM2-135M-Instruct-Q4_1")
     # the same bytes under another KV configuration are another fingerprint of the same model
     run(*chat, "--kv-type", "q8_0", "--model", "SmolLM2-135M-Instruct-Q4_1", "Tell me about the moon")
     copy = tmp_path / "other" / "renamed.gguf"  # another model file: its blocks must stay
