@@ -204,3 +204,17 @@ def test_a_chat_reopens_on_its_own_model(qtbot, open_window, data_dir, model_pat
                                        "longer there.")
     assert [m.content for m in w.store.active_path(second_chat)][0] == "Hello"
     assert len(w.transcript.widgets) == 2 and Path(w.model.good_path) == Path(model_path)
+
+
+def test_a_wrong_hash_is_one_sentence_in_the_window_and_nothing_in_the_library(qtbot, open_window, data_dir, hub):
+    w = open_window(data_dir, start_engine=False, wait=False)
+    mw = w.models.open()
+    hub.hub.wrong_hash = {Q41}
+    _open_repo(qtbot, mw, SMOL_REPO)
+    mw.files.setCurrentItem(next(item for q, item in _file_items(mw) if q == "Q4_1"))
+    mw.download_button.click()
+    qtbot.waitUntil(lambda: mw.resume_button.isEnabled(), timeout=120_000)
+    row = mw.downloads_view.topLevelItem(0).text(1)
+    assert row.startswith(f"{Q41} does not match the hub's SHA-256") and "deleted" in row and "\n" not in row
+    assert not mw.use_download_button.isEnabled() and not w.models.downloads.status_bar.isVisible()
+    assert not [p for p in (data_dir / "models").rglob("*") if p.is_file()]
