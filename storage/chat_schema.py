@@ -245,8 +245,16 @@ def _migration_attachments(conn: sqlite3.Connection) -> None:
     migration_attachments(conn)
 
 
+def _migration_chat_models(conn: sqlite3.Connection) -> None:
+    """Each conversation remembers the model it last ran on (``storage.chats.chat_models``):
+    the file's path and its name as the replies store it (``messages.model``); NULL until
+    a reply is written after this migration."""
+    conn.execute("ALTER TABLE conversations ADD COLUMN model_path TEXT NULL")
+    conn.execute("ALTER TABLE conversations ADD COLUMN model_name TEXT NULL")
+
+
 MIGRATIONS: list[Migration] = [_migration_1, _migration_2, _migration_import_sources, _migration_reasoning,
-                                _migration_attachments]
+                                _migration_attachments, _migration_chat_models]
 """Ordered migrations; ``MIGRATIONS[i]`` moves the schema from version i to i + 1."""
 
 

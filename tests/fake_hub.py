@@ -53,12 +53,12 @@ class FakeHub:
     gated: set[str] = field(default_factory=set)
     log: list[list] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
-    _hashes: dict[Path, str] = field(default_factory=dict)
+    hashes: dict[Path, str] = field(default_factory=dict)
 
     def sha(self, path: Path) -> str:
-        if path not in self._hashes:
-            self._hashes[path] = _sha256(path)
-        return self._hashes[path]
+        if path not in self.hashes:
+            self.hashes[path] = _sha256(path)
+        return self.hashes[path]
 
     def app(self):
         from starlette.applications import Starlette

@@ -330,3 +330,37 @@ def test_other_apps_models_are_found_in_place(tmp_path, model_path):
     found = {(m.origin, m.name, m.architecture, m.quantization) for m in library.list_others(home=tmp_path)}
     assert found == {("LM Studio", "SmolLM2-Q4_1", "llama", "Q4_1"), ("Ollama", "smollm2:135m", "llama", "Q4_1")}
     assert {p: p.lstat().st_mtime_ns for p in tmp_path.rglob("*")} == before  # nothing modified
+
+
+def test_rm_with_forget_blocks_frees_the_models_kv_blocks_and_no_others(hub, tmp_path, model_path):
+    r = cli(hub.url, tmp_path, "download", SMOL_REPO, Q41)
+    assert r.returncode == 0, r.stderr
+    env = {**os.environ, "BRANCHWISE_DATA_DIR": str(tmp_path)}
+
+    def run(*args):
+        out = subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    chat = ["chat", "--temperature", "0", "--max-tokens", "4", "--ctx-size", "512", "--json"]
+    first = run(*chat, "--model", "SmolLM2-135M-Instruct-Q4_1", "Tell me about the moon and the tides, please")
+    from storage.chats import ChatStore
+
+    with ChatStore(tmp_path / "chats.sqlite3") as chats:  # the CLI's chat remembers its model too
+        remembered = chats.models.of(first["conversation_id"])
+    downloaded = tmp_path / "models" / "bartowski--SmolLM2-135M-Instruct-GGUF" / Q41
+    assert (remembered.path, remembered.name) == (str(downloaded), "SmolLM2-135M-Instruct-Q4_1")
+    # the same bytes under another KV configuration are another fingerprint of the same model
+    run(*chat, "--kv-type", "q8_0", "--model", "SmolLM2-135M-Instruct-Q4_1", "Tell me about the moon")
+    copy = tmp_path / "other" / "renamed.gguf"  # another model file: its blocks must stay
+    copy.parent.mkdir()
+    copy.write_bytes(model_path.read_bytes()[:-1] + b"\0")  # a different digest, still loadable
+    run(*chat, "--model", str(copy), "Tell me about the moon and the tides, please")
+    before = run("cache", "stats", "--json")
+    assert before["models"] == 3 and before["blocks"] > 0
+    removed = run("models", "rm", "SmolLM2-135M-Instruct-Q4_1", "--forget-blocks", "--json")
+    after = run("cache", "stats", "--json")
+    assert removed["blocks_deleted"] > 0
+    assert after["blocks"] == before["blocks"] - removed["blocks_deleted"] > 0
+    assert after["models"] == 1  # only the other file's layout is left

@@ -394,3 +394,24 @@ def test_block_files_are_private(store, tmp_path):
     folder = tmp_path / "kv.sqlite3-blocks"
     assert folder.stat().st_mode & 0o777 == 0o700
     assert {p.stat().st_mode & 0o777 for p in folder.iterdir()} == {0o600}
+
+
+def test_forget_models_deletes_every_block_and_checkpoint_of_a_fingerprint_and_no_other(tmp_path):
+    store = PrefixStore(tmp_path / "kv.sqlite3", budget_bytes=10**9, block_size=B)
+    secret = [987_654_321] * 20  # a marker token id only the removed model's blocks hold
+    store_tokens(store, secret)
+    store.put_checkpoint(FP, secret[:16], payload_for(secret[:16]))
+    store.register_model(FP, "{}", "removed model")
+    kept = seq(20, start=100)
+    store_tokens(store, kept, fp=OTHER_FP)
+    store.register_model(OTHER_FP, "{}", "kept model")
+    assert store.stats()["checkpoints"] == 1
+    assert store.forget_models([FP]) == 3  # two full blocks and a tail
+    stats = store.stats()
+    assert (stats["blocks"], stats["checkpoints"], stats["models"]) == (3, 0, 1)
+    assert store.layout(FP) is None and store.layout(OTHER_FP) == "{}"
+    assert restored_tokens(store, kept, fp=OTHER_FP) == kept
+    assert restored_tokens(store, secret) == []
+    assert np.asarray([987_654_321], dtype="<i4").tobytes() not in raw_bytes(tmp_path)
+    assert store.forget_models([FP]) == 0 and store.forget_models([]) == 0
+    store.close()

@@ -3,8 +3,11 @@
 Opens the window offscreen on a temporary data folder with the embedded default
 model, writes a conversation with a branch (real generation, temperature 0), opens
 the tree panel, and saves ``light.png``, ``dark.png`` and ``tree.png`` (the tree panel
-alone) into OUTDIR, then ``thought-collapsed.png`` and ``thought-expanded.png`` (a
-reasoning reply, tools/thought_screenshots.py). ``--scene thought`` makes only the latter.
+alone) into OUTDIR (scene ``main``); ``thought-collapsed.png`` and ``thought-expanded.png``,
+a reasoning reply (scene ``thought``, tools/thought_screenshots.py); ``models.png``, the
+Models window against the tests' fake hub on 127.0.0.1 (tests/fake_hub.py), a repository's
+files with their fit labels and a download under way (scene ``models``).
+``--scene NAME`` (repeatable) makes only those scenes.
 """
 
 from __future__ import annotations
@@ -52,24 +55,93 @@ def send_and_wait(window, send) -> None:
     window.reply_finished.disconnect(done.append)
 
 
+def _padded(source: Path, out: Path, size: int) -> Path:
+    """A stand-in GGUF of ``size`` bytes: ``source``'s bytes, then a sparse hole (its header
+    is real, so the fit estimate reads it; nothing downloads it)."""
+    import shutil
+
+    shutil.copyfile(source, out)
+    with open(out, "r+b") as f:
+        f.truncate(size)
+    return out
+
+
+def models_scene(out: Path) -> Path:
+    """``models.png``: the Models window on a repository of the fake hub, every fit label
+    shown (two stand-ins padded to be Tight and Too large for this machine), the
+    Recommended file selected and a download under way."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from fake_hub import FakeHub, Repo, RunningHub
+
+    from app.window.shell.main_window import MainWindow
+    from engine.hub import fit
+    from engine.model_file import default_model_path
+
+    smol = default_model_path()
+    with tempfile.TemporaryDirectory(prefix="branchwise-shots-") as tmp:
+        data = Path(tmp) / "data"
+        data.mkdir()
+        (data / "settings.json").write_text(json.dumps({"theme": "light", "n_ctx": 8192}))
+        avail = fit.available_memory()
+        tight = _padded(smol, Path(tmp) / "SmolLM2-135M-Instruct-BF16.gguf", int(avail * 0.85))
+        large = _padded(smol, Path(tmp) / "SmolLM2-135M-Instruct-F32.gguf", int(avail * 1.3))
+        repo = "bartowski/SmolLM2-135M-Instruct-GGUF"
+        hub = FakeHub({repo: Repo({"SmolLM2-135M-Instruct-Q4_1.gguf": smol, "SmolLM2-135M-Instruct-Q8_0.gguf": smol,
+                                   tight.name: tight, large.name: large}, downloads=5000, likes=42)},
+                      throttle=3 << 20)
+        hub.hashes.update({tight: "0" * 64, large: "0" * 64})  # never hashed: 20+ GB of hole
+        with RunningHub(hub) as running:
+            os.environ["HF_ENDPOINT"] = running.url
+            w = MainWindow(data, start_engine=False)
+            try:
+                mw = w.models.open()
+                mw.resize(1100, 760)
+                mw.search_box.setText("smollm2")
+                mw.search()
+                wait_until(lambda: mw.results.topLevelItemCount() > 0 and "match" in mw.results_caption.text())
+                mw.results.setCurrentItem(mw.results.topLevelItem(0))
+                mw.open_repo(repo)
+                wait_until(lambda: mw.files.topLevelItemCount() > 0)
+                mw.download_selected()
+                wait_until(lambda: "MB/s" in (mw.downloads_view.topLevelItem(0) or mw.results).text(1)
+                           if mw.downloads_view.topLevelItemCount() else False)
+                _settle(1500)
+                mw.grab().save(str(out / "models.png"))
+            finally:
+                w.close()
+                del os.environ["HF_ENDPOINT"]
+    return out / "models.png"
+
+
+SCENES = ("main", "thought", "models")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    only_thought = args[1:] == ["--scene", "thought"]
-    if len(args) != 1 and not only_thought:
-        print("usage: python -m tools.screenshots OUTDIR [--scene thought]", file=sys.stderr)
+    args = list(sys.argv[1:] if argv is None else argv)
+    scenes = []
+    while "--scene" in args:
+        i = args.index("--scene")
+        scenes.append(args[i + 1] if i + 1 < len(args) else "")
+        del args[i:i + 2]
+    if len(args) != 1 or any(name not in SCENES for name in scenes):
+        print(f"usage: python -m tools.screenshots OUTDIR [--scene {'|'.join(SCENES)}]...", file=sys.stderr)
         return 2
+    scenes = scenes or list(SCENES)
     out = Path(args[0])
     out.mkdir(parents=True, exist_ok=True)
     app = QApplication.instance() or QApplication([])
     app.setApplicationName("Branchwise")
-    if not only_thought:
+    if "main" in scenes:
         code = _main_scenes(out)
         if code:
             return code
-    from tools.thought_screenshots import thought_scenes
+    if "thought" in scenes:
+        from tools.thought_screenshots import thought_scenes
 
-    for path in thought_scenes(out, wait_until, send_and_wait, _settle):
-        print(path)
+        for path in thought_scenes(out, wait_until, send_and_wait, _settle):
+            print(path)
+    if "models" in scenes:
+        print(models_scene(out))
     return 0
 
 

@@ -131,6 +131,7 @@ def reply(args, engine, chats, conversation, parent_id, model_label: str) -> int
     if result.stats.finish_reason == FinishReason.CANCELLED:  # stored as stopped, with its stats
         return _stopped(args, conversation.id, parent_id, msg_id, result.text, stats_saved=True)
     saved.reply = saved.stats = True
+    _remember_model(chats, conversation.id, "" if remote else str(engine.model.path), model_label)
     held = None
     if use_cache and not remote and engine.store is not None:  # after the reply is safe: storing the KV is an optimisation
         if watch.gone():
@@ -185,6 +186,18 @@ def reply(args, engine, chats, conversation, parent_id, model_label: str) -> int
         print("branchwise: stopped; the reply and its KV cache were saved first", file=sys.stderr)
         return 128 + held.signum
     return 0
+
+
+def _remember_model(chats, conversation_id: int, path: str, label: str) -> None:
+    """The conversation now runs on this model (``ChatStore.models``; the window offers it
+    back when the chat is opened). The reply is saved already: a failure here is only logged."""
+    from storage.errors import StorageError
+
+    try:
+        chats.models.remember(conversation_id, path, label)
+    except StorageError as exc:
+        log.warning("could not remember the model of conversation %d: %s",
+                                            conversation_id, exc)
 
 
 def _abandon(recorder) -> int | None:

@@ -32,6 +32,10 @@ class HubError(Exception):
     """A hub request failed; the message is one sentence for the user (it names the host)."""
 
 
+class GatedError(HubError):
+    """The repository is gated (or private): a stored access token may open it."""
+
+
 def endpoint() -> str:
     """The hub's base URL: ``HF_ENDPOINT`` if set, else https://huggingface.co (no trailing /)."""
     return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
@@ -80,7 +84,7 @@ def _hub_error(exc: Exception, what: str) -> HubError:
     from huggingface_hub import errors
 
     if isinstance(exc, errors.GatedRepoError):
-        return HubError(f"{what} is gated on {host()}: accept its licence on the hub, then store your access "
+        return GatedError(f"{what} is gated on {host()}: accept its licence on the hub, then store your access "
                         "token with 'branchwise models login'.")
     if isinstance(exc, errors.RepositoryNotFoundError):
         return HubError(f"{what} was not found on {host()} (or it is private: store a token with "
@@ -225,3 +229,16 @@ def starter_models() -> list[dict]:
     package, no network): dicts with ``repo``, ``file``, ``quantization``, ``size_gb``
     (approximate), ``params``, ``reasoning`` (bool), ``licence``, ``note``."""
     return json.loads(STARTER_FILE.read_text(encoding="utf-8"))["models"]
+
+
+def download_plan(repo_files: RepoFiles, model: ModelFile) -> tuple[list, dict]:
+    """What ``engine.hub.download.download`` needs for ``model`` of ``repo_files``: its
+    parts as ``RemoteFile`` (URL on :func:`endpoint`, size, SHA-256) in order, and the
+    source note kept beside the first part (repository, revision, licence, host, files)."""
+    from engine.hub.download import RemoteFile
+
+    files = [RemoteFile(resolve_url(repo_files.repo, repo_files.revision, p), p, s, h)
+             for p, s, h in zip(model.parts, model.sizes, model.sha256)]
+    extra = {"repo": repo_files.repo, "revision": repo_files.revision, "licence": repo_files.licence,
+             "host": host(), "files": model.parts, "sha256": model.sha256}
+    return files, extra

@@ -138,3 +138,42 @@ def gb(n: int) -> str:
 def describe(est: Estimate, available: int) -> str:
     """``Fits: needs ≈ 5.1 GB at 8,192 tokens; 11.2 GB available``."""
     return f"{label(est.total, available)}: needs ≈ {gb(est.total)} at {est.n_ctx:,} tokens; {gb(available)} available"
+
+
+def fit_repo_files(repo_files, token: str | None, n_ctx: int, kv_type: str = "f16",
+                   freed_bytes: int = 0, available: int | None = None):
+    """Label each model of ``repo_files`` (a ``catalog.RepoFiles``) for this machine: its
+    ``labels`` get ``fit`` (Fits / Tight / Too large), ``needs`` (bytes), ``n_ctx``
+    (``n_ctx`` capped at the trained context), ``estimate``, ``available``,
+    ``largest_context`` (tokens), ``trained_context``, ``architecture``, ``recommended``
+    (the largest file that fits) and ``text`` (:func:`describe`). The header is read once
+    per model, shared by its quantizations: one ranged request each (contacts the hub).
+    ``freed_bytes``: what the model already loaded gives back. Returns (the files smallest
+    first, the available bytes).
+
+    Raises:
+        engine.hub.header.HeaderError: a header could not be read or parsed.
+    """
+    from engine.hub import catalog, header
+
+    available = available_memory(freed_bytes) if available is None else available
+    facts_by_stem: dict[str, GgufFacts] = {}
+    rows = []
+    for f in sorted(repo_files.files, key=lambda f: f.size):
+        stem = f.name.lower().replace(f.quantization.lower(), "")
+        facts = facts_by_stem.get(stem)
+        if facts is None:
+            url = catalog.resolve_url(repo_files.repo, repo_files.revision, f.parts[0])
+            facts = facts_by_stem[stem] = header.read_remote(url, f.sizes[0], token=token)
+        ctx = min(n_ctx, facts.context_length or n_ctx)
+        est = estimate(facts, f.size, ctx, kv_type)
+        f.labels = {"fit": label(est.total, available), "needs": est.total, "n_ctx": ctx,
+                    "estimate": est.to_dict(), "available": available,
+                    "largest_context": largest_context(facts, f.size, available, kv_type),
+                    "trained_context": facts.context_length, "architecture": facts.architecture,
+                    "recommended": False, "text": describe(est, available)}
+        rows.append(f)
+    fitting = [f for f in rows if f.labels["fit"] == FITS]
+    if fitting:
+        max(fitting, key=lambda f: f.size).labels["recommended"] = True
+    return rows, available

@@ -219,3 +219,42 @@ def list_others(home: Path | None = None) -> list[LibraryModel]:
 def disk_free(data_dir: Path) -> int:
     """Free bytes on the disk holding the models folder."""
     return shutil.disk_usage(models_dir(data_dir)).free
+
+
+KV_CONFIGS = [(k, v, fa) for k in ("f16", "q8_0") for v in ("f16", "q8_0") for fa in (False, True) if v == "f16" or fa]
+"""(type_k, type_v, flash attention) of every KV configuration the engine accepts
+(``engine.settings.EngineSettings``: a q8_0 V cache needs flash attention)."""
+
+
+def model_fingerprints(path: Path, store) -> list[bytes]:
+    """The prefix-store fingerprints the model file at ``path`` can have in ``store`` (a
+    ``PrefixStore``): one per KV configuration (:data:`KV_CONFIGS`), under this build's
+    llama.cpp and the store's block size. Reads the whole file once unless ``store``
+    remembers its digest. Raises OSError when the file cannot be read."""
+    from importlib.metadata import version
+
+    from engine.fingerprint import cached_file_digest, fingerprint
+
+    digest = cached_file_digest(Path(path), store)
+    llama = version("llama-cpp-python")
+    return [fingerprint(digest, llama, k, v, fa, store.block_size) for k, v, fa in KV_CONFIGS]
+
+
+def forget_blocks(data_dir: Path, model: LibraryModel) -> int:
+    """Delete the KV blocks and checkpoints ``model`` left in the data folder's prefix store
+    (``kvcache.sqlite3``); call it before the file is removed. Returns the blocks deleted.
+
+    Raises:
+        OSError: the model file cannot be read (its digest names its blocks).
+        storage.prefix.records.StoreUnavailable / StoreFull: the store cannot be changed.
+    """
+    from storage.paths import KVCACHE_DB
+    from storage.prefix_store import PrefixStore
+
+    if not (Path(data_dir) / KVCACHE_DB).exists():
+        return 0
+    store = PrefixStore(Path(data_dir) / KVCACHE_DB)
+    try:
+        return store.forget_models(model_fingerprints(Path(model.path), store))
+    finally:
+        store.close()

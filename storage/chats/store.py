@@ -20,6 +20,7 @@ The store is one class and four parts, each in its module of ``storage/chats/``:
 * ``store.copies`` (:mod:`storage.chats.copies`): duplicate and fork;
 * ``store.deletion`` (:mod:`storage.chats.deletion`): a subtree and Undo's way back,
   scrubbing the search index and the WAL;
+* ``store.models`` (:mod:`storage.chats.chat_models`): the model each chat last ran on;
 * search (:mod:`storage.chats.search`) and the shared connection
   (:mod:`storage.chats.connection`) and row queries (:mod:`storage.chats.queries`).
 
@@ -54,6 +55,7 @@ from storage.chat_records import (
 from storage.chat_text import auto_title
 from storage.chats import queries
 from storage.chats.connection import ChatDatabase, Part
+from storage.chats.chat_models import ChatModels
 from storage.chats.copies import Copies
 from storage.chats.deletion import Deletion
 from storage.chats.search import Search, SearchHit
@@ -82,6 +84,7 @@ class ChatStore(Part):
         self.branches = Branches(self.database)
         self.copies = Copies(self.database)
         self.deletion = Deletion(self.database)
+        self.models = ChatModels(self.database)  # the model each chat last ran on
         self._finder = Search(self.database)
 
     # -- lifetime ---------------------------------------------------------

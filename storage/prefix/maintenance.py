@@ -111,6 +111,34 @@ class Maintenance:
                             break
         return deleted
 
+    def forget_models(self, fingerprints: Iterable[bytes]) -> int:
+        """Delete every block and checkpoint stored under ``fingerprints`` (a model that was
+        removed: its KV is of no use to any other model) and their KV layouts, files zeroed
+        and forced to the disk as in :meth:`forget`. Returns the number of blocks deleted
+        (0 when the store holds none of them). Raises StoreFull / StoreUnavailable."""
+        fps = list(fingerprints)
+        if not fps:
+            return 0
+        marks = ",".join("?" * len(fps))
+        with self.ix.guard():
+            self.ix.sync_scrub = True
+            try:
+                with self.ix.tx():
+                    keys = [r[0] for r in self.ix.db.execute(
+                        f"SELECT key FROM blocks WHERE fingerprint IN ({marks})", fps)]  # noqa: S608 - placeholders
+                    cps = [r[0] for r in self.ix.db.execute(
+                        f"SELECT key FROM checkpoints WHERE fingerprint IN ({marks})", fps)]  # noqa: S608
+                    self.ix.db.execute(f"DELETE FROM blocks WHERE fingerprint IN ({marks})", fps)  # noqa: S608
+                    self.ix.doomed.extend(keys)
+                    if cps:
+                        self.checkpoints.delete(cps)
+                    self.ix.db.execute(f"DELETE FROM models WHERE fingerprint IN ({marks})", fps)  # noqa: S608
+            finally:
+                self.ix.sync_scrub = False
+            if keys or cps:
+                self.ix.vacuum()
+        return len(keys)
+
     def verify(self, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
         """Check every block's and checkpoint's checksum (and every KV layout); remove bad
         blocks with their descendants, bad checkpoints and damaged layouts. ``progress`` is

@@ -220,6 +220,13 @@ class PrefixStore:
         blocks deleted. Raises StoreFull / StoreUnavailable."""
         return self.maintenance.forget(forget, keep, fingerprints)
 
+    def forget_models(self, fingerprints: Iterable[bytes]) -> int:
+        """Delete every block and checkpoint of the models ``fingerprints`` name (32-byte
+        root keys, ``engine.fingerprint.fingerprint``), zeros forced to the disk
+        (:meth:`Maintenance.forget_models`). Returns the number of blocks deleted.
+        Raises StoreFull / StoreUnavailable."""
+        return self.maintenance.forget_models(fingerprints)
+
     def verify(self, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
         """Check every checksum; remove bad blocks with their descendants, bad checkpoints
         and damaged layouts (:meth:`Maintenance.verify`)."""

@@ -48,6 +48,8 @@ def add_parser(subparsers) -> None:
                     help="also models other apps downloaded (LM Studio, Ollama, GPT4All, Jan), used in place")
     rm = sub.add_parser("rm", parents=[common], help="delete a model from the library")
     rm.add_argument("name")
+    rm.add_argument("--forget-blocks", action="store_true",
+                    help="also delete the model's KV blocks and checkpoints from the prefix store")
     sub.add_parser("login", parents=[common], help="store a hub access token (read from stdin) for gated "
                    "repositories, 0600 in the data folder")
 
@@ -103,31 +105,10 @@ def _search(args, data_dir: Path) -> int:
 
 
 def _fitted(repo_files, token: str | None, n_ctx: int, kv_type: str):
-    """Each file of ``repo_files`` with its estimate, label and largest context; the header
-    is read once per model (one range request), shared by its quantizations."""
-    from engine.hub import catalog, fit, header
+    """Each file of ``repo_files`` with its fit labels (``engine.hub.fit.fit_repo_files``)."""
+    from engine.hub import fit
 
-    available = fit.available_memory()
-    facts_by_stem: dict[str, object] = {}
-    rows = []
-    for f in sorted(repo_files.files, key=lambda f: f.size):
-        stem = f.name.lower().replace(f.quantization.lower(), "")
-        facts = facts_by_stem.get(stem)
-        if facts is None:
-            url = catalog.resolve_url(repo_files.repo, repo_files.revision, f.parts[0])
-            facts = facts_by_stem[stem] = header.read_remote(url, f.sizes[0], token=token)
-        ctx = min(n_ctx, facts.context_length or n_ctx)
-        est = fit.estimate(facts, f.size, ctx, kv_type)
-        f.labels = {"fit": fit.label(est.total, available), "needs": est.total, "n_ctx": ctx,
-                    "estimate": est.to_dict(), "available": available,
-                    "largest_context": fit.largest_context(facts, f.size, available, kv_type),
-                    "trained_context": facts.context_length, "architecture": facts.architecture,
-                    "recommended": False, "text": fit.describe(est, available)}
-        rows.append(f)
-    fitting = [f for f in rows if f.labels["fit"] == fit.FITS]
-    if fitting:
-        max(fitting, key=lambda f: f.size).labels["recommended"] = True
-    return rows, available
+    return fit.fit_repo_files(repo_files, token, n_ctx, kv_type)
 
 
 def _files(args, data_dir: Path) -> int:
@@ -182,17 +163,13 @@ def _download(args, data_dir: Path) -> int:
     repo_files = catalog.repo_files(args.repo, token=token)
     rows, _available = _fitted(repo_files, token, args.ctx_size, args.kv_type)
     chosen = _pick(rows, args.file)
-    files = [download.RemoteFile(catalog.resolve_url(repo_files.repo, repo_files.revision, p), p, s, h)
-             for p, s, h in zip(chosen.parts, chosen.sizes, chosen.sha256)]
+    files, extra = catalog.download_plan(repo_files, chosen)
     _say(args, f"Downloading {chosen.name} ({chosen.size / 1e9:,.2f} GB{', %d parts' % len(files) if len(files) > 1 else ''}) "
                f"from {catalog.host()}: {chosen.labels['text']}")
     progress, close = _progress(args, chosen.name)
     try:
         paths = download.download(files, library.models_dir(data_dir), repo_files.repo, token=token,
-                                  progress=progress,
-                                  extra={"repo": repo_files.repo, "revision": repo_files.revision,
-                                         "licence": repo_files.licence, "host": catalog.host(),
-                                         "files": chosen.parts, "sha256": chosen.sha256})
+                                  progress=progress, extra=extra)
     except KeyboardInterrupt:
         close()
         print("branchwise: download stopped; the bytes so far are kept and the same command continues from "
@@ -259,12 +236,18 @@ def _list(args, data_dir: Path) -> int:
 def _rm(args, data_dir: Path) -> int:
     from engine.hub import library
 
+    model = library.find(data_dir, args.name)
+    freed = library.forget_blocks(data_dir, model) if model is not None and args.forget_blocks else None
     model = library.remove(data_dir, args.name)
     if args.json:
-        print(json.dumps({"removed": model.to_dict()}))
+        print(json.dumps({"removed": model.to_dict(), "blocks_deleted": freed}))
+    elif freed is not None:
+        print(f"Removed {model.name} ({model.size / 1e9:,.2f} GB) from {Path(model.path).parent} and its "
+              f"{freed:,} KV blocks from the prefix store.")
     else:
         print(f"Removed {model.name} ({model.size / 1e9:,.2f} GB) from {Path(model.path).parent}. Its KV blocks "
-              "stay in the prefix store until evicted ('branchwise cache clear' frees them now).")
+              "stay in the prefix store until evicted ('branchwise models rm NAME --forget-blocks' frees them "
+              "with the model).")
     return 0
 
 

@@ -85,6 +85,8 @@ class AppSettings:
         EngineSettings.speculative).
     prewarm: zero-wait turns (app/window/flows/prewarm_controller.py): restore an opened chat and
         prefill the composer's draft in the background. Off: the engine idles between turns.
+    always_switch_model: opening a chat that last ran on another model loads that model
+        without asking (app/window/flows/chat_model_flow.py); off: a bar offers the switch.
     """
 
     n_ctx: int = _ENGINE.n_ctx
@@ -110,6 +112,7 @@ class AppSettings:
     reset_fields: list[str] = field(default_factory=list)
     prewarm: bool = True
     unreadable: str = ""
+    always_switch_model: bool = False
 
     def engine_settings(self) -> EngineSettings:
         """The EngineSettings these settings describe, built by the engine's own rule

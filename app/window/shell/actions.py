@@ -32,6 +32,9 @@ ACTIONS = {
         SEPARATOR,
         ("close", "Quit", QKeySequence.StandardKey.Quit, False),
     ],
+    "&Model": [
+        ("find_models", "Find models…", "Ctrl+Shift+M", False),
+    ],
     "&Chat": [
         ("focus_search", "Search chats", "Ctrl+F", False),
         ("regenerate_last", "Regenerate last reply", "Ctrl+R", False),

@@ -23,12 +23,14 @@ from pathlib import Path
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtWidgets import QMainWindow, QSplitter, QVBoxLayout, QWidget
 
+from app.window.flows.chat_model_flow import ChatModelFlow
 from app.window.flows.commands import ChatCommands
 from app.window.flows.forget_flow import ForgetFlow
 from app.window.flows.import_dialog import ImportController, accept_drag, dropped_paths
 from app.window.flows.link_dialog import LinkOpener
 from app.window.flows.message_actions import MessageActions
 from app.window.flows.model_controller import ModelController
+from app.window.flows.models_window import ModelsFlow
 from app.window.flows.navigator import Navigator
 from app.window.flows.prewarm_controller import PrewarmController
 from app.window.flows.server_controller import ApiState, ServerController
@@ -138,6 +140,7 @@ class MainWindow(QMainWindow):
         split.setSizes([250, 680, 250])
         split.setChildrenCollapsible(False)
         self.splitter = split
+        self.center = center  # the banner, the chat's model bar, the transcript, the composer
         self.setCentralWidget(split)
         name_controls(self)  # the composer's box and button, and what has no name of its own
 
@@ -170,6 +173,12 @@ class MainWindow(QMainWindow):
         self.messages = MessageActions(store=store, chat=chat, banner=banner, status=status, workers=self.workers,
                                        parent=self)
         self.links = LinkOpener(self)
+        self.models = ModelsFlow(workers=self.workers, data_dir=self.data_dir, status=status, load=self.model.load,
+                                 fit_context=self._fit_context, parent=self)
+        self.chat_model = ChatModelFlow(store=store, model=self.model, settings=settings, status=status,
+                                        find_models=self.models.open, parent=self)
+        self.center.layout().insertWidget(1, self.chat_model.bar)  # under the banner
+        self.transcript.set_empty_extra(self.chat_model.first_screen)
 
     def _connect(self) -> None:
         chat, nav, commands, sidebar, transcript = self.chat, self.navigator, self.commands, self.sidebar, self.transcript
@@ -193,6 +202,8 @@ class MainWindow(QMainWindow):
         self.composer.stop_requested.connect(chat.stop)
         self.tree.node_clicked.connect(chat.select)
         chat.reply_finished.connect(self.reply_finished)
+        chat.reply_finished.connect(self.chat_model.reply_saved)
+        chat.current_changed.connect(self.chat_model.chat_shown)
         chat.coverage_ready.connect(self.coverage_ready)
         chat.path_shown.connect(self.prewarm.path_changed)
         chat.current_changed.connect(sidebar.set_current)
@@ -228,7 +239,15 @@ class MainWindow(QMainWindow):
             "copy_conversation_markdown": self.messages.copy_conversation_markdown,
             "start_api_server": self.api_server.start, "stop_api_server": self.api_server.stop,
             "toggle_tree": self.look.toggle_tree, "theme": self.look.set_theme,
+            "find_models": self.models.open,
         }
+
+    def _fit_context(self) -> tuple[int, str, int]:
+        """(context tokens, KV type, bytes the loaded model gives back) for the Models
+        window's fit estimate."""
+        f = self.model.facts or {}
+        freed = int(f.get("size_bytes") or 0) + int(f.get("kv_bytes_per_token") or 0) * int(f.get("n_ctx") or 0)
+        return self.settings.n_ctx, self.settings.type_v, 0 if f.get("remote") else freed
 
     def _api_state_changed(self, state: str) -> None:
         """The Server menu: each action enabled only when it can work."""
@@ -290,6 +309,7 @@ class MainWindow(QMainWindow):
         self.sidebar.commit_delete()  # before the engine stops: it carries out a Delete and forget
         self.importer.shutdown()  # before anything writes: the import holds the write lock
         self.api_server.shutdown()
+        self.models.shutdown()  # downloads stop; their bytes stay for the next attempt
         self.chat.shutdown()
         self.settings.save()
         self.reader.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QFrame,
     QLabel,
@@ -36,6 +36,24 @@ building 200 at once stalled the window for seconds (4 per turn: 90-170 ms, issu
 built lazily, opening a chat costs the same however long it is."""
 BUBBLES_PER_TURN = 1
 NEAR_TOP_PX = 300
+
+
+_SHOWN_OR_HIDDEN = (QEvent.Type.Show, QEvent.Type.Hide, QEvent.Type.ShowToParent, QEvent.Type.HideToParent)
+
+
+class _Follower(QObject):
+    """Shows ``follower`` exactly while ``leader`` is shown (an event filter on the leader)."""
+
+    def __init__(self, leader: QWidget, follower: QWidget, view: QWidget):
+        super().__init__(view)
+        self.leader, self.follower, self.view = leader, follower, view
+        follower.setVisible(leader.isVisibleTo(view))
+        leader.installEventFilter(self)
+
+    def eventFilter(self, watched, event) -> bool:  # noqa: N802 - Qt override
+        if event.type() in _SHOWN_OR_HIDDEN:
+            self.follower.setVisible(self.leader.isVisibleTo(self.view))
+        return False
 
 
 class TranscriptView(QScrollArea):
@@ -189,7 +207,7 @@ class TranscriptView(QScrollArea):
         batch, self._older = self._older[-count:], self._older[:-count]
         for item in reversed(batch):
             w = self._bubble(*item)
-            self._layout.insertWidget(2, w)  # after the empty-page label and "Show earlier"
+            self._layout.insertWidget(self._layout.indexOf(self.earlier_button) + 1, w)  # after "Show earlier"
             self.widgets.insert(0, w)
         self._fill()  # the scroll range may not change (short bubbles): check again next turn
 
@@ -222,6 +240,12 @@ class TranscriptView(QScrollArea):
     def _add(self, w: MessageWidget) -> None:
         self._layout.insertWidget(self._layout.count() - 1, w)
         self.widgets.append(w)
+
+    def set_empty_extra(self, widget: QWidget) -> None:
+        """Show ``widget`` under the empty page's text, and only while that text is shown
+        (the first screen's "Get a better model")."""
+        self._layout.insertWidget(self._layout.indexOf(self._empty) + 1, widget)
+        self._empty_follower = _Follower(self._empty, widget, self)
 
     def clear(self) -> None:
         for w in self.widgets:  # deleteLater: a button of ``w`` may be emitting right now
