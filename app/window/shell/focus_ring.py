@@ -10,6 +10,7 @@ gets no ring (a click shows where it went); the keyboard, a shortcut and a text 
 
 from __future__ import annotations
 
+import shiboken6
 from PySide6.QtCore import QObject, QRectF, Qt
 from PySide6.QtGui import QColor, QGuiApplication, QPainter, QPen
 from PySide6.QtWidgets import (
@@ -51,12 +52,25 @@ class FocusRing(QObject):
     def __init__(self, window: QWidget, color: str):
         super().__init__(window)
         self.window = window
-        self.frame = _Frame(color)
+        self.color = color
+        self._frame = _Frame(color)
         self.target: QWidget | None = None
+        # Tab reaches every control (the bubbles' tool buttons too), not only text boxes and
+        # lists as some platforms (macOS, offscreen) have it by default
+        QGuiApplication.styleHints().setTabFocusBehavior(Qt.TabFocusBehavior.TabFocusAllControls)
         QApplication.instance().focusChanged.connect(self._focus_changed)
+
+    @property
+    def frame(self) -> QFocusFrame:
+        """The ring's widget: it lives beside the focused widget, so it goes when that
+        widget's parent is deleted (a bubble drawn again, a closed dialog); then a new one."""
+        if not shiboken6.isValid(self._frame):
+            self._frame = _Frame(self.color)
+        return self._frame
 
     def set_color(self, color: str) -> None:
         """Draw the ring in ``color`` (a CSS colour, e.g. the theme's accent)."""
+        self.color = color
         self.frame.color = QColor(color)
         self.frame.update()
 
@@ -79,12 +93,13 @@ class FocusRing(QObject):
                 if scroll is not None:  # around the visible box, not the whole scrolled canvas
                     target = scroll
         self.target = target
-        self.frame.setWidget(target)
+        frame = self.frame
+        frame.setWidget(target)
         if target is not None:
-            self.frame.show()
-            self.frame.raise_()
+            frame.show()
+            frame.raise_()
         else:
-            self.frame.hide()
+            frame.hide()
 
 
 def _scroll_area_of(widget: QWidget) -> QAbstractScrollArea | None:
