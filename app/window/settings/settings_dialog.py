@@ -246,6 +246,11 @@ class SettingsDialog(QDialog):
         text = kv_switch_note(self._settings.type_k, self.kv.currentData()[0], *self._kv_figures)
         self.kv_note.setText(text)
         self.kv_note.setVisible(bool(text))
+        if text and self.isVisible():  # room for its lines: grow the dialog, never clip them
+            width = max(200, self.tabs.currentWidget().width() - 24)
+            self.kv_note.setMinimumHeight(self.kv_note.heightForWidth(width) + 6)
+            self.layout().activate()
+            self.resize(self.width(), max(self.height(), self.sizeHint().height()))
 
     def _request(self, action: CacheAction) -> None:
         if self.client is not None and self.client.is_running():
