@@ -17,7 +17,6 @@ from PySide6.QtWidgets import QApplication, QDialogButtonBox  # noqa: E402
 
 from gui_helpers import LOAD_TIMEOUT_MS, new_chat, send_and_wait  # noqa: E402
 
-from app.window.settings.kv_switch import duration_words, kv_switch_note  # noqa: E402
 from engine.limits import MAX_CTX, MIN_CTX  # noqa: E402
 
 
@@ -99,6 +98,8 @@ def test_a_context_size_out_of_range_is_refused_with_the_range_and_the_message_g
 
 
 def test_the_kv_note_prices_the_recompute():
+    from app.window.settings.kv_switch import duration_words, kv_switch_note
+
     note = kv_switch_note("f16", "q8_0", 2560, 85.0)
     assert note == ("Your chats' stored KV was computed at f16; the next turn of this chat recomputes 2,560 tokens "
                     "(about 30 s at the measured 85 tokens/s) at q8_0, unless it was computed at q8_0 before. "
