@@ -203,6 +203,24 @@ def test_every_widget_tab_reaches_is_outlined_in_light_and_dark(qtbot, open_wind
         w.grab().save(str(tmp_path / f"focus-{name}.png"))
 
 
+def test_a_button_focused_by_a_click_gets_no_outline_a_text_box_does(qtbot, open_window, data_dir):
+    w = _bare_window(qtbot, open_window, data_dir)
+    accent = QColor(theme.resolve(w.settings.theme).accent)
+    focus(qtbot, w.composer.input)
+    qtbot.mouseClick(w.composer.button, Qt.MouseButton.LeftButton)  # Send, with nothing to send
+    qtbot.waitUntil(w.composer.button.hasFocus, timeout=5_000)
+    qtbot.wait(20)
+    assert not _outlined(w, w.composer.button, accent)
+    qtbot.mouseClick(w.sidebar.search, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(w.sidebar.search.hasFocus, timeout=5_000)
+    qtbot.wait(20)
+    assert _outlined(w, w.sidebar.search, accent)
+    qtbot.keyClick(w.sidebar.search, Qt.Key.Key_Backtab, Qt.KeyboardModifier.ShiftModifier)
+    qtbot.waitUntil(lambda: focused(w) is w.sidebar.new_button, timeout=5_000)
+    qtbot.wait(20)
+    assert _outlined(w, w.sidebar.new_button, accent)  # the same kind of button, reached by the keyboard
+
+
 def test_down_then_enter_in_search_opens_the_result(qtbot, open_window, data_dir):
     ids = _two_chats(data_dir)
     w = _bare_window(qtbot, open_window, data_dir)
