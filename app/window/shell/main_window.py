@@ -21,7 +21,7 @@ import logging
 from pathlib import Path
 
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
-from PySide6.QtWidgets import QMainWindow, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QMainWindow, QScrollArea, QSplitter, QVBoxLayout, QWidget
 
 from app.window.flows.commands import ChatCommands
 from app.window.flows.forget_flow import ForgetFlow
@@ -130,6 +130,8 @@ class MainWindow(QMainWindow):
         lay.addWidget(self.composer)
         self.tree = TreePanel(self.reader)
         self.look.follow_tree(self.tree)
+        for area in self.tree.findChildren(QScrollArea):  # one Tab stop: the canvas, not its frame too
+            area.setFocusPolicy(Qt.FocusPolicy.NoFocus)
         split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(self.sidebar)
         split.addWidget(center)
