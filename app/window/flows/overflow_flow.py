@@ -16,7 +16,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Qt, Signal
-from PySide6.QtWidgets import QMessageBox, QWidget
+from PySide6.QtWidgets import QApplication, QMessageBox, QWidget
 
 from app.session.overflow import OverflowChoices, largest_context, overflow_choices
 from engine.events import CountEvent, FinishReason
@@ -124,7 +124,9 @@ class OverflowFlow(QObject):
                                             else "Counting tokens…")
         else:
             self.status.stats_label.setText("")
-            self.composer.input.setFocus()
+            focus = QApplication.focusWidget()  # back to the message box, unless the user moved on
+            if focus is None or focus is self.composer or self.composer.isAncestorOf(focus):
+                self.composer.input.setFocus()
 
     def _counted(self, handle, cid, text, new_chat, messages, ids, event: CountEvent) -> None:
         if handle is not self.checking:

@@ -2,7 +2,8 @@
 Settings dialog ("This chat" and "New chats"), with named system-prompt presets.
 
 Presets are app-wide (``AppSettings.prompt_presets``: name -> prompt). Choosing one puts its
-text in the system prompt; "Save as preset" stores the prompt shown under the typed name.
+text in the system prompt; "Save preset" stores the prompt shown under the typed name and
+clears the name; the dialog writes it to ``settings.json`` at once (kept on Cancel).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from app.window.shell.plain import menu_text
 from storage.chats import DEFAULT_SAMPLING
 
 NO_PRESET = "(no preset)"
+NAME_PLACEHOLDER = "a preset name, e.g. Translator"
 SEED_MAX = 2**31 - 1  # QIntValidator takes a C int
 
 
@@ -69,7 +71,7 @@ class ChatSettingsForm(QWidget):
         self.preset = QComboBox()
         self.preset.setAccessibleName("System prompt preset")
         self.preset_name = QLineEdit()
-        self.preset_name.setPlaceholderText("a preset name, e.g. Translator")
+        self.preset_name.setPlaceholderText(NAME_PLACEHOLDER)
         self.preset_name.setAccessibleName("Preset name")
         self.save_preset = QPushButton("Save preset")
         self.delete_preset = QPushButton("Delete preset")
@@ -138,6 +140,8 @@ class ChatSettingsForm(QWidget):
             self.preset_name.setPlaceholderText("type a name first")
             return
         self.presets[name] = self.system_prompt.toPlainText().strip()
+        self.preset_name.clear()
+        self.preset_name.setPlaceholderText(NAME_PLACEHOLDER)
         self.presets_changed.emit()
 
     def _delete_preset(self) -> None:

@@ -3,9 +3,9 @@ settings (context size, threads, KV precision, prefix-store budget, data folder)
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QDesktopServices
@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
+    QAbstractSpinBox,
     QPushButton,
     QTabWidget,
     QVBoxLayout,
@@ -26,13 +27,16 @@ from PySide6.QtWidgets import (
 
 from app.window.settings.app_settings import ENGINE_FIELDS, AppSettings
 from app.window.settings.chat_settings_form import ChatSettingsForm, spin
+from app.window.settings.kv_switch import kv_switch_note
 from app.window.workers.engine_client import EngineClient
 from engine.events import CacheAction, CacheEvent
-from engine.limits import max_threads
+from engine.limits import MAX_CTX, LimitError, check_ctx_size, max_threads
 from engine.machine import default_threads, physical_cores
 from storage.chats import Conversation
 
 MB = 1024 * 1024
+MIN_BUDGET_MB = 64
+"""The smallest prefix-store budget Settings accepts, in MB."""
 
 
 def human_bytes(n: int) -> str:
@@ -49,13 +53,22 @@ class SettingsDialog(QDialog):
 
     ``conversation`` None: the first tab is the new chat's, shown with ``new_chat`` (system
     prompt, sampling) or, without it, the defaults for new chats. OK stays on the dialog,
-    with the reason in red, while the App values cannot be used (``problem``).
+    with the reason in red, while the App values cannot be used (``problem``); the red
+    line goes as soon as the values can be used again.
+
+    ``presets_saved(presets)`` is called with every preset after Save preset or Delete
+    preset (the window writes them at once: Cancel keeps them). ``chat_tokens`` (the shown
+    chat's prompt tokens, None: unknown) and ``prefill_rate`` (measured tokens/s, None)
+    say, when the KV precision is changed, what the next turn recomputes (``kv_note``).
     """
 
     def __init__(self, conversation: Conversation | None, settings: AppSettings, data_dir: Path,
                  client: EngineClient | None, parent: QWidget | None = None,
-                 new_chat: tuple[str, dict] | None = None, trained_context: int = 0, facts: dict | None = None):
+                 new_chat: tuple[str, dict] | None = None, trained_context: int = 0, facts: dict | None = None,
+                 presets_saved: Callable[[dict[str, str]], None] | None = None,
+                 chat_tokens: int | None = None, prefill_rate: float | None = None):
         super().__init__(parent)
+        self._kv_figures = (chat_tokens, prefill_rate)
         self._settings = settings
         self._trained_context = int(trained_context)  # the loaded model's n_ctx_train (0: unknown)
         self.setWindowTitle("Settings")
@@ -82,6 +95,8 @@ class SettingsDialog(QDialog):
         for a, b in ((self.chat_form, self.defaults_form), (self.defaults_form, self.chat_form)):
             a.presets_changed.connect(a.fill_presets)
             a.presets_changed.connect(b.fill_presets)
+            if presets_saved is not None:
+                a.presets_changed.connect(lambda: presets_saved(dict(self.presets)))
         for name in ("system_prompt", "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed",
                      "max_tokens"):
             setattr(self, name, getattr(self.chat_form, name))
@@ -94,7 +109,9 @@ class SettingsDialog(QDialog):
         tabs.addTab(self.defaults_form, "New chats")
 
         # -- the app
-        self.n_ctx = spin(256, 262144, settings.n_ctx)
+        # any number can be typed: one out of range is refused with the range (``problem``),
+        # never silently put back to the last value
+        self.n_ctx = spin(1, MAX_CTX, settings.n_ctx)
         self.n_ctx.setSingleStep(1024)
         self.threads = spin(0, max_threads(), settings.n_threads)  # what the engine accepts (cores x 4)
         auto = default_threads()
@@ -105,7 +122,13 @@ class SettingsDialog(QDialog):
         self.kv.addItem("f16 (exact)", ("f16", "f16"))
         self.kv.addItem("q8_0 (half the memory)", ("q8_0", "q8_0"))
         self.kv.setCurrentIndex(1 if settings.type_k == "q8_0" else 0)
-        self.budget = spin(64, 1024 * 1024, settings.budget_bytes // MB)
+        self.kv_note = QLabel()
+        self.kv_note.setObjectName("kv_note")
+        self.kv_note.setWordWrap(True)
+        self.kv_note.setTextFormat(Qt.TextFormat.PlainText)
+        self.kv_note.hide()
+        self.kv.currentIndexChanged.connect(self._kv_changed)
+        self.budget = spin(1, 1024 * 1024, settings.budget_bytes // MB)
         self.budget.setSuffix(" MB")
         self.budget.setSingleStep(256)
         self.cache_use = QLabel("…")
@@ -144,6 +167,7 @@ class SettingsDialog(QDialog):
         form2.addRow("Context size (tokens)", self.n_ctx)
         form2.addRow("CPU threads", self.threads)
         form2.addRow("KV cache precision", self.kv)
+        form2.addRow(self.kv_note)
         form2.addRow("Prefix-store budget", self.budget)
         form2.addRow("Prefix store in use", row)
         form2.addRow("Data folder", folder)
@@ -196,8 +220,37 @@ class SettingsDialog(QDialog):
         lay.addWidget(tabs)
         lay.addWidget(self.error)
         lay.addWidget(buttons)
+        for box in self.findChildren(QAbstractSpinBox):
+            box.editingFinished.connect(self._check_now)  # leaving a field says what is wrong
+            box.textChanged.connect(self._recheck)
+        for edit in self.findChildren(QLineEdit):
+            if not isinstance(edit.parentWidget(), QAbstractSpinBox):
+                edit.textChanged.connect(self._recheck)
+        for combo in self.findChildren(QComboBox):
+            combo.currentIndexChanged.connect(self._recheck)
         if client is not None:
             self._request(CacheAction.STATS)
+
+    def _check_now(self) -> None:
+        """Show what is wrong with the values now (nothing when they can be used)."""
+        problem = self.problem()
+        self.error.setText(problem)
+        self.error.setVisible(bool(problem))
+
+    def _recheck(self, *_args) -> None:
+        """While the red line shows: update it, or hide it once the values can be used."""
+        if self.error.isVisible() or self.error.text():
+            self._check_now()
+
+    def _kv_changed(self, *_args) -> None:
+        text = kv_switch_note(self._settings.type_k, self.kv.currentData()[0], *self._kv_figures)
+        self.kv_note.setText(text)
+        self.kv_note.setVisible(bool(text))
+        if text and self.isVisible():  # room for its lines: grow the dialog, never clip them
+            width = max(200, self.tabs.currentWidget().width() - 24)
+            self.kv_note.setMinimumHeight(self.kv_note.heightForWidth(width) + 6)
+            self.layout().activate()
+            self.resize(self.width(), max(self.height(), self.sizeHint().height()))
 
     def _request(self, action: CacheAction) -> None:
         if self.client is not None and self.client.is_running():
@@ -244,9 +297,9 @@ class SettingsDialog(QDialog):
 
     def accept(self) -> None:  # noqa: D102 - validate before anything changes
         problem = self.problem()
+        self.error.setText(problem)
+        self.error.setVisible(bool(problem))
         if problem:
-            self.error.setText(problem)
-            self.error.show()
             return
         super().accept()
 
@@ -256,6 +309,13 @@ class SettingsDialog(QDialog):
         for form in (self.chat_form, self.defaults_form):
             if form.problem():
                 return f"These settings cannot be used: {form.problem()}. Nothing was changed."
+        try:
+            check_ctx_size(self.n_ctx.value())
+        except LimitError as exc:
+            return f"These settings cannot be used: {str(exc).rstrip('.')}. Nothing was changed."
+        if self.budget.value() < MIN_BUDGET_MB:
+            return (f"These settings cannot be used: the prefix-store budget must be at least {MIN_BUDGET_MB} MB; "
+                    f"got {self.budget.value():,} MB. Nothing was changed.")
         if self._trained_context and self.n_ctx.value() > self._trained_context:
             return (f"These settings cannot be used: the loaded model was trained for at most "
                     f"{self._trained_context:,} tokens of context, and past that its replies fall apart. "

@@ -15,6 +15,7 @@ from PySide6.QtWidgets import QWidget
 
 from app.window.flows.model_controller import ModelController
 from app.window.settings.app_settings import ENGINE_FIELDS, SETTINGS_FILE
+from app.window.settings.kv_switch import PrefillMeter
 from app.window.settings.settings_dialog import SettingsDialog
 from app.window.settings.settings_model import SettingsModel
 from app.window.shell.a11y import name_controls
@@ -39,6 +40,8 @@ class SettingsFlow(QObject):
         self.settings, self.store, self.chat, self.model, self.banner = settings, store, chat, model, banner
         self.parent_widget = parent
         self.dialog: SettingsDialog | None = None
+        self.prefill = PrefillMeter(store, self)  # the measured speed a KV precision change is priced at
+        chat.reply_finished.connect(self.prefill.reply_saved)
 
     def report_reset_fields(self) -> None:
         """A banner naming the fields ``AppSettings.load`` reset (nothing when none were)."""
@@ -58,10 +61,16 @@ class SettingsFlow(QObject):
         chat, model = self.chat, self.model
         cid = chat.conversation_id
         conv = self.store.get_conversation(cid) if cid else None
+        used = int(getattr(chat.status, "context_used", 0) or 0)  # the shown branch's tokens (status bar)
+        self.prefill.seed(w.message.stats for w in reversed(chat.transcript.widgets)
+                          if w.message is not None and w.role == "assistant")
         dlg = SettingsDialog(conv, self.settings.values, self.settings.data_dir, model.client, self.parent_widget,
                              new_chat=chat.new_chat_settings(),
                              trained_context=int((model.facts or {}).get("context_length") or 0),
-                             facts=model.facts)
+                             facts=model.facts,
+                             presets_saved=lambda presets: self.settings.update(prompt_presets=presets),
+                             chat_tokens=used if cid and used else None,
+                             prefill_rate=self.prefill.rate)
         self.dialog = dlg
         name_controls(dlg)
         dlg.finished.connect(lambda result: self._done(dlg, conv, result))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import QMainWindow
 
@@ -39,7 +40,7 @@ ACTIONS = {
         ("focus_search", "Search chats", "Ctrl+F", False),
         ("regenerate_last", "Regenerate last reply", "Ctrl+R", False),
         ("edit_last", "Edit last message", "Ctrl+E", False),
-        ("stop_reply", "Stop reply", None, False),
+        ("stop_reply", "Stop reply", "Esc", False),  # from anywhere in the window
         ("fork_last", "Fork to new chat", None, False),
         SEPARATOR,
         ("copy_conversation_markdown", "Copy conversation as Markdown", "Ctrl+Shift+C", False),
@@ -86,6 +87,9 @@ def build_menus(window: QMainWindow, handlers: Mapping[str, Callable], theme_nam
             action = QAction(text, window)
             if shortcut:
                 action.setShortcut(QKeySequence(shortcut))
+                # the whole window, whichever widget has focus (a widget that uses the key
+                # itself, such as the inline editor's Esc, claims it by ShortcutOverride)
+                action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
             action.setCheckable(checkable)
             action.triggered.connect(lambda _checked=False, run=handlers[name]: run())
             menu.addAction(action)

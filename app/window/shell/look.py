@@ -1,6 +1,7 @@
-"""How the window looks, from the settings: ``Look`` keeps the theme's colors and the tree
-panel's visibility in step with ``SettingsModel.changed`` (and with the system's light or
-dark scheme when the theme is "system")."""
+"""How the window looks, from the settings: ``Look`` keeps the theme's colors, the focus
+outline (``focus_ring.py``) and the tree panel's visibility in step with
+``SettingsModel.changed`` (and with the system's light or dark scheme when the theme is
+"system")."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from PySide6.QtWidgets import QApplication, QWidget
 
 from app.window.settings.settings_model import SettingsModel
 from app.window.shell import theme
+from app.window.shell.focus_ring import FocusRing
 from app.window.shell.theme import Colors
 
 
@@ -28,6 +30,8 @@ class Look(QObject):
         self.settings = settings
         self.colors: Colors = theme.apply(QApplication.instance(), settings.theme)
         self._tree: QWidget | None = None
+        # the keyboard focus outline of the window ``parent`` (and of its dialogs)
+        self.ring = FocusRing(parent, self.colors.accent) if isinstance(parent, QWidget) else None
         settings.changed.connect(self._changed)
         hints = QGuiApplication.styleHints()
         if hasattr(hints, "colorSchemeChanged"):
@@ -49,6 +53,8 @@ class Look(QObject):
     def apply(self) -> None:
         """Apply the theme of the settings to the application and emit ``restyled``."""
         self.colors = theme.apply(QApplication.instance(), self.settings.theme)
+        if self.ring is not None:
+            self.ring.set_color(self.colors.accent)
         self.restyled.emit(self.colors)
 
     def _changed(self, names: frozenset[str]) -> None:

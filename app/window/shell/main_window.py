@@ -21,7 +21,7 @@ import logging
 from pathlib import Path
 
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
-from PySide6.QtWidgets import QMainWindow, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QMainWindow, QScrollArea, QSplitter, QVBoxLayout, QWidget
 
 from app.window.flows.chat_model_flow import ChatModelFlow
 from app.window.flows.commands import ChatCommands
@@ -132,6 +132,8 @@ class MainWindow(QMainWindow):
         lay.addWidget(self.composer)
         self.tree = TreePanel(self.reader)
         self.look.follow_tree(self.tree)
+        for area in self.tree.findChildren(QScrollArea):  # one Tab stop: the canvas, not its frame too
+            area.setFocusPolicy(Qt.FocusPolicy.NoFocus)
         split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(self.sidebar)
         split.addWidget(center)

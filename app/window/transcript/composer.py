@@ -1,5 +1,7 @@
 """The composer: a multi-line box where Enter sends, Shift+Enter adds a line, and Send
-turns into Stop while a reply streams (Esc stops too)."""
+turns into Stop while a reply streams. Esc stops a reply from anywhere in the window (Chat →
+Stop reply, ``shell/actions.py``), not only from here. Tab, Ctrl+Tab and their Shift forms
+move the focus out of the box (no key types a tab; a pasted tab is kept)."""
 
 from __future__ import annotations
 
@@ -7,9 +9,25 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QPlainTextEdit, QPushButton, QWidget
 
 
+def leave_on_tab(box: QPlainTextEdit, event) -> bool:
+    """Move the focus on from ``box`` for Tab / Ctrl+Tab (back for Shift+Tab, Ctrl+Shift+Tab);
+    True when ``event`` (a key press) was such a key and the focus moved."""
+    if event.key() == Qt.Key.Key_Backtab or (
+            event.key() == Qt.Key.Key_Tab and event.modifiers() & Qt.KeyboardModifier.ShiftModifier):
+        box.focusPreviousChild()
+        return True
+    if event.key() == Qt.Key.Key_Tab:
+        box.focusNextChild()
+        return True
+    return False
+
+
 class _Input(QPlainTextEdit):
     submit = Signal()
-    escape = Signal()
+
+    def __init__(self):
+        super().__init__()
+        self.setTabChangesFocus(True)
 
     def keyPressEvent(self, event) -> None:  # noqa: N802 - Qt override
         if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and not (
@@ -17,8 +35,7 @@ class _Input(QPlainTextEdit):
         ):
             self.submit.emit()
             return
-        if event.key() == Qt.Key.Key_Escape:
-            self.escape.emit()
+        if leave_on_tab(self, event):
             return
         super().keyPressEvent(event)
 
@@ -36,7 +53,6 @@ class Composer(QWidget):
         self.input.setPlaceholderText("Message the model…  (Enter sends, Shift+Enter adds a line)")
         self.input.setFixedHeight(84)
         self.input.submit.connect(self._submit)
-        self.input.escape.connect(self._escape)
         self.button = QPushButton("Send")
         self.button.setObjectName("send_button")
         self.button.setMinimumWidth(84)
@@ -71,10 +87,6 @@ class Composer(QWidget):
         if text:
             self.input.clear()
             self.send_requested.emit(text)
-
-    def _escape(self) -> None:
-        if self._streaming:
-            self.stop_requested.emit()
 
     def _clicked(self) -> None:
         if self._streaming:

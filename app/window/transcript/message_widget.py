@@ -8,13 +8,12 @@ from __future__ import annotations
 import time
 
 from PySide6.QtCore import QEvent, Qt, Signal
-from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
+from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLabel,
     QMenu,
-    QPlainTextEdit,
     QPushButton,
     QSizePolicy,
     QToolButton,
@@ -23,6 +22,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.session import is_empty_reply
+from app.window.transcript.inline_editor import EDIT_HINT, InlineEditor
 from app.window.transcript.long_text import LongTextExpander, collapsed
 from app.window.transcript.message_body import MessageBody
 from app.window.transcript.markdown_view import LinkKind, classify_link, code_blocks, to_html
@@ -175,7 +175,7 @@ class MessageWidget(QFrame):
         self.expander = LongTextExpander()  # "Show all N lines" of a long message
         outer.addWidget(self.expander)
 
-        self.editor: QPlainTextEdit | None = None
+        self.editor: InlineEditor | None = None
         self.footer = QLabel()
         self.footer.setStyleSheet(f"color:{colors.muted}; font-size:small;")
         outer.addWidget(self.footer)
@@ -292,17 +292,26 @@ class MessageWidget(QFrame):
     # -- edit in place -------------------------------------------------------------------
 
     def begin_edit(self) -> None:
-        """Swap the text for an editor with Save and Cancel (Ctrl+Enter saves, Esc cancels)."""
+        """Swap the text for an editor with Save and Cancel and a line naming its keys
+        (``inline_editor.EDIT_HINT``: Enter saves and sends, Shift+Enter adds a line, Esc cancels)."""
         if self.editor is not None or self.message is None:
             return
-        self.editor = QPlainTextEdit(self._text)
+        self.editor = InlineEditor(self._text)
         self.editor.setObjectName("inline_editor")
         self.editor.setAccessibleName("Edit your message")
         self.editor.setMinimumHeight(80)
         row = QHBoxLayout()
-        row.addStretch(1)
+        row.setContentsMargins(0, 0, 0, 0)
+        self.edit_hint = QLabel(EDIT_HINT)
+        self.edit_hint.setObjectName("edit_hint")
+        self.edit_hint.setTextFormat(Qt.TextFormat.PlainText)
+        self.edit_hint.setWordWrap(True)
+        self.edit_hint.setStyleSheet(f"color:{self.colors.muted}; font-size:small;")
+        row.addWidget(self.edit_hint, 1)
         cancel = QPushButton("Cancel")
+        cancel.setToolTip("Cancel the edit (Esc)")
         save = QPushButton("Save && send")
+        save.setToolTip("Save and send as a new branch (Enter)")
         save.setDefault(True)
         save.setObjectName("save_edit")
         cancel.clicked.connect(self.end_edit)
@@ -316,9 +325,9 @@ class MessageWidget(QFrame):
         lay.insertWidget(3, self._edit_row)
         self.body.hide()
         self.expander.hide()
-        QShortcut(QKeySequence("Ctrl+Return"), self.editor, self._save_edit)
-        QShortcut(QKeySequence("Escape"), self.editor, self.end_edit)
-        self.editor.setFocus()
+        self.editor.save_requested.connect(self._save_edit)
+        self.editor.cancel_requested.connect(self.end_edit)
+        self.editor.setFocus(Qt.FocusReason.OtherFocusReason)
         self.editor.selectAll()
         editor, mid = self.editor, self.message.id
         editor.textChanged.connect(lambda: self.edit_changed.emit(mid, editor.toPlainText()))
@@ -327,6 +336,8 @@ class MessageWidget(QFrame):
     def end_edit(self) -> None:
         if self.editor is None:
             return
+        if self.editor.hasFocus() and "edit" in self.buttons:  # the keyboard stays in the bubble
+            self.buttons["edit"].setFocus(Qt.FocusReason.OtherFocusReason)
         self.editor.deleteLater()
         self._edit_row.deleteLater()
         self.editor = None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 
-from PySide6.QtCore import QPointF, QRect, QSize, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QPointF, QRect, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QFont, QFontMetrics, QPainter, QPalette
 from PySide6.QtWidgets import (
     QApplication,
@@ -230,6 +230,7 @@ class Sidebar(QWidget):
         self._search_timer = QTimer(self, singleShot=True, interval=150)
         self._search_timer.timeout.connect(self.refresh)
         self.search.textChanged.connect(lambda _t: self._search_timer.start())
+        self.search.installEventFilter(self)  # Down: into the results; Enter: open the first
         self.list = QListWidget()
         self.list.setObjectName("conversation_list")
         self.list.setAccessibleName("Chats")
@@ -312,6 +313,27 @@ class Sidebar(QWidget):
     def focus_search(self) -> None:
         self.search.setFocus()
         self.search.selectAll()
+
+    def eventFilter(self, watched, event) -> bool:  # noqa: N802 - Qt override
+        if (watched is self.search and event.type() == QEvent.Type.KeyPress
+                and event.key() in (Qt.Key.Key_Down, Qt.Key.Key_Return, Qt.Key.Key_Enter)):
+            return self._key_in_search(event.key())
+        return super().eventFilter(watched, event)
+
+    def _key_in_search(self, key) -> bool:
+        """Down in the search box moves to the first result (the list takes the focus, so
+        Enter then opens it); Enter opens the first result at once. False: nothing to open."""
+        if self._search_timer.isActive():
+            self.refresh()  # the list still shows the previous query's rows
+        row = next((i for i in range(self.list.count()) if self.list.item(i).data(ID_ROLE) is not None), None)
+        if row is None:
+            return False
+        self.list.setCurrentRow(row)
+        if key == Qt.Key.Key_Down:
+            self.list.setFocus(Qt.FocusReason.TabFocusReason)
+        else:
+            self._clicked(self.list.item(row))
+        return True
 
     def _clicked(self, item: QListWidgetItem) -> None:
         cid = item.data(ID_ROLE)
