@@ -339,3 +339,33 @@ def test_configured_hosts_and_origins_and_their_preflights():
     with TestClient(public, base_url="http://192.168.1.7:8080") as c:
         assert c.get("/v1/x").status_code == 200  # an address of this machine
         assert c.get("/v1/x", headers={"Host": "evil.example:8080"}).status_code == 403
+
+
+def test_sigterm_the_moment_a_streamed_reply_ends_keeps_its_kv(tmp_path):
+    """Issue #27, item 5: the snapshot after a reply runs after the client has its last
+    chunk; a SIGTERM then (a service manager's stop) lets it finish before the server exits,
+    so after a restart the resent history, reply included, is restored."""
+    import signal
+
+    from openai import OpenAI
+
+    data = tmp_path / "data"
+    data.mkdir()
+    question = [{"role": "user", "content": "Tell me about the moon."}]
+    with BranchwiseServe(data).start() as server:
+        client = OpenAI(base_url=server.url, api_key="unused")
+        text, usage = "", None
+        for chunk in client.chat.completions.create(model="m", messages=question, stream=True, max_tokens=60,
+                                                    temperature=0, stream_options={"include_usage": True}):
+            if chunk.choices and chunk.choices[0].delta.content:
+                text += chunk.choices[0].delta.content
+            usage = chunk.usage or usage
+        server.proc.send_signal(signal.SIGTERM)  # at once: the snapshot is still being written
+        assert server.proc.wait(60) == 143, server.stderr()
+    turn_end = usage.prompt_tokens + usage.completion_tokens
+    with BranchwiseServe(data).start() as server:
+        client = OpenAI(base_url=server.url, api_key="unused")
+        again = client.chat.completions.create(model="m", max_tokens=1, temperature=0, messages=[
+            *question, {"role": "assistant", "content": text}, {"role": "user", "content": "And the sun?"}])
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert cached >= turn_end - 2, (cached, turn_end)  # the reply's KV, not only its prompt
