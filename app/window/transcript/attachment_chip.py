@@ -18,6 +18,8 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QPlainTextEdit,
+    QScrollArea,
+    QSizePolicy,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -30,17 +32,19 @@ NAME_CHARS = 48
 
 
 def chip_text(name: str, pages: int | None, tokens: int | None, kind: str = "", reading: bool = False,
-              counting: bool = True) -> str:
+              counting: bool = True, passages: int | None = None) -> str:
     """What a chip says, e.g. ``"report.pdf · 3 pages · 5,214 tokens"``; ``"notes.md ·
     Markdown · 812 tokens"`` for a file without pages; ``"… · reading…"`` while it is read,
     ``"… · counting tokens…"`` until it is counted (``tokens`` None; without ``counting``,
-    nothing: a sent file whose count was not kept)."""
+    nothing: a sent file whose count was not kept); ``passages``: how many passages a
+    search sent instead of the whole text (``"… · 4 passages searched · 1,210 tokens"``)."""
     shown = name if len(name) <= NAME_CHARS else name[:NAME_CHARS - 1] + "…"
     if reading:
         return f"{shown} · reading…"
     what = f"{pages:,} page{'s' if pages != 1 else ''}" if pages is not None else kind
     count = f"{tokens:,} tokens" if tokens is not None else ("counting tokens…" if counting else "")
-    return " · ".join(x for x in (shown, what, count) if x)
+    searched = f"{passages} passage{'s' if passages != 1 else ''} searched" if passages is not None else ""
+    return " · ".join(x for x in (shown, what, searched, count) if x)
 
 
 PAPERCLIP_SVG = ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24" fill="none" stroke="{color}" '
@@ -121,16 +125,27 @@ class AttachmentChip(QFrame):
         return self.label.text()
 
 
-class ChipRow(QWidget):
-    """A row of ``AttachmentChip``s (``chips``), left-aligned; hidden while empty."""
+class ChipRow(QScrollArea):
+    """A row of ``AttachmentChip``s (``chips``), left-aligned, scrolled sideways when they are
+    wider than the window (so many files never widen it); hidden while empty."""
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setObjectName("attachment_chips")
-        self._lay = QHBoxLayout(self)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setWidgetResizable(True)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
+        inner = QWidget()
+        inner.setObjectName("attachment_chips_inner")
+        inner.setStyleSheet("QWidget#attachment_chips_inner { background: transparent; }")
+        self.viewport().setAutoFillBackground(False)
+        self._lay = QHBoxLayout(inner)
         self._lay.setContentsMargins(0, 0, 0, 0)
         self._lay.setSpacing(6)
         self._lay.addStretch(1)
+        self.setWidget(inner)
         self.chips: list[AttachmentChip] = []
         self.hide()
 
@@ -142,6 +157,8 @@ class ChipRow(QWidget):
         self.chips = list(chips)
         for i, chip in enumerate(self.chips):
             self._lay.insertWidget(i, chip)
+        height = max((c.sizeHint().height() for c in self.chips), default=0)
+        self.setFixedHeight(height + self.horizontalScrollBar().sizeHint().height() + 2)
         self.setVisible(bool(self.chips))
 
 

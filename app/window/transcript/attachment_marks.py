@@ -115,8 +115,10 @@ class AttachmentMarks(QObject):
 
     def _chip(self, f: dict) -> AttachmentChip:
         name = str(f.get("name") or "attachment")
+        sent = f.get("passages")
         chip = AttachmentChip(chip_text(name, f.get("pages"), f.get("tokens"), str(f.get("kind") or ""),
-                                        counting=False), name, removable=False)
+                                        counting=False, passages=len(sent) if isinstance(sent, list) else None),
+                              name, removable=False)
         sha = f.get("sha256")
         if isinstance(sha, str):
             chip.opened.connect(lambda: self.open_file(sha, name))
