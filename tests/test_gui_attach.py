@@ -172,6 +172,13 @@ def test_hostile_files_give_their_sentence_keep_the_draft_and_store_nothing(qtbo
     qtbot.waitUntil(lambda: bool(w.attach.ready), timeout=READ_TIMEOUT_MS)
     assert chips(w) == ["secret.pdf · 1 page · counting tokens…"]  # no engine here to count it
     assert not w.attachments_bar.note.isVisible()
+    copied = QMimeData()  # a file manager's Copy, pasted with Ctrl+V: attached, no URL typed
+    copied.setUrls([QUrl.fromLocalFile(str(DOCS / "gettysburg.pdf"))])
+    QApplication.clipboard().setMimeData(copied)
+    qtbot.keyClick(w.composer.input, Qt.Key.Key_V, Qt.KeyboardModifier.ControlModifier)
+    qtbot.waitUntil(lambda: len(w.attach.ready) == 2, timeout=READ_TIMEOUT_MS)
+    assert chips(w)[1] == "gettysburg.pdf · 2 pages · counting tokens…"
+    assert w.composer.text() == "my draft, kept"
     gone = tmp_path / "vanished.pdf"  # moved or deleted between the drag and the read
     drop_files(w.composer.input.viewport(), gone)
     qtbot.waitUntil(lambda: "does not exist" in w.attachments_bar.note.text(), timeout=READ_TIMEOUT_MS)
