@@ -155,6 +155,9 @@ def test_hostile_files_give_their_sentence_keep_the_draft_and_store_nothing(qtbo
     qtbot.waitUntil(lambda: w.attach.password_box is not None, timeout=READ_TIMEOUT_MS)
     box = w.attach.password_box
     assert box.labelText() == "secret.pdf is encrypted; give its password to attach it."
+    from PySide6.QtWidgets import QLabel
+
+    assert all(label.textFormat() == Qt.TextFormat.PlainText for label in box.findChildren(QLabel))
     box.setTextValue("wrong")
     box.accept()  # a wrong one: asked again, with its sentence
     qtbot.waitUntil(lambda: w.attach.password_box is not None and w.attach.password_box is not box,

@@ -28,8 +28,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Signal
-from PySide6.QtWidgets import QInputDialog, QLineEdit, QWidget
+from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtWidgets import QInputDialog, QLabel, QLineEdit, QWidget
 
 from app.session import ConversationSession
 from app.window.flows.model_controller import ModelController, ModelState
@@ -162,7 +162,9 @@ class AttachFlow(QObject):
     def _ask_password(self, item: Attachment, sentence: str) -> None:
         box = QInputDialog(self.parent_widget)
         box.setWindowTitle("Password")
-        box.setLabelText(sentence)  # QInputDialog's label: plain text unless it looks like HTML
+        box.setLabelText(sentence)
+        for label in box.findChildren(QLabel):  # its label guesses rich text: the file name is hostile
+            label.setTextFormat(Qt.TextFormat.PlainText)
         box.setTextEchoMode(QLineEdit.EchoMode.Password)
         box.setOkButtonText("Attach")
 

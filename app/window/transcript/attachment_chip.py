@@ -7,6 +7,7 @@ text, so every label is ``Qt.PlainText`` and the viewer is a read-only ``QPlainT
 
 from __future__ import annotations
 
+import html
 from collections.abc import Sequence
 
 from PySide6.QtCore import Qt, Signal
@@ -104,7 +105,7 @@ class AttachmentChip(QFrame):
         lay.setContentsMargins(8, 2, 4 if removable else 8, 2)
         lay.setSpacing(2)
         self.label = ClickLabel(text)
-        self.label.setToolTip(tooltip)
+        self.label.setToolTip(f"<p>{html.escape(tooltip)}</p>")  # a tooltip guesses rich text: escaped
         self.label.setAccessibleName(f"Attached file {tooltip}")
         self.label.clicked.connect(self.opened)
         lay.addWidget(self.label)
