@@ -106,6 +106,14 @@ def test_sent_with_the_message_and_the_follow_up_restores_the_document(qtbot, op
     assert 0 < stats["prefilled_tokens"] <= 40  # only the new question and its headers
     assert stats["restored_tokens"] + stats["prefilled_tokens"] == stats["prompt_tokens"]
 
+    with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS) as branch:  # edit the first question
+        w.commands.edit(user.id, "Summarise the address in one sentence.")
+    edited = w.store.get_message(w.store.get_message(branch.args[0]).parent_id)
+    assert edited.id != user.id and edited.parent_id == user.parent_id  # a sibling: a new branch
+    assert [a.name for a in for_chats(w.store).of_messages([edited.id])[edited.id]] == ["gettysburg.pdf"]
+    stats = w.store.get_message(branch.args[0]).stats
+    assert stats["restored_tokens"] >= tokens and stats["prefilled_tokens"] <= 40  # the document restored
+
 
 def test_an_attached_document_is_prewarmed_at_once(qtbot, open_window, data_dir):
     w = open_window(data_dir)

@@ -38,7 +38,7 @@ from app.window.transcript.attachment_chip import AttachmentBar, AttachmentChip,
 from app.window.workers.tasks import Workers
 from engine.chat_template import ChatMessage
 from engine.documents import Document, DocumentError, attach_file
-from engine.documents.attach import attached_text, figures, link_message, put
+from engine.documents.attach import STATS_KEY, attached_text, figures, link_message, put
 from engine.documents.render import Passage, render_block, render_message
 from storage.attachments import AttachmentStore, for_chats
 from storage.chats import ChatStore
@@ -331,7 +331,8 @@ class AttachFlow(QObject):
 class AttachingSession(ConversationSession):
     """The window's ``ConversationSession``: a message sent from the composer carries
     ``flow``'s files (``AttachFlow.rendered`` in the request, ``AttachFlow.stored`` once the
-    message is stored). Every other rule is ``ConversationSession``'s."""
+    message is stored), and an edited message keeps its files. Every other rule is
+    ``ConversationSession``'s."""
 
     def __init__(self, chats: ChatStore, flow: AttachFlow):
         super().__init__(chats)
@@ -344,6 +345,19 @@ class AttachingSession(ConversationSession):
     def prompt_for_send(self, conversation_id: int | None, text: str, system_prompt: str = ""):
         """``ConversationSession.prompt_for_send`` with the attached files rendered into ``text``."""
         return super().prompt_for_send(conversation_id, self.flow.rendered(text), system_prompt)
+
+    def edit(self, message_id: int, text: str):
+        """``ConversationSession.edit``, the new sibling holding the edited message's files
+        (the same links and figures): a branch from a question about a document still asks
+        about it, and the document's KV is restored for it."""
+        message = super().edit(message_id, text)
+        old = self.chats.get_message(message_id)
+        files = for_chats(self.chats).summaries([message_id]).get(message_id, [])
+        if files:
+            for_chats(self.chats).link(message.id, [(f.sha256, f.name, f.sent) for f in files])
+            if isinstance(old.stats, dict) and STATS_KEY in old.stats:
+                self.chats.update_message(message.id, stats={STATS_KEY: old.stats[STATS_KEY]})
+        return message
 
     def send(self, conversation_id: int | None, text: str, parent_id: int | None = None,
              new_chat: tuple[str, dict] | None = None):

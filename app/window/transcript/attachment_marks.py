@@ -91,7 +91,7 @@ class AttachmentMarks(QObject):
             files = self.files_of(m)
             if files:
                 row = ChipRow()
-                row.set_chips([self._chip(f) for f in files])
+                row.set_chips([self._chip(f, w.colors) for f in files])
                 w.layout().insertWidget(1, row)
                 w.attachment_row = row
         elif m.role == "assistant" and m.parent_id is not None:
@@ -113,12 +113,12 @@ class AttachmentMarks(QObject):
                 w.layout().addWidget(label)
                 w.passages_footer = label
 
-    def _chip(self, f: dict) -> AttachmentChip:
+    def _chip(self, f: dict, colors) -> AttachmentChip:
         name = str(f.get("name") or "attachment")
         sent = f.get("passages")
         chip = AttachmentChip(chip_text(name, f.get("pages"), f.get("tokens"), str(f.get("kind") or ""),
                                         counting=False, passages=len(sent) if isinstance(sent, list) else None),
-                              name, removable=False)
+                              name, removable=False, colors=colors)
         sha = f.get("sha256")
         if isinstance(sha, str):
             chip.opened.connect(lambda: self.open_file(sha, name))
