@@ -190,6 +190,7 @@ def test_hostile_files_give_their_sentence_keep_the_draft_and_store_nothing(qtbo
     qtbot.waitUntil(lambda: len(w.attach.ready) == 2, timeout=READ_TIMEOUT_MS)
     assert chips(w)[1] == "gettysburg.pdf · 2 pages · counting tokens…"
     assert w.composer.text() == "my draft, kept"
+    QApplication.clipboard().clear()  # no mime data of this test left for the application's exit
     gone = tmp_path / "vanished.pdf"  # moved or deleted between the drag and the read
     drop_files(w.composer.input.viewport(), gone)
     qtbot.waitUntil(lambda: "does not exist" in w.attachments_bar.note.text(), timeout=READ_TIMEOUT_MS)
