@@ -143,6 +143,19 @@ class StoredAttachment:
 
 
 @dataclass(frozen=True)
+class AttachmentSummary:
+    """One file as linked to one message, without its text (``AttachmentStore.summaries``):
+    ``name``, ``sha256``, ``kind``, ``pages`` (None for a file without pages) and ``sent``
+    (the passage numbers sent, or None for the whole text)."""
+
+    name: str
+    sha256: str
+    kind: str
+    pages: int | None
+    sent: tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
 class AttachmentHit:
     """A search hit in an attached file: the chat and message holding it, the file ``name``,
     the ``page`` (None without pages), the passage ``number`` and a one-line ``snippet``."""
@@ -248,6 +261,51 @@ class AttachmentStore:
                 name, sha, kind, bool(paged), size, images, texts[sha],
                 None if sent is None else tuple(json.loads(sent))))
         return out
+
+    def drop_if_unlinked(self, sha256: str) -> bool:
+        """Delete the file ``sha256`` when no message links to it (an attachment removed
+        before it was sent); True when it went. A file some message holds stays."""
+        with self._tx() as conn:
+            return conn.execute("DELETE FROM attachments WHERE sha256 = ? AND NOT EXISTS"
+                                " (SELECT 1 FROM message_attachments WHERE sha256 = ?)",
+                                (sha256, sha256)).rowcount > 0
+
+    def summaries(self, message_ids: Sequence[int]) -> dict[int, list[AttachmentSummary]]:
+        """``{message id: what its attachments are, in order}`` without their text: name,
+        kind, page count (the page of the last passage, one index lookup) and the passages
+        sent. Its cost does not grow with the documents' length."""
+        out: dict[int, list[AttachmentSummary]] = {}
+        ids = list(message_ids)
+        with self._lock:
+            for i in range(0, len(ids), 500):
+                chunk = ids[i:i + 500]
+                rows = self._conn.execute(
+                    "SELECT l.message_id, l.name, l.sha256, l.passages_json, a.kind, a.paged,"
+                    " (SELECT p.page FROM attachment_passages AS p WHERE p.sha256 = l.sha256"
+                    "  ORDER BY p.number DESC LIMIT 1)"
+                    " FROM message_attachments AS l JOIN attachments AS a ON a.sha256 = l.sha256"
+                    f" WHERE l.message_id IN ({', '.join('?' * len(chunk))}) ORDER BY l.message_id, l.position",
+                    chunk).fetchall()
+                for mid, name, sha, sent, kind, paged, last_page in rows:
+                    out.setdefault(mid, []).append(AttachmentSummary(
+                        name, sha, kind, (last_page or 1) if paged else None,
+                        None if sent is None else tuple(json.loads(sent))))
+        return out
+
+    def passages(self, sha256: str, numbers: Sequence[int] | None = None) -> list[StoredPassage]:
+        """The passages of the file ``sha256`` in order: all of them (its whole extracted
+        text), or those numbered ``numbers``. Empty for an unknown file."""
+        with self._lock:
+            if numbers is None:
+                return list(self._passages(sha256))
+            wanted = sorted(set(numbers))
+            out: list[StoredPassage] = []
+            for i in range(0, len(wanted), 500):
+                chunk = wanted[i:i + 500]
+                out += [StoredPassage(*r) for r in self._conn.execute(
+                    "SELECT number, page, text FROM attachment_passages WHERE sha256 = ?"
+                    f" AND number IN ({', '.join('?' * len(chunk))}) ORDER BY number", [sha256, *chunk])]
+            return out
 
     def original(self, sha256: str) -> bytes | None:
         """The stored bytes of a file (None when too large to keep, or unknown)."""

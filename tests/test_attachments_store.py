@@ -149,3 +149,23 @@ def test_unlinked_files_are_dropped(tmp_path):
     with pytest.raises(Exception, match="FOREIGN KEY"):
         att.link(12345, [("0" * 64, "x", None)])
     chats.close()
+
+
+def test_summaries_passages_and_dropping_an_unsent_file(tmp_path):
+    """What the window reads of a sent file without its text (the chips), the passages it
+    shows, and a file attached then removed before sending (deleted unless a message holds it)."""
+    chats = ChatStore(tmp_path / "chats.sqlite3")
+    doc = _doc(_pdf(), "charter.pdf")
+    other = _doc(b"just notes\n", "notes.md")
+    user = _send_with(chats, chats.create_conversation().id, "Who keeps the seal?", [doc])
+    att = for_chats(chats)
+    store(chats, other)  # attached, never sent
+    assert att.count() == 2
+    assert att.drop_if_unlinked(doc.sha256) is False and att.count() == 2  # a message holds it
+    assert att.drop_if_unlinked(other.sha256) is True and att.count() == 1
+    (s,) = att.summaries([user.id, user.id + 1000])[user.id]
+    assert (s.name, s.sha256, s.kind, s.pages, s.sent) == ("charter.pdf", doc.sha256, "PDF", 3, None)
+    every = att.passages(doc.sha256)
+    assert [p.page for p in every] == [1, 2, 3] and RARE in every[2].text
+    assert [p.number for p in att.passages(doc.sha256, [3, 1, 99])] == [1, 3]
+    assert att.passages("0" * 64) == []

@@ -1,4 +1,4 @@
-"""Screenshots of the real app: ``python -m tools.screenshots OUTDIR``.
+"""Screenshots of the real app: ``python -m tools.screenshots OUTDIR [--scenes NAME ...]``.
 
 Opens the window offscreen on a temporary data folder with the embedded default
 model, writes a conversation with a branch (real generation, temperature 0), opens
@@ -7,7 +7,10 @@ alone) into OUTDIR (scene ``main``); ``thought-collapsed.png`` and ``thought-exp
 a reasoning reply (scene ``thought``, tools/thought_screenshots.py); ``models.png``, the
 Models window against the tests' fake hub on 127.0.0.1 (tests/fake_hub.py), a repository's
 files with their fit labels and a download under way (scene ``models``).
-``--scene NAME`` (repeatable) makes only those scenes.
+Scene ``attachment`` saves ``attachment.png``: a PDF attached to a question (its chip on the
+sent message) and the reply; scene ``passages`` saves ``passages.png``: a document too long
+for a 2,048-token context, searched ("Search the document"), and the reply's footer naming
+the passages used. ``--scene NAME`` (repeatable) makes only those scenes.
 """
 
 from __future__ import annotations
@@ -113,7 +116,72 @@ def models_scene(out: Path) -> Path:
     return out / "models.png"
 
 
-SCENES = ("main", "thought", "models")
+SCENES = ("main", "thought", "models", "attachment", "passages")
+DOCUMENTS = Path(__file__).resolve().parent.parent / "tests" / "data" / "documents"
+
+
+def _window(data: Path, settings: dict):
+    from app.window.shell.main_window import MainWindow
+
+    (data / "settings.json").write_text(json.dumps(settings))
+    w = MainWindow(data)
+    w.resize(1280, 800)
+    w.show()
+    wait_until(lambda: w.model_state in ("ready", "failed", "dead"))
+    if w.model_state != "ready":
+        w.close()
+        raise RuntimeError(f"the model did not load: {w.banner.text}")
+    return w
+
+
+def _attach(w, path: Path) -> None:
+    w.attach.attach_paths([path])
+    wait_until(lambda: bool(w.attach.ready) and w.attach.ready[-1].tokens is not None, 60_000)
+
+
+def attachment_scene(out: Path) -> Path:
+    """``attachment.png``: a question about an attached PDF (its chip), the reply, and a
+    follow-up that restores the document from the prefix store."""
+    with tempfile.TemporaryDirectory(prefix="branchwise-shots-") as tmp:
+        w = _window(Path(tmp), {"theme": "light", "show_tree": False})
+        try:
+            conv = w.store.create_conversation(sampling={"temperature": 0.0, "max_tokens": 80, "seed": 1})
+            w.show_conversation(conv.id)
+            _attach(w, DOCUMENTS / "gettysburg.pdf")
+            send_and_wait(w, lambda: w.send_message("Who gave this address, and what does it ask of the living?"))
+            send_and_wait(w, lambda: w.send_message("In which year was it given?"))  # the document restored
+            _settle()
+            w.grab().save(str(out / "attachment.png"))
+        finally:
+            w.close()
+    return out / "attachment.png"
+
+
+def passages_scene(out: Path) -> Path:
+    """``passages.png``: a document over the context, searched, and the passages its reply used."""
+    from tools.documents_bench import make_pdf
+
+    with tempfile.TemporaryDirectory(prefix="branchwise-shots-") as tmp:
+        pdf = make_pdf(Path(tmp) / "harbour-minutes.pdf")
+        data = Path(tmp) / "data"
+        data.mkdir()
+        w = _window(data, {"theme": "light", "show_tree": False, "n_ctx": 2048})
+        try:
+            conv = w.store.create_conversation(sampling={"temperature": 0.0, "max_tokens": 80, "seed": 1})
+            w.show_conversation(conv.id)
+            _attach(w, pdf)
+            w.composer.set_text("What did the harbour committee defer about the toll, and what does the address "
+                                "say about the unfinished work?")
+            w.composer.input.submit.emit()  # as Enter: counted, too long, the dialog
+            wait_until(lambda: w.overflow_flow.box is not None and w.overflow_flow.box.isVisible())
+            box = w.overflow_flow.box
+            search = next(b for b in box.buttons() if b.text() == "Search the document")
+            send_and_wait(w, search.click)
+            _settle()
+            w.grab().save(str(out / "passages.png"))
+        finally:
+            w.close()
+    return out / "passages.png"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
             print(path)
     if "models" in scenes:
         print(models_scene(out))
+    for name, scene in (("attachment", attachment_scene), ("passages", passages_scene)):
+        if name in scenes:
+            print(scene(out))
     return 0
 
 

@@ -145,15 +145,15 @@ def _searched(args, engine, chats, question, docs, base, limit, tokens, result: 
 
 
 def _info(doc, passages, tokens: int) -> dict:
-    return {"name": doc.name, "sha256": doc.sha256, "kind": doc.extracted.kind, "pages": doc.pages,
-            "tokens": tokens,
-            "passages": None if passages is None else [{"number": p.number, "page": p.page} for p in passages]}
+    from engine.documents.attach import figures
+
+    return figures(doc, tokens, passages)
 
 
 def store_and_link(chats, message_id: int, p: AttachPlan) -> None:
     """Store the documents once and attach them to the user message ``message_id``."""
-    from engine.documents.attach import link, store
+    from engine.documents.attach import link_message, store
 
     for d in p.docs:
         store(chats, d)
-    link(chats, message_id, p.docs, p.sent)
+    link_message(chats, message_id, p.docs, p.sent, p.info)  # the figures too: the window's chips show them

@@ -16,7 +16,7 @@ from engine.chat_template import ChatMessage, conversation_messages
 from engine.documents.passages import cut, pages_of, query_terms
 from engine.documents.render import AttachedText, Passage, render_message
 from engine.documents.sandbox import Document
-from storage.attachments import StoredAttachment, for_chats
+from storage.attachments import AttachmentStore, StoredAttachment, for_chats
 
 
 def attached_text(doc: Document, passages: Sequence[Passage] | None = None) -> AttachedText:
@@ -39,10 +39,16 @@ def stored_text(a: StoredAttachment) -> AttachedText:
 def store(chats, doc: Document) -> None:
     """Store ``doc`` in ``chats``'s database once (its passages, its original when small
     enough); nothing is written when the same bytes are already stored."""
+    put(for_chats(chats), doc)
+
+
+def put(attachments: AttachmentStore, doc: Document) -> bool:
+    """``store`` on a given ``AttachmentStore`` (e.g. a worker thread's own connection);
+    False when the same bytes were stored already."""
     e = doc.extracted
     passages = [(p.number, p.page, p.text) for p in cut(e.pages, e.paged)]
-    for_chats(chats).put(doc.sha256, doc.name, e.kind, e.paged, doc.size, e.images, e.encoding,
-                         passages, doc.data)
+    return attachments.put(doc.sha256, doc.name, e.kind, e.paged, doc.size, e.images, e.encoding,
+                           passages, doc.data)
 
 
 def link(chats, message_id: int, docs: Sequence[Document],
@@ -51,6 +57,29 @@ def link(chats, message_id: int, docs: Sequence[Document],
     numbers sent for ``docs[i]`` (None: the whole text)."""
     sent = list(sent) if sent is not None else [None] * len(docs)
     for_chats(chats).link(message_id, [(d.sha256, d.name, s) for d, s in zip(docs, sent, strict=True)])
+
+
+STATS_KEY = "attachments"
+"""The key of a user message's stats under which its attachments' figures are kept: a list,
+in order, of ``{"name", "sha256", "kind", "pages", "tokens", "passages"}`` (``passages``:
+None for the whole text, else ``[{"number", "page"}]`` sent), what the chips show."""
+
+
+def link_message(chats, message_id: int, docs: Sequence[Document], sent: Sequence[Sequence[int] | None],
+                 info: Sequence[dict]) -> None:
+    """``link`` the stored ``docs`` to ``message_id`` and keep ``info`` (one dict per
+    document, ``STATS_KEY``'s shape) in the message's stats. Raises sqlite3.Error,
+    StorageError."""
+    link(chats, message_id, docs, sent)
+    if info:
+        chats.update_message(message_id, stats={STATS_KEY: [dict(i) for i in info]})
+
+
+def figures(doc: Document, tokens: int | None, passages: Sequence[Passage] | None = None) -> dict:
+    """``STATS_KEY``'s dict for ``doc`` (``tokens``: what its block adds to the prompt)."""
+    return {"name": doc.name, "sha256": doc.sha256, "kind": doc.extracted.kind, "pages": doc.pages,
+            "tokens": tokens,
+            "passages": None if passages is None else [{"number": p.number, "page": p.page} for p in passages]}
 
 
 def with_attachments(chats, path: Sequence) -> list:

@@ -16,6 +16,10 @@ PASSAGE_CHARS = 1_200
 """Longest passage, in characters (about 300 tokens of English): long enough to hold a
 paragraph's context, short enough that a dozen fit in a 4,096-token prompt."""
 
+SEARCH_CHARS_PER_TOKEN = 3.0
+"""Characters per token assumed when filling a prompt's room with passages (English is
+3.5-4.5; the chosen passages are then counted exactly and the last ones dropped until they fit)."""
+
 _MIN_CUT = PASSAGE_CHARS // 2
 _BREAKS = ("\n\n", "\n", ". ", "? ", "! ", "; ", ", ", " ")
 

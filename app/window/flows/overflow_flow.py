@@ -12,6 +12,7 @@ count that raced a settings change) gets the same dialog.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,8 @@ class OverflowFlow(QObject):
         self.checking = None  # the count request of a message being sent
         self.stopped = False  # Esc or Stop was pressed while counting
         self._sending: tuple = ()  # (conversation id, text, new chat settings) being counted
+        self.attachments = None  # the composer's files (AttachFlow): rendered into the message
+        self.document_search = None  # "Search the document" (DocumentSearch), offered when they do not fit
 
     # -- before storing ---------------------------------------------------------------------
 
@@ -57,7 +60,11 @@ class OverflowFlow(QObject):
         """Count the prompt with ``text`` under the active leaf of ``cid`` (None: a new chat
         with ``new_chat``'s settings); store and answer it when it fits."""
         system = new_chat[0] if cid is None and new_chat else ""
-        if self._surely_fits(cid, text, system):  # no round trip to the engine before the reply
+        files = self.attachments
+        if files is not None and not files.ready_to_send():  # a file still being read: the text stays
+            self.composer.set_text(text)
+            return
+        if self._surely_fits(cid, files.rendered(text) if files is not None else text, system):  # no round trip to the engine before the reply
             self.chat.store_and_reply(cid, text, new_chat)
             return
         try:
@@ -226,6 +233,10 @@ class OverflowFlow(QObject):
         largest, trained, by_memory = self.limits(n_ctx)
         has_system = len(ids) > 1 and ids[0] is None  # the new message (last) has no id either
         c = overflow_choices(tokens, has_system, n_ctx, max_tokens, largest)
+        docs = self.attachments.document_tokens() if unsent and self.attachments and self.attachments.ready else None
+        searchable = unsent is not None and bool(self.attachments and self.attachments.ready) and self.document_search
+        if searchable:  # a new branch would leave the files behind: search them, or a larger context
+            c = dataclasses.replace(c, can_branch=False)
         costs = {mid: t for mid, t in zip(ids, tokens) if mid is not None}
         self.status.set_context(c.prompt_tokens, n_ctx)
         box = QMessageBox(self.parent_widget)
@@ -233,8 +244,15 @@ class OverflowFlow(QObject):
         box.setTextFormat(Qt.TextFormat.PlainText)
         box.setWindowTitle("This message is too long" if unsent else "This chat is too long")
         what = "With this message, the chat is" if len(tokens) > 1 else "This message is"
-        box.setText(f"{what} {c.prompt_tokens:,} tokens; the context holds {n_ctx:,}.")
-        box.setInformativeText(self._advice(c, trained, by_memory, bool(unsent)))
+        box.setText(f"{what} {c.prompt_tokens:,} tokens; the context holds {n_ctx:,}."
+                    + (f" The attached files take {docs:,} of them." if docs else ""))
+        advice = self._advice(c, trained, by_memory, bool(unsent)).split("\n\n")
+        if searchable:  # the search can make it fit: not "nothing can"
+            advice = [line for line in advice if not line.startswith("Nothing can make it fit")] + [
+                "Search the document sends only the passages that best match your question, each with its file "
+                "and page, instead of the whole text."]
+        box.setInformativeText("\n\n".join(advice))
+        search_b = box.addButton("Search the document", QMessageBox.ButtonRole.ActionRole) if searchable else None
         branch = box.addButton("Continue on a new branch", QMessageBox.ButtonRole.AcceptRole) if c.can_branch else None
         raise_b = (box.addButton(f"Raise context to {c.raise_to:,}", QMessageBox.ButtonRole.ActionRole)
                    if c.raise_to else None)
@@ -246,6 +264,9 @@ class OverflowFlow(QObject):
             if button is back or button is None:
                 if unsent:
                     self.composer.set_text(unsent[1])
+                return
+            if button is search_b:
+                self.document_search.start(unsent, n_ctx, c.prompt_tokens, max_tokens)
                 return
             user_id = stored
             if unsent:

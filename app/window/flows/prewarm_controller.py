@@ -77,6 +77,7 @@ class PrewarmController(QObject):
         self._last: tuple | None = None  # the last request sent (not repeated)
         self._hovered: int | None = None  # the reply whose Regenerate was prepared (once per path)
         self.requests = 0  # prewarms sent (for tools and tests)
+        self.attachments = None  # the composer's files (AttachFlow): a draft is prewarmed with them rendered in
         self.partial = QTimer(self, singleShot=True, interval=PARTIAL_MS)
         self.partial.timeout.connect(lambda: self._draft(complete=False))
         self.idle = QTimer(self, singleShot=True, interval=IDLE_MS)
@@ -113,6 +114,13 @@ class PrewarmController(QObject):
         self._draft(complete=False)
         if self._text().strip():
             self.idle.start()
+
+    def attachments_changed(self) -> None:
+        """A file was attached to (or removed from) the draft: prewarm the draft with it at
+        once, so the document is prefilled while the question is typed."""
+        self._last = None
+        if self._editing is None and self.active():
+            self._prewarm_shown()
 
     def draft_changed(self) -> None:
         if not self.active():
@@ -212,7 +220,9 @@ class PrewarmController(QObject):
             text = text.strip()  # as the composer sends it
             if not text:
                 return
-        elif self._last is not None and self._last[1] is not None:
+        if self._editing is None and self.attachments is not None:
+            text = self.attachments.rendered(text)  # the files' blocks, then the draft (as it is sent)
+        if not complete and self._last is not None and self._last[1] is not None:
             if stable_prefix(text) == stable_prefix(self._last[1]):
                 return  # the last request (a whole prompt too) covers this one: do not replace it
         self._send(messages, text, complete, count)

@@ -23,8 +23,11 @@ from pathlib import Path
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtWidgets import QMainWindow, QScrollArea, QSplitter, QVBoxLayout, QWidget
 
+from app.window.flows.attach_flow import AttachFlow, AttachingSession
+from app.window.flows.attach_input import AttachInput
 from app.window.flows.chat_model_flow import ChatModelFlow
 from app.window.flows.commands import ChatCommands
+from app.window.flows.document_search import DocumentSearch
 from app.window.flows.forget_flow import ForgetFlow
 from app.window.flows.import_dialog import ImportController, accept_drag, dropped_paths
 from app.window.flows.link_dialog import LinkOpener
@@ -43,6 +46,8 @@ from app.window.shell.gc_policy import GcPolicy
 from app.window.shell.lifetime import Lifetime
 from app.window.shell.look import Look
 from app.window.shell.status_bar import StatusBar
+from app.window.transcript.attachment_chip import AttachmentBar
+from app.window.transcript.attachment_marks import AttachmentMarks
 from app.window.transcript.chat_controller import ChatController
 from app.window.transcript.composer import Composer
 from app.window.transcript.transcript_view import TranscriptView
@@ -95,6 +100,7 @@ class MainWindow(QMainWindow):
         self.look = Look(self.settings, self)  # applies the theme before any widget is built
         self._build_ui()
         self.banner.restyle(self.look.colors)  # a dark theme from the settings, before any message
+        self.attachments_bar.colors = self.look.colors
         self.status = StatusBar(self.statusBar())
         self._build_flows(model_path, use_cache)
         self.gc_policy = GcPolicy(self)  # no full garbage collection in the middle of a redraw
@@ -123,13 +129,16 @@ class MainWindow(QMainWindow):
         self.banner = Banner()
         self.transcript = TranscriptView()
         self.composer = Composer()
+        self.attachments_bar = AttachmentBar()  # the composer's file chips, and its note under it
         center = QWidget()
         lay = QVBoxLayout(center)
         lay.setContentsMargins(8, 8, 8, 0)
         lay.setSpacing(4)
         lay.addWidget(self.banner)
         lay.addWidget(self.transcript, 1)
+        lay.addWidget(self.attachments_bar)
         lay.addWidget(self.composer)
+        lay.addWidget(self.attachments_bar.note)
         self.tree = TreePanel(self.reader)
         self.look.follow_tree(self.tree)
         for area in self.tree.findChildren(QScrollArea):  # one Tab stop: the canvas, not its frame too
@@ -181,6 +190,16 @@ class MainWindow(QMainWindow):
                                         find_models=self.models.open, parent=self)
         self.center.layout().insertWidget(1, self.chat_model.bar)  # under the banner
         self.transcript.set_empty_extra(self.chat_model.first_screen)
+        # attached documents: the composer's files, sent with the message (attach_flow.py)
+        self.attach = AttachFlow(store=store, workers=self.workers, model=self.model, bar=self.attachments_bar,
+                                 lifetime=lifetime, parent=self)
+        self.attach_input = AttachInput(self.composer, self.attach, self)
+        chat.session = AttachingSession(store, self.attach)
+        self.document_search = DocumentSearch(chat=chat, flow=self.attach, workers=self.workers, parent=self)
+        chat.overflow.attachments, chat.overflow.document_search = self.attach, self.document_search
+        self.prewarm.attachments = self.attach
+        self.attachment_marks = AttachmentMarks(store, self.workers, self)
+        self.transcript.decorate = self.attachment_marks.decorate
 
     def _connect(self) -> None:
         chat, nav, commands, sidebar, transcript = self.chat, self.navigator, self.commands, self.sidebar, self.transcript
@@ -215,6 +234,7 @@ class MainWindow(QMainWindow):
         chat.changed_elsewhere.connect(nav.changed_elsewhere)
         chat.unshowable.connect(nav.chat_unshowable)
         self.prewarm.connect()
+        self.attach.prewarm_wanted.connect(self.prewarm.attachments_changed)
         for flow in (self.model, chat.overflow):
             flow.settings_requested.connect(self.open_settings)
         self.model.ready.connect(self._model_ready)
@@ -224,6 +244,7 @@ class MainWindow(QMainWindow):
         self.forget_flow.forgotten.connect(self.forgotten)
         self.api_server.state_changed.connect(self._api_state_changed)
         self.look.restyled.connect(self.banner.restyle)
+        self.look.restyled.connect(lambda colors: setattr(self.attachments_bar, "colors", colors))
         self.look.restyled.connect(lambda _colors: (chat.render(), chat.figures.refresh_coverage()))
         self.look.tree_shown.connect(lambda shown: (self.menu_actions["toggle_tree"].setChecked(shown),
                                                     chat.figures.refresh_coverage()))
@@ -313,6 +334,7 @@ class MainWindow(QMainWindow):
         self.api_server.shutdown()
         self.models.shutdown()  # downloads stop; their bytes stay for the next attempt
         self.chat.shutdown()
+        self.attach.shutdown()  # files attached but never sent are not kept
         self.settings.save()
         self.reader.close()
         self.transcript.stop_building()  # a scroll event after this must not read the closed store

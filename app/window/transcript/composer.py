@@ -80,6 +80,11 @@ class Composer(QWidget):
     def set_text(self, text: str) -> None:
         self.input.setPlainText(text)
 
+    def add_tool_button(self, button: QWidget) -> None:
+        """Put ``button`` (e.g. the paperclip) beside the box, before Send."""
+        lay = self.layout()
+        lay.insertWidget(lay.indexOf(self.button), button, 0, Qt.AlignmentFlag.AlignBottom)
+
     def _submit(self) -> None:
         if self._streaming:
             return

@@ -84,6 +84,7 @@ class TranscriptView(QScrollArea):
         self.setWidget(self._inner)
         self.widgets: list[MessageWidget] = []
         self.pending: MessageWidget | None = None
+        self.decorate = None  # called with each saved message's bubble as it is built
         self._empty = QLabel()
         self._empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self._empty.setWordWrap(True)
@@ -190,6 +191,8 @@ class TranscriptView(QScrollArea):
         w.edit_changed.connect(self.edit_changed)
         w.edit_ended.connect(self.edit_ended)
         w.regenerate_hovered.connect(self.regenerate_hovered)
+        if self.decorate is not None:  # e.g. attachment chips (attachment_marks.py)
+            self.decorate(w)
         return w
 
     @property
