@@ -215,6 +215,8 @@ class Engine:
         thinking_budget: int | None = None,
         tools: list[dict] | None = None,
         grammar: str | None = None,
+        reply_prefix: Sequence[int] | None = None,
+        record: bool = True,
     ) -> GenerationResult:
         """Generate the assistant's reply to ``messages``.
 
@@ -228,6 +230,12 @@ class Engine:
         and its answer to ``on_token``; ``thinking_budget`` (tokens) closes the thinking
         when that many were generated and lets the model answer (None: no limit).
 
+        ``reply_prefix``: token ids the assistant's reply already holds (Continue a reply
+        that was stopped or hit max tokens): the prompt is the messages' prompt plus these
+        ids, and the result holds only the tokens generated after them. ``record`` False
+        leaves the store's statistics and LRU marks alone (a background job, such as the
+        chat title of ``engine/title.py``).
+
         Raises:
             ContextOverflowError: the prompt does not fit n_ctx.
             TemplateError: the chat template cannot render these messages.
@@ -237,6 +245,8 @@ class Engine:
             t0 = time.perf_counter()
             stats = GenerationStats()
             prompt = self.model.prompts.build(messages, True, tools) if tools else self.prompt_tokens(messages)
+            if reply_prefix:
+                prompt = prompt + [int(t) for t in reply_prefix]
             n_ctx = self.llama.n_ctx()
             stats.prompt_tokens = len(prompt)
             if len(prompt) + 1 > n_ctx:
@@ -244,7 +254,7 @@ class Engine:
             if not prompt:
                 raise EngineError("There is nothing to answer: the conversation is empty.")
 
-            self.cache.position(prompt, use_cache, stats, on_progress)
+            self.cache.position(prompt, use_cache, stats, on_progress, record)
             if not self._prefill(prompt, stats, on_progress, cancel, use_cache):
                 stats.finish_reason = "cancelled"  # stopped while reading the prompt
                 return GenerationResult("", [], stats, prompt)

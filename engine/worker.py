@@ -9,6 +9,8 @@ at once so that a reply can be stopped while it streams. A ``PrewarmRequest`` (b
 work between requests, ``engine/prewarm.py``) stops between batches as soon as any other
 request arrives: it is dropped when a newer prewarm or a request that changes the live
 context (generate, load, cache) is waiting, and resumed after the others (counts, coverage).
+A ``TitleRequest`` (``engine/title.py``) yields the same way, between decode steps, to any
+request, and runs again after them; only a load, a cache action or a shutdown ends it.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ from engine.events import (
     Request,
     ShutdownRequest,
     SnapshotEvent,
+    TitleEvent,
+    TitleRequest,
     TokenEvent,
     unpack_messages,
 )
@@ -173,6 +177,7 @@ class _Server:
         self.prewarmer = None  # engine.prewarm.Prewarmer of a local engine
         self.arrived = threading.Event()  # set by the reader for every request: a prewarm yields
         self.arrived_at: dict[int, float] = {}  # generate request id -> perf_counter when it was read
+        self.title_attempts: dict[int, int] = {}  # title request id -> runs so far (engine/title.py)
         self._send_lock = threading.Lock()
 
     def send(self, event: Event) -> None:
@@ -200,7 +205,7 @@ class _Server:
         threading.Thread(target=self._reader, daemon=True, name="engine-reader").start()
         handlers = {LoadRequest: self.op_load, GenerateRequest: self.op_generate, CountRequest: self.op_count,
                     CoverageRequest: self.op_coverage, CacheRequest: self.op_cache,
-                    PrewarmRequest: self.op_prewarm}
+                    PrewarmRequest: self.op_prewarm, TitleRequest: self.op_title}
         while True:
             msg = self.inbox.get()
             if isinstance(msg, ShutdownRequest):
@@ -311,6 +316,7 @@ class _Server:
                 on_progress=lambda phase, done, total: self.send(ProgressEvent(rid, phase, done, total)),
                 cancel=cancel,
                 snapshot=False,
+                **({"reply_prefix": list(msg.reply_prefix)} if msg.reply_prefix else {}),
             )
         except ContextOverflowError as exc:
             self.send(ErrorEvent(rid, ErrorKind.OVERFLOW, str(exc), exc.prompt_tokens, exc.n_ctx))
@@ -370,14 +376,63 @@ class _Server:
         return any(isinstance(m, (PrewarmRequest, GenerateRequest, LoadRequest, CacheRequest, ShutdownRequest))
                    for m in waiting)
 
+    def op_title(self, msg: TitleRequest) -> None:
+        """Write a chat title (``engine.title.write_title``) until done, stopping between
+        decode steps when any request arrives and running again after it (see the module doc)."""
+        from engine.errors import EngineError
+        from engine.title import write_title
+
+        attempts = self.title_attempts.pop(msg.id, 0)
+        if self.engine is None or self._remote or self.prewarmer is None:
+            self.send(TitleEvent(msg.id, "", True, 0, attempts))
+            return
+        if self._title_superseded():
+            self.send(TitleEvent(msg.id, "", False, 0, attempts))
+            return
+        if not self.inbox.empty():  # a request waits: it goes first
+            self.title_attempts[msg.id] = attempts
+            self.inbox.put(msg)
+            return
+        self.arrived.clear()
+        attempts += 1
+        try:
+            result = write_title(self.engine, unpack_messages(msg.messages), cancel=self.arrived,
+                                 max_tokens=msg.max_tokens,
+                                 on_token=lambda _t, _id: self.send(ProgressEvent(msg.id, "title", 1, 1)))
+        except EngineError as exc:  # too long for the context, a template error: no title
+            log.info("no title: %s", exc)
+            self.send(TitleEvent(msg.id, "", True, 0, attempts))
+            return
+        finally:
+            self.prewarmer.forget()  # the live context moved
+        if result.finished:
+            self.send(TitleEvent(msg.id, result.text, True, result.generated_tokens, attempts))
+        elif self._title_superseded():
+            self.send(TitleEvent(msg.id, "", False, result.generated_tokens, attempts))
+        else:
+            self.title_attempts[msg.id] = attempts
+            self.inbox.put(msg)  # after the requests that stopped it
+
+    def _title_superseded(self) -> bool:
+        with self.inbox.mutex:
+            waiting = list(self.inbox.queue)
+        return any(isinstance(m, (LoadRequest, CacheRequest, ShutdownRequest)) for m in waiting)
+
     def op_count(self, msg: CountRequest) -> None:
         if not self._require_engine(msg):
             return
         if self._remote:  # the server's tokenizer is not here: the context figure stays unknown (0)
             self.send(CountEvent(msg.id, 0, 0))
             return
-        messages = list(msg.messages)
+        messages = unpack_messages(msg.messages)
         n_ctx = self.engine.llama.n_ctx()
+        if msg.draft is not None:  # the composer's draft: the prompt it would make, and its own tokens
+            from engine.chat_template import ChatMessage
+
+            prompt = self.engine.prompt_tokens(messages + [ChatMessage("user", msg.draft)])
+            own = len(self.engine.model.tokenize(msg.draft, False))
+            self.send(CountEvent(msg.id, len(prompt), n_ctx, (own,)))
+            return
         if msg.per_message:  # counted per message; the sum stands for the prompt length
             per = tuple(self.engine.message_tokens(messages))
             self.send(CountEvent(msg.id, sum(per), n_ctx, per))

@@ -24,6 +24,7 @@ from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtWidgets import QMainWindow, QSplitter, QVBoxLayout, QWidget
 
 from app.window.flows.commands import ChatCommands
+from app.window.flows.extras import install_extras
 from app.window.flows.forget_flow import ForgetFlow
 from app.window.flows.import_dialog import ImportController, accept_drag, dropped_paths
 from app.window.flows.link_dialog import LinkOpener
@@ -95,6 +96,7 @@ class MainWindow(QMainWindow):
         self.banner.restyle(self.look.colors)  # a dark theme from the settings, before any message
         self.status = StatusBar(self.statusBar())
         self._build_flows(model_path, use_cache)
+        self.extras = install_extras(self)  # Continue, Export chat…, the draft count, model titles
         self.gc_policy = GcPolicy(self)  # no full garbage collection in the middle of a redraw
         self._connect()
         self.menu_actions = build_menus(self, self._menu_handlers(), self.settings.theme)
@@ -228,6 +230,7 @@ class MainWindow(QMainWindow):
             "copy_conversation_markdown": self.messages.copy_conversation_markdown,
             "start_api_server": self.api_server.start, "stop_api_server": self.api_server.stop,
             "toggle_tree": self.look.toggle_tree, "theme": self.look.set_theme,
+            "export_chat": self.extras.exporting.open_dialog, "continue_reply": self.extras.continuing.continue_last,
         }
 
     def _api_state_changed(self, state: str) -> None:
