@@ -197,7 +197,8 @@ class _Server:
             if isinstance(msg, GenerateRequest):
                 self.arrived_at[msg.id] = time.perf_counter()
             self.inbox.put(msg)
-            self.arrived.set()
+            if not isinstance(msg, TitleRequest):  # a title job is background work: it stops nothing
+                self.arrived.set()
             if isinstance(msg, ShutdownRequest):
                 return
 
@@ -358,7 +359,7 @@ class _Server:
         self.arrived.clear()
         kind = "prompt" if msg.draft is None or msg.complete else "draft" if msg.draft else "open"
         result = PrewarmResult(kind, finished=False, skipped="superseded")  # not started: a request waits
-        if self.inbox.empty():
+        if not self._requests_waiting():
             result = self.prewarmer.run(unpack_messages(msg.messages), msg.draft, msg.complete, cancel=self.arrived)
             if result.finished:
                 self.send(PrewarmEvent(msg.id, result.to_dict()))
@@ -389,7 +390,7 @@ class _Server:
         if self._title_superseded():
             self.send(TitleEvent(msg.id, "", False, 0, attempts))
             return
-        if not self.inbox.empty():  # a request waits: it goes first
+        if self._requests_waiting():  # a request waits: it goes first
             self.title_attempts[msg.id] = attempts
             self.inbox.put(msg)
             return
@@ -412,6 +413,12 @@ class _Server:
         else:
             self.title_attempts[msg.id] = attempts
             self.inbox.put(msg)  # after the requests that stopped it
+
+    def _requests_waiting(self) -> bool:
+        """Whether a request other than a title job waits in the inbox (title jobs wait for
+        everything, prewarms included, and never make anything else wait)."""
+        with self.inbox.mutex:
+            return any(not isinstance(m, TitleRequest) for m in self.inbox.queue)
 
     def _title_superseded(self) -> bool:
         with self.inbox.mutex:
