@@ -10,7 +10,9 @@ work between requests, ``engine/prewarm.py``) stops between batches as soon as a
 request arrives: it is dropped when a newer prewarm or a request that changes the live
 context (generate, load, cache) is waiting, and resumed after the others (counts, coverage).
 A ``TitleRequest`` (``engine/title.py``) yields the same way, between decode steps, to any
-request, and runs again after them; only a load, a cache action or a shutdown ends it.
+request, and runs again after them; only a load, a cache action or a shutdown ends it. It
+also waits while it would cut away live tokens a prewarm prepared (a draft), until the
+request that uses them has been served.
 """
 
 from __future__ import annotations
@@ -178,6 +180,7 @@ class _Server:
         self.arrived = threading.Event()  # set by the reader for every request: a prewarm yields
         self.arrived_at: dict[int, float] = {}  # generate request id -> perf_counter when it was read
         self.title_attempts: dict[int, int] = {}  # title request id -> runs so far (engine/title.py)
+        self.deferred_titles: list[TitleRequest] = []  # waiting for a request to use what a prewarm prepared
         self._send_lock = threading.Lock()
 
     def send(self, event: Event) -> None:
@@ -217,6 +220,10 @@ class _Server:
                 log.error("request %s failed:\n%s", type(msg).__name__, traceback.format_exc())
                 self.send(ErrorEvent(getattr(msg, "id", None), ErrorKind.ENGINE,
                                      f"The engine could not do that: {exc}"))
+            if self.deferred_titles and not isinstance(msg, TitleRequest):  # they look again
+                for title in self.deferred_titles:
+                    self.inbox.put(title)
+                self.deferred_titles.clear()
         if self.engine is not None:
             self.engine.close()
         if self.store is not None:
@@ -394,10 +401,15 @@ class _Server:
             self.title_attempts[msg.id] = attempts
             self.inbox.put(msg)
             return
+        messages = unpack_messages(msg.messages)
+        if self._title_would_undo_prewarm(messages):  # it runs after the request that uses it
+            self.title_attempts[msg.id] = attempts
+            self.deferred_titles.append(msg)
+            return
         self.arrived.clear()
         attempts += 1
         try:
-            result = write_title(self.engine, unpack_messages(msg.messages), cancel=self.arrived,
+            result = write_title(self.engine, messages, cancel=self.arrived,
                                  max_tokens=msg.max_tokens,
                                  on_token=lambda _t, _id: self.send(ProgressEvent(msg.id, "title", 1, 1)))
         except EngineError as exc:  # too long for the context, a template error: no title
@@ -413,6 +425,22 @@ class _Server:
         else:
             self.title_attempts[msg.id] = attempts
             self.inbox.put(msg)  # after the requests that stopped it
+
+    def _title_would_undo_prewarm(self, messages) -> bool:
+        """Whether the title job would cut away live tokens a prewarm prepared (a draft's:
+        the title's prompt is the chat's and shares the path and the next user header)."""
+        from engine.errors import EngineError
+        from engine.live_context import common_prefix
+        from engine.title import title_messages
+
+        if not self.prewarmer.prepared:
+            return False
+        try:
+            target = self.engine.prompt_tokens(title_messages(messages))
+        except EngineError:
+            return False  # the run says why
+        live = self.engine.live
+        return common_prefix(live.ids(), target) < live.n_tokens
 
     def _requests_waiting(self) -> bool:
         """Whether a request other than a title job waits in the inbox (title jobs wait for
