@@ -11,7 +11,8 @@ decodes at most ``max_tokens`` (greedy). It runs on sequence 0 like every reques
   chat's path and the next user header), so it is restored from the live context as after
   any reply; only the instruction and the title tokens are cut away;
 * it stops between decode steps as soon as any other request arrives (the engine process
-  sets ``cancel``), and runs again after those requests (``engine/worker.py``).
+  sets ``cancel``), and runs again after those requests; while the live context holds a
+  draft a prewarm prepared, it waits until the request that uses it (``engine/worker.py``).
 
 :func:`usable_title` decides whether what the model wrote can be a title; when it cannot,
 the window keeps the first words of the chat (``storage.chat_text.auto_title``).

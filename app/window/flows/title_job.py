@@ -4,7 +4,8 @@ title in the background (``engine/title.py``), off the critical path.
 The request is a ``TitleRequest``: in the engine process it runs only when no other
 request waits, stops between decode steps as soon as one arrives (a send, a prewarm, a
 count) and runs again after them, so it never holds a reply back by more than one decode
-step. It runs on sequence 0 and its KV is never stored: no chat's prefix-store entries
+step; while a draft the prewarm prepared is live, it waits until the reply that uses it. It
+runs on sequence 0 and its KV is never stored: no chat's prefix-store entries
 change (the chat's own prompt is its prefix, so the next turn still finds the chat's KV
 live). A title that :func:`engine.title.usable_title` refuses leaves the first words
 (``storage.chat_text.auto_title``). A title the user gave wins: the model's is written only
