@@ -216,6 +216,8 @@ class Engine:
         thinking_budget: int | None = None,
         tools: list[dict] | None = None,
         grammar: str | None = None,
+        reply_prefix: Sequence[int] | None = None,
+        record: bool = True,
     ) -> GenerationResult:
         """Generate the assistant's reply to ``messages``.
 
@@ -230,6 +232,12 @@ class Engine:
         when that many were generated and lets the model answer (None: no limit, or
         ``sampling.thinking_budget``); ``sampling.thinking`` goes to the chat template.
 
+        ``reply_prefix``: token ids the assistant's reply already holds (Continue a reply
+        that was stopped or hit max tokens): the prompt is the messages' prompt plus these
+        ids, and the result holds only the tokens generated after them. ``record`` False
+        leaves the store's statistics and LRU marks alone (a background job, such as the
+        chat title of ``engine/title.py``).
+
         Raises:
             ContextOverflowError: the prompt does not fit n_ctx.
             TemplateError: the chat template cannot render these messages.
@@ -242,6 +250,8 @@ class Engine:
                       else self.prompt_tokens(messages, sampling.thinking))
             if thinking_budget is None:
                 thinking_budget = sampling.thinking_budget
+            if reply_prefix:
+                prompt = prompt + [int(t) for t in reply_prefix]
             n_ctx = self.llama.n_ctx()
             stats.prompt_tokens = len(prompt)
             if len(prompt) + 1 > n_ctx:
@@ -249,7 +259,7 @@ class Engine:
             if not prompt:
                 raise EngineError("There is nothing to answer: the conversation is empty.")
 
-            self.cache.position(prompt, use_cache, stats, on_progress)
+            self.cache.position(prompt, use_cache, stats, on_progress, record)
             if not self._prefill(prompt, stats, on_progress, cancel, use_cache):
                 stats.finish_reason = "cancelled"  # stopped while reading the prompt
                 return GenerationResult("", [], stats, prompt)

@@ -9,9 +9,10 @@ sender); every event that answers a request carries the same ``id``.
 Requests, window -> engine::
 
     LoadRequest        path, settings (EngineSettings dict), budget_bytes
-    GenerateRequest    id, messages [ChatMessage], sampling (SamplingParams dict), use_cache
+    GenerateRequest    id, messages [ChatMessage], sampling (SamplingParams dict), use_cache, reply_prefix
     CancelRequest      id
-    CountRequest       id, messages, per_message       -> CountEvent (prompt length[, per message])
+    CountRequest       id, messages, per_message, draft -> CountEvent (prompt length[, per message])
+    TitleRequest       id, messages, max_tokens        -> TitleEvent (engine/title.py)
     CoverageRequest    id, paths [[ChatMessage]]       -> CoverageEvent
     CacheRequest       id, action (CacheAction), budget_bytes -> CacheEvent
     PrewarmRequest     id, messages, draft, complete  -> PrewarmEvent (engine/prewarm.py)
@@ -30,6 +31,7 @@ Events, engine -> window::
     CoverageEvent      id, results [(stored, total)] in tokens, one per path
     CacheEvent         id, stats (PrefixStore.stats() dict), verify {checked, bad, removed} | None
     PrewarmEvent       id, result (PrewarmResult dict)
+    TitleEvent         id, text, finished, generated_tokens, attempts
 
 Raises nothing itself: a request the engine cannot serve comes back as an ErrorEvent.
 """
@@ -94,6 +96,7 @@ class GenerateRequest:
     messages: list[ChatMessage]
     sampling: dict
     use_cache: bool = True
+    reply_prefix: list[int] | None = None  # Continue: the reply's token ids so far (the prompt goes on from them)
 
 
 @dataclass(frozen=True)
@@ -104,8 +107,20 @@ class CancelRequest:
 @dataclass(frozen=True)
 class CountRequest:
     id: int
-    messages: list[ChatMessage]
+    messages: list[ChatMessage] | bytes  # bytes: made by pack_messages
     per_message: bool = False  # also each message's tokens (CountEvent.message_tokens)
+    draft: str | None = None  # a user message not sent yet: the prompt of messages + it, and its own tokens
+
+
+@dataclass(frozen=True)
+class TitleRequest:
+    """A chat title written by the loaded model after ``messages`` (``engine/title.py``), in
+    the background: it yields to any other request between decode steps and runs again
+    after them; its KV is never stored."""
+
+    id: int
+    messages: list[ChatMessage] | bytes  # bytes: made by pack_messages
+    max_tokens: int = 16
 
 
 @dataclass(frozen=True)
@@ -167,7 +182,7 @@ class ShutdownRequest:
 
 
 Request = (LoadRequest | GenerateRequest | CancelRequest | CountRequest | CoverageRequest
-           | CacheRequest | PrewarmRequest | ShutdownRequest)
+           | CacheRequest | PrewarmRequest | TitleRequest | ShutdownRequest)
 
 
 # -- events ------------------------------------------------------------------------------
@@ -266,8 +281,22 @@ class PrewarmEvent:
     result: dict  # engine.prewarm.PrewarmResult.to_dict()
 
 
-Event = (LoadProgressEvent | LoadedEvent | LoadFailedEvent | ProgressEvent | TokenEvent | DoneEvent
-         | SnapshotEvent | ErrorEvent | CountEvent | CoverageEvent | CacheEvent | PrewarmEvent)
+@dataclass(frozen=True)
+class TitleEvent:
+    """The title job's answer: ``text`` as the model wrote it (one line, "" when none),
+    ``finished`` False when it stopped for a request that supersedes it (a load, a cache
+    action, a shutdown); ``attempts``: how many times it ran (each request arriving during
+    a run stops it between decode steps, and it runs again after them)."""
 
-ANSWERS = (DoneEvent, ErrorEvent, CountEvent, CoverageEvent, CacheEvent, PrewarmEvent)
+    id: int
+    text: str
+    finished: bool
+    generated_tokens: int = 0
+    attempts: int = 1
+
+
+Event = (LoadProgressEvent | LoadedEvent | LoadFailedEvent | ProgressEvent | TokenEvent | DoneEvent
+         | SnapshotEvent | ErrorEvent | CountEvent | CoverageEvent | CacheEvent | PrewarmEvent | TitleEvent)
+
+ANSWERS = (DoneEvent, ErrorEvent, CountEvent, CoverageEvent, CacheEvent, PrewarmEvent, TitleEvent)
 """The events that end a request (the window's handle for that request is then finished)."""

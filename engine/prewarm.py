@@ -138,6 +138,11 @@ class Prewarmer:
         self._ran = False  # a prewarm ran since the last request
         self._typed_from: int | None = None  # live positions >= this were prefilled from a draft
 
+    @property
+    def prepared(self) -> bool:
+        """A prewarm ran since the last request: the live context holds what it prepared."""
+        return self._ran
+
     def supported(self) -> str:
         """"" when this engine can be prewarmed, else why not (in words)."""
         if not self.engine.cache.cuts_back:

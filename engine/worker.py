@@ -9,6 +9,10 @@ at once so that a reply can be stopped while it streams. A ``PrewarmRequest`` (b
 work between requests, ``engine/prewarm.py``) stops between batches as soon as any other
 request arrives: it is dropped when a newer prewarm or a request that changes the live
 context (generate, load, cache) is waiting, and resumed after the others (counts, coverage).
+A ``TitleRequest`` (``engine/title.py``) yields the same way, between decode steps, to any
+request, and runs again after them; only a load, a cache action or a shutdown ends it. It
+also waits while it would cut away live tokens a prewarm prepared (a draft), until the
+request that uses them has been served.
 
 Stopping: the window decides. The child ignores SIGINT (a terminal's Ctrl+C reaches the
 whole process group; the window closes and sends ``ShutdownRequest``, which waits behind
@@ -55,6 +59,8 @@ from engine.events import (
     Request,
     ShutdownRequest,
     SnapshotEvent,
+    TitleEvent,
+    TitleRequest,
     TokenEvent,
     unpack_messages,
 )
@@ -183,6 +189,8 @@ class _Server:
         self.thinking = ""  # the thinking setting of the last reply (SamplingParams.thinking), for prewarms
         self.arrived = threading.Event()  # set by the reader for every request: a prewarm yields
         self.arrived_at: dict[int, float] = {}  # generate request id -> perf_counter when it was read
+        self.title_attempts: dict[int, int] = {}  # title request id -> runs so far (engine/title.py)
+        self.deferred_titles: list[TitleRequest] = []  # waiting for a request to use what a prewarm prepared
         self._send_lock = threading.Lock()
         self.terminating = False  # a SIGTERM arrived: finish the request being served, then exit
         self.parent_gone = False
@@ -228,7 +236,8 @@ class _Server:
             if isinstance(msg, GenerateRequest):
                 self.arrived_at[msg.id] = time.perf_counter()
             self.inbox.put(msg)
-            self.arrived.set()
+            if not isinstance(msg, TitleRequest):  # a title job is background work: it stops nothing
+                self.arrived.set()
             if isinstance(msg, ShutdownRequest):
                 return
 
@@ -236,7 +245,7 @@ class _Server:
         threading.Thread(target=self._reader, daemon=True, name="engine-reader").start()
         handlers = {LoadRequest: self.op_load, GenerateRequest: self.op_generate, CountRequest: self.op_count,
                     CoverageRequest: self.op_coverage, CacheRequest: self.op_cache,
-                    PrewarmRequest: self.op_prewarm}
+                    PrewarmRequest: self.op_prewarm, TitleRequest: self.op_title}
         while not self.terminating:
             msg = self.inbox.get()
             if isinstance(msg, ShutdownRequest) or self.terminating:
@@ -247,6 +256,10 @@ class _Server:
                 log.error("request %s failed:\n%s", type(msg).__name__, traceback.format_exc())
                 self.send(ErrorEvent(getattr(msg, "id", None), ErrorKind.ENGINE,
                                      f"The engine could not do that: {exc}"))
+            if self.deferred_titles and not isinstance(msg, TitleRequest):  # they look again
+                for title in self.deferred_titles:
+                    self.inbox.put(title)
+                self.deferred_titles.clear()
         if self.engine is not None:
             self.engine.close()
         if self.store is not None:
@@ -350,6 +363,7 @@ class _Server:
                 on_progress=lambda phase, done, total: self.send(ProgressEvent(rid, phase, done, total)),
                 cancel=cancel,
                 snapshot=False,
+                **({"reply_prefix": list(msg.reply_prefix)} if msg.reply_prefix else {}),
             )
         except ContextOverflowError as exc:
             self.send(ErrorEvent(rid, ErrorKind.OVERFLOW, str(exc), exc.prompt_tokens, exc.n_ctx))
@@ -391,7 +405,7 @@ class _Server:
         self.arrived.clear()
         kind = "prompt" if msg.draft is None or msg.complete else "draft" if msg.draft else "open"
         result = PrewarmResult(kind, finished=False, skipped="superseded")  # not started: a request waits
-        if self.inbox.empty():
+        if not self._requests_waiting():
             result = self.prewarmer.run(unpack_messages(msg.messages), msg.draft, msg.complete, cancel=self.arrived,
                                         thinking=self.thinking)
             if result.finished:
@@ -410,14 +424,90 @@ class _Server:
         return any(isinstance(m, (PrewarmRequest, GenerateRequest, LoadRequest, CacheRequest, ShutdownRequest))
                    for m in waiting)
 
+    def op_title(self, msg: TitleRequest) -> None:
+        """Write a chat title (``engine.title.write_title``) until done, stopping between
+        decode steps when any request arrives and running again after it (see the module doc)."""
+        from engine.errors import EngineError
+        from engine.title import write_title
+
+        attempts = self.title_attempts.pop(msg.id, 0)
+        if self.engine is None or self._remote or self.prewarmer is None:
+            self.send(TitleEvent(msg.id, "", True, 0, attempts))
+            return
+        if self._title_superseded():
+            self.send(TitleEvent(msg.id, "", False, 0, attempts))
+            return
+        if self._requests_waiting():  # a request waits: it goes first
+            self.title_attempts[msg.id] = attempts
+            self.inbox.put(msg)
+            return
+        messages = unpack_messages(msg.messages)
+        if self._title_would_undo_prewarm(messages):  # it runs after the request that uses it
+            self.title_attempts[msg.id] = attempts
+            self.deferred_titles.append(msg)
+            return
+        self.arrived.clear()
+        attempts += 1
+        try:
+            result = write_title(self.engine, messages, cancel=self.arrived,
+                                 max_tokens=msg.max_tokens,
+                                 on_token=lambda _t, _id: self.send(ProgressEvent(msg.id, "title", 1, 1)))
+        except EngineError as exc:  # too long for the context, a template error: no title
+            log.info("no title: %s", exc)
+            self.send(TitleEvent(msg.id, "", True, 0, attempts))
+            return
+        finally:
+            self.prewarmer.forget()  # the live context moved
+        if result.finished:
+            self.send(TitleEvent(msg.id, result.text, True, result.generated_tokens, attempts))
+        elif self._title_superseded():
+            self.send(TitleEvent(msg.id, "", False, result.generated_tokens, attempts))
+        else:
+            self.title_attempts[msg.id] = attempts
+            self.inbox.put(msg)  # after the requests that stopped it
+
+    def _title_would_undo_prewarm(self, messages) -> bool:
+        """Whether the title job would cut away live tokens a prewarm prepared (a draft's:
+        the title's prompt is the chat's and shares the path and the next user header)."""
+        from engine.errors import EngineError
+        from engine.live_context import common_prefix
+        from engine.title import title_messages
+
+        if not self.prewarmer.prepared:
+            return False
+        try:
+            target = self.engine.prompt_tokens(title_messages(messages))
+        except EngineError:
+            return False  # the run says why
+        live = self.engine.live
+        return common_prefix(live.ids(), target) < live.n_tokens
+
+    def _requests_waiting(self) -> bool:
+        """Whether a request other than a title job waits in the inbox (title jobs wait for
+        everything, prewarms included, and never make anything else wait)."""
+        with self.inbox.mutex:
+            return any(not isinstance(m, TitleRequest) for m in self.inbox.queue)
+
+    def _title_superseded(self) -> bool:
+        with self.inbox.mutex:
+            waiting = list(self.inbox.queue)
+        return any(isinstance(m, (LoadRequest, CacheRequest, ShutdownRequest)) for m in waiting)
+
     def op_count(self, msg: CountRequest) -> None:
         if not self._require_engine(msg):
             return
         if self._remote:  # the server's tokenizer is not here: the context figure stays unknown (0)
             self.send(CountEvent(msg.id, 0, 0))
             return
-        messages = list(msg.messages)
+        messages = unpack_messages(msg.messages)
         n_ctx = self.engine.llama.n_ctx()
+        if msg.draft is not None:  # the composer's draft: the prompt it would make, and its own tokens
+            from engine.chat_template import ChatMessage
+
+            prompt = self.engine.prompt_tokens(messages + [ChatMessage("user", msg.draft)])
+            own = len(self.engine.model.tokenize(msg.draft, False))
+            self.send(CountEvent(msg.id, len(prompt), n_ctx, (own,)))
+            return
         if msg.per_message:  # counted per message; the sum stands for the prompt length
             per = tuple(self.engine.message_tokens(messages))
             self.send(CountEvent(msg.id, sum(per), n_ctx, per))

@@ -19,7 +19,7 @@ def test_every_command_module_is_listed_once_with_its_parts():
     listed = [c.__name__.rsplit(".", 1)[1] for c in commands.COMMANDS]
     assert sorted(listed) == modules and len(set(listed)) == len(listed)
     names = [c.NAME for c in commands.COMMANDS]
-    assert names == ["chat", "regenerate", "serve", "conversations", "import", "cache", "bench", "gui", "models"]
+    assert names == ["chat", "regenerate", "continue", "serve", "conversations", "import", "cache", "bench", "gui", "models"]
     for command in commands.COMMANDS:
         assert len(inspect.signature(command.add_parser).parameters) == 1, command.NAME  # the subparsers
         assert len(inspect.signature(command.run).parameters) == 1, command.NAME
@@ -31,8 +31,8 @@ def test_every_command_module_is_listed_once_with_its_parts():
 def test_the_commands_that_load_llama_cpp_are_the_supervised_ones():
     """The supervisor (a native crash in words) runs exactly these; a SIGTERM keeps the reply
     streamed so far only for the two that write one."""
-    assert {c.NAME for c in commands.COMMANDS if c.LOADS_ENGINE} == {"chat", "regenerate", "bench", "serve"}
-    assert {c.NAME for c in commands.COMMANDS if c.STOP_ON_TERM} == {"chat", "regenerate"}
+    assert {c.NAME for c in commands.COMMANDS if c.LOADS_ENGINE} == {"chat", "regenerate", "continue", "bench", "serve"}
+    assert {c.NAME for c in commands.COMMANDS if c.STOP_ON_TERM} == {"chat", "regenerate", "continue"}
 
 
 def test_the_parser_is_built_from_the_registry_in_its_order():

@@ -15,10 +15,12 @@ from app.cli import opening, reasoning_view
 log = logging.getLogger("branchwise")
 
 
-def reply(args, engine, chats, conversation, parent_id, model_label: str) -> int:
+def reply(args, engine, chats, conversation, parent_id, model_label: str, continuing=None) -> int:
     """Generate the reply to the path ending at ``parent_id``, stream it, save it (through
     ``app.session``'s recorder, the same rules as the window). A full disk while the reply
-    streams does not stop it; what was and was not saved is reported (``saved``)."""
+    streams does not stop it; what was and was not saved is reported (``saved``).
+    ``continuing``: a reply (Message) to continue in place (``app/session/continuation.py``):
+    its token ids go on the prompt, and only the new text is streamed."""
     from app.cli.terminal_text import for_stream
     from app.cli.storage_commands import ConversationDeleted, DeletionWatch, Saved
     from app.session import ConversationSession
@@ -30,7 +32,13 @@ def reply(args, engine, chats, conversation, parent_id, model_label: str) -> int
     stream = not args.json
     from app.cli import interrupts
 
-    recorder = session.start_reply(parent_id, model_label)
+    if continuing is not None:
+        from app.session.continuation import ContinuationRecorder
+
+        recorder = ContinuationRecorder(chats, continuing, model_label)
+        interrupts.report(reply=continuing.id)  # the row exists already: a second Ctrl+C names it
+    else:
+        recorder = session.start_reply(parent_id, model_label)
     progress = getattr(args, "progress", None)
     first = True
     warned: list = []
@@ -93,7 +101,8 @@ def reply(args, engine, chats, conversation, parent_id, model_label: str) -> int
                                      use_cache=use_cache, on_token=on_token, snapshot=False, cancel=cancel,
                                      on_progress=progress.on_progress if progress is not None else None,
                                      on_reasoning=on_reasoning,
-                                     thinking_budget=getattr(args, "thinking_budget", None))
+                                     thinking_budget=getattr(args, "thinking_budget", None),
+                                     **({"reply_prefix": list(continuing.token_ids)} if continuing else {}))
     except ContextOverflowError as exc:
         if getattr(exc, "n_messages", None):  # engine.model.HistoryTooLongError: its own counts
             raise ValueError(f"{exc} Start a new conversation, or branch from an earlier message with "

@@ -23,6 +23,7 @@ from app.cli.commands import (
     bench,
     cache,
     chat,
+    continue_reply,
     conversations,
     gui,
     import_chats,
@@ -31,8 +32,8 @@ from app.cli.commands import (
     serve,
 )
 
-COMMANDS: tuple[ModuleType, ...] = (chat, regenerate, serve, conversations, import_chats, cache, bench, gui,
-                                    models)
+COMMANDS: tuple[ModuleType, ...] = (chat, regenerate, continue_reply, serve, conversations, import_chats, cache,
+                                    bench, gui, models)
 
 DEFAULT = gui
 """What ``branchwise`` with no command runs."""

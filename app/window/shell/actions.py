@@ -28,6 +28,7 @@ ACTIONS = {
         SEPARATOR,
         ("import_chats", "Import chats…", "Ctrl+I", False),
         ("import_folder", "Import a folder of chats…", None, False),
+        ("export_chat", "Export chat…", "Ctrl+Shift+E", False),
         SEPARATOR,
         ("open_settings", "Settings…", "Ctrl+,", False),
         SEPARATOR,
@@ -39,6 +40,7 @@ ACTIONS = {
     "&Chat": [
         ("focus_search", "Search chats", "Ctrl+F", False),
         ("regenerate_last", "Regenerate last reply", "Ctrl+R", False),
+        ("continue_reply", "Continue reply", "Ctrl+Shift+R", False),
         ("edit_last", "Edit last message", "Ctrl+E", False),
         ("stop_reply", "Stop reply", "Esc", False),  # from anywhere in the window
         ("fork_last", "Fork to new chat", None, False),

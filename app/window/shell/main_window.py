@@ -28,6 +28,7 @@ from app.window.flows.attach_input import AttachInput
 from app.window.flows.chat_model_flow import ChatModelFlow
 from app.window.flows.commands import ChatCommands
 from app.window.flows.document_search import DocumentSearch
+from app.window.flows.extras import install_extras
 from app.window.flows.forget_flow import ForgetFlow
 from app.window.flows.import_dialog import ImportController, accept_drag, dropped_paths
 from app.window.flows.link_dialog import LinkOpener
@@ -103,6 +104,7 @@ class MainWindow(QMainWindow):
         self.attachments_bar.colors = self.look.colors
         self.status = StatusBar(self.statusBar())
         self._build_flows(model_path, use_cache)
+        self.extras = install_extras(self)  # Continue, Export chat…, the draft count, model titles
         self.gc_policy = GcPolicy(self)  # no full garbage collection in the middle of a redraw
         self._connect()
         self.menu_actions = build_menus(self, self._menu_handlers(), self.settings.theme)
@@ -263,6 +265,7 @@ class MainWindow(QMainWindow):
             "start_api_server": self.api_server.start, "stop_api_server": self.api_server.stop,
             "toggle_tree": self.look.toggle_tree, "theme": self.look.set_theme,
             "find_models": self.models.open,
+            "export_chat": self.extras.exporting.open_dialog, "continue_reply": self.extras.continuing.continue_last,
         }
 
     def _fit_context(self) -> tuple[int, str, int]:

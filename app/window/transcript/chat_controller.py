@@ -328,9 +328,9 @@ class ChatController(QObject):
         self.timeline.mark("request")
         return self.client.generate(messages, dict(sampling), use_cache=self.use_cache)
 
-    def start_reply(self, user_message_id: int, handle: PendingRequest | None = None) -> None:
+    def start_reply(self, user_message_id: int, handle: PendingRequest | None = None, reply=None) -> None:
         """Generate a new assistant reply (a new child) under the user message ``user_message_id``;
-        ``handle``: its request, when already sent (``store_and_reply``)."""
+        ``handle``: its request, when already sent; ``reply``: a Continue's recorder (continue_flow.py)."""
         if self.streaming:
             return
         if handle is None:
@@ -339,7 +339,7 @@ class ChatController(QObject):
             if handle is None:
                 return
         user = self.store.get_message(user_message_id)
-        self.reply = self.session.start_reply(user.id, self.model.label)
+        self.reply = reply or self.session.start_reply(user.id, self.model.label)
         self._request, self._stopping = handle, False
         handle.token.connect(self._token)
         handle.reasoning.connect(self.view.reasoning_arrived)

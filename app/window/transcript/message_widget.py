@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.session import is_empty_reply
+from app.session.continuation import can_continue
 from app.window.transcript.inline_editor import EDIT_HINT, InlineEditor
 from app.window.transcript.long_text import LongTextExpander, collapsed
 from app.window.transcript.message_body import MessageBody
@@ -85,6 +86,7 @@ class MessageWidget(QFrame):
     edit_changed = Signal(int, str)  # message id, the editor's text (when it opens and on each change)
     edit_ended = Signal(int)  # message id: its editor closed (saved or cancelled)
     regenerate_hovered = Signal(int)  # message id: the pointer entered its Regenerate button
+    continue_requested = Signal(int)  # message id: write more of this reply (app/session/continuation.py)
 
     def __init__(self, message: Message | None, role: str, index: int = 1, count: int = 1,
                  colors: Colors = LIGHT, busy: bool = False, parent: QWidget | None = None,
@@ -145,6 +147,10 @@ class MessageWidget(QFrame):
                     lambda: self.regenerate_requested.emit(message.id))
                 self.buttons["regenerate"].installEventFilter(self)
                 header.addWidget(self.buttons["regenerate"])
+                if can_continue(message):  # stopped, or cut at max tokens: it can go on
+                    self.buttons["continue"] = self._tool("Continue", "Continue this reply where it stopped",
+                                                          lambda: self.continue_requested.emit(message.id))
+                    header.insertWidget(header.indexOf(self.buttons["regenerate"]), self.buttons["continue"])
             self.buttons["fork"] = self._tool("Fork", "Fork to a new chat from here",
                                               lambda: self.fork_requested.emit(message.id))
             header.addWidget(self.buttons["fork"])
@@ -188,7 +194,7 @@ class MessageWidget(QFrame):
         ‹ ›, Edit, Regenerate, Retry, Fork, and Delete in the menu. Copy stays."""
         self.busy = busy
         enabled = {"prev": self.index > 1, "next": self.index < self.count}
-        for key in ("prev", "next", "edit", "regenerate", "retry", "fork"):
+        for key in ("prev", "next", "edit", "regenerate", "retry", "fork", "continue"):
             if key in self.buttons:
                 self.buttons[key].setEnabled(enabled.get(key, True) and not busy)
 

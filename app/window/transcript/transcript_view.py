@@ -69,6 +69,7 @@ class TranscriptView(QScrollArea):
     edit_changed = Signal(int, str)  # MessageWidget's: for zero-wait turns (prewarm_controller.py)
     edit_ended = Signal(int)
     regenerate_hovered = Signal(int)
+    continue_requested = Signal(int)  # MessageWidget's: Continue a stopped reply (flows/continue_flow.py)
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -191,6 +192,9 @@ class TranscriptView(QScrollArea):
         w.edit_changed.connect(self.edit_changed)
         w.edit_ended.connect(self.edit_ended)
         w.regenerate_hovered.connect(self.regenerate_hovered)
+        w.continue_requested.connect(self.continue_requested)
+        if "continue" in w.buttons and _path and _path[-1].id != m.id:  # only a branch's last reply goes on
+            w.buttons["continue"].hide()
         if self.decorate is not None:  # e.g. attachment chips (attachment_marks.py)
             self.decorate(w)
         return w

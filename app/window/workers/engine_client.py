@@ -222,10 +222,26 @@ class EngineClient(QObject):
         self._loading = True
         return self._send(ev.LoadRequest(path, settings, budget_bytes, remote))
 
-    def generate(self, messages: list[ChatMessage], sampling: dict, use_cache: bool = True) -> PendingRequest | None:
-        """Start a reply; None if the engine is gone."""
-        return self._track(lambda rid: ev.GenerateRequest(rid, list(messages), dict(sampling), use_cache),
+    def generate(self, messages: list[ChatMessage], sampling: dict, use_cache: bool = True,
+                 reply_prefix: list[int] | None = None) -> PendingRequest | None:
+        """Start a reply; None if the engine is gone. ``reply_prefix``: the token ids of a
+        reply to continue (its prompt goes on from them; the events carry only the new part)."""
+        prefix = list(reply_prefix) if reply_prefix else None
+        return self._track(lambda rid: ev.GenerateRequest(rid, list(messages), dict(sampling), use_cache, prefix),
                            is_reply=True, expects_snapshot=use_cache)
+
+    def count_draft(self, messages: list[ChatMessage] | bytes, draft: str) -> PendingRequest | None:
+        """How many tokens the prompt of ``messages`` (or their ``pack_messages`` bytes) plus
+        the user message ``draft`` takes, and the draft alone (``CountEvent.message_tokens[0]``):
+        ``done(CountEvent)``; None if the engine is gone."""
+        return self._track(lambda rid: ev.CountRequest(rid, messages if isinstance(messages, bytes) else list(messages),
+                                                       False, draft))
+
+    def title(self, messages: list[ChatMessage], max_tokens: int = 16) -> PendingRequest | None:
+        """A title for the chat ``messages`` written by the model in the background
+        (``engine/title.py``): ``progress("title", 1, 1)`` per decoded token, then
+        ``done(TitleEvent)``; None if the engine is gone."""
+        return self._track(lambda rid: ev.TitleRequest(rid, list(messages), max_tokens))
 
     def prewarm(self, messages: list[ChatMessage] | bytes, draft: str | None = "",
                 complete: bool = False) -> PendingRequest | None:

@@ -1,0 +1,140 @@
+"""The draft's token count under the composer: "message 340 tokens · context 1,200 / 8,192".
+
+Counted by the engine with the loaded model's tokenizer and chat template
+(``EngineClient.count_draft``): the draft alone, and the prompt the shown path plus the
+draft would make (what sending it now puts in the context). Nothing is tokenized on the
+UI thread: ``DEBOUNCE_MS`` after the last keystroke the draft's text and the path's
+pickled messages (read and pickled once per shown path on the window's reader thread) go
+to the engine; one count is in flight at a time, and a draft changed meanwhile is counted
+when it answers. The figure turns red when the draft does not fit. The composer has no
+attachments API yet, so attached files are not counted.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from PySide6.QtCore import QObject, Qt, QTimer
+from PySide6.QtWidgets import QLabel
+
+from app.session import ConversationSession
+from app.window.flows.model_controller import ModelState
+from engine.events import CountEvent, pack_messages
+
+log = logging.getLogger(__name__)
+
+DEBOUNCE_MS = 250
+
+
+def draft_figure(message_tokens: int, context_tokens: int, n_ctx: int) -> str:
+    """The label's text, e.g. "message 340 tokens · context 1,200 / 8,192"."""
+    unit = "token" if message_tokens == 1 else "tokens"
+    return f"message {message_tokens:,} {unit} · context {context_tokens:,} / {n_ctx:,}"
+
+
+class DraftCount(QObject):
+    """The label (``label``) under ``composer`` for ``chat``'s shown path, counted on
+    ``model``'s engine; the path is read with ``reader``. ``counted``: the last figures,
+    (message tokens, context tokens, n_ctx), or None."""
+
+    def __init__(self, *, chat, model, composer, reader, parent: QObject):
+        super().__init__(parent)
+        self.chat, self.model, self.composer, self.reader = chat, model, composer, reader
+        self.label = QLabel()
+        self.label.setObjectName("draft_count")
+        self.label.setTextFormat(Qt.TextFormat.PlainText)
+        self.label.setAccessibleName("Draft token count")
+        self.label.setContentsMargins(26, 0, 26, 2)
+        self.label.hide()
+        self.counted: tuple[int, int, int] | None = None
+        self.requests = 0  # counts sent (tests)
+        self._path: tuple[object, bytes] | None = None  # (path key, pickled messages)
+        self._reading: object | None = None
+        self._in_flight = False
+        self._dirty = False
+        self.timer = QTimer(self, singleShot=True, interval=DEBOUNCE_MS)
+        self.timer.timeout.connect(self._count)
+        composer.input.textChanged.connect(self.draft_changed)
+        chat.path_shown.connect(self.path_changed)
+        chat.current_changed.connect(lambda _cid: self.path_changed())
+
+    def draft_changed(self) -> None:
+        self.timer.start()
+
+    def path_changed(self) -> None:
+        self._path = None
+        self._reading = None
+        if self.composer.text().strip():
+            self.timer.start()
+
+    def _key(self):
+        return self.chat.conversation_id, self.chat.shown_leaf
+
+    def _count(self) -> None:
+        text = self.composer.text()
+        if not text.strip():
+            self.label.hide()
+            self.counted = None
+            return
+        if self.model.state != ModelState.READY or (self.model.facts or {}).get("remote"):
+            return
+        if self._in_flight:
+            self._dirty = True
+            return
+        if self._path is None or self._path[0] != self._key():
+            self._read_path()
+            return
+        handle = self.model.client.count_draft(self._path[1], text)
+        if handle is None:
+            return
+        self._in_flight, self._dirty = True, False
+        self.requests += 1
+        handle.done.connect(self._answered)
+        handle.failed.connect(lambda e: (log.info("draft count failed: %s", e.message), self._settled()))
+
+    def _read_path(self) -> None:
+        key, cid = self._key(), self.chat.conversation_id
+        if cid is None:
+            self._path = (key, pack_messages([]))
+            self._count()
+            return
+        if self._reading is not None or self.reader.closed:
+            return
+        token = self._reading = object()
+
+        def job(store):  # on the reader thread: in proportion to the conversation
+            return pack_messages(ConversationSession(store).active_prompt(cid))
+
+        def done(packed: bytes) -> None:
+            if token is self._reading:
+                self._reading = None
+                self._path = (key, packed)
+                self._count()
+
+        def failed(exc: Exception) -> None:
+            if token is self._reading:
+                self._reading = None
+            log.info("no draft count: %s", exc)
+
+        self.reader.submit("draft-count-path", job, done, failed)
+
+    def _settled(self) -> None:
+        self._in_flight = False
+        if self._dirty:
+            self._count()
+
+    def _answered(self, event: CountEvent) -> None:
+        self._in_flight = False
+        if self._dirty:  # the draft changed meanwhile: this answer is old
+            self._count()
+            return
+        own = event.message_tokens[0] if event.message_tokens else 0
+        n_ctx = event.n_ctx or self.chat.figures.n_ctx()
+        self.counted = (own, event.prompt_tokens, n_ctx)
+        if not self.composer.text().strip():
+            self.label.hide()
+            return
+        self.label.setText(draft_figure(own, event.prompt_tokens, n_ctx))
+        too_long = event.prompt_tokens + 1 > n_ctx
+        self.label.setStyleSheet("color:#c0392b;" if too_long else "color:palette(mid);")
+        self.label.show()
