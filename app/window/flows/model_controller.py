@@ -15,10 +15,11 @@ from enum import StrEnum
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Qt, Signal
-from PySide6.QtWidgets import QFileDialog, QHeaderView, QMessageBox, QTreeView, QWidget
+from PySide6.QtWidgets import QFileDialog, QMessageBox, QWidget
 
 from app.session import model_label
 from app.window.flows.crash import crash_name, describe_exit
+from app.window.flows.model_dialog import open_model_dialog
 from app.window.settings.settings_dialog import human_bytes
 from app.window.settings.settings_model import SettingsModel
 from app.window.shell.banner import Banner
@@ -296,20 +297,10 @@ class ModelController(QObject):
         return library if library.is_dir() else Path.home()
 
     def open_dialog(self) -> None:
-        """The Open model dialog (``self.dialog`` while it is open), its Size column wide
-        enough for a whole size ("93.3 MiB"); choosing a file loads it."""
-        dialog = QFileDialog(self.parent_widget, "Open model", str(self.dialog_folder()),
-                             "GGUF models (*.gguf);;All files (*)")
-        dialog.setFileMode(QFileDialog.FileMode.ExistingFile)
-        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        view = dialog.findChild(QTreeView, "treeView")
-        if view is not None:  # Qt's own dialog (a desktop's native one sizes its columns itself)
-            view.header().setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
-            view.header().setMinimumSectionSize(view.fontMetrics().horizontalAdvance("1,023.9 MiB") + 16)
-        dialog.fileSelected.connect(lambda path: path and self.load(path))
-        dialog.finished.connect(lambda _r: setattr(self, "dialog", None))
-        self.dialog = dialog
-        dialog.open()
+        """The Open model dialog (``self.dialog`` while it is open; ``model_dialog.py``), in
+        ``dialog_folder``; choosing a file loads it."""
+        self.dialog = open_model_dialog(self.parent_widget, self.dialog_folder(), self.load)
+        self.dialog.finished.connect(lambda _r: setattr(self, "dialog", None))
 
     def fill_recent(self, menu) -> None:
         """The File → Recent models menu: each model file once (however its path was written;

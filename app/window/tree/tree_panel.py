@@ -81,18 +81,18 @@ def coverage_words(stored: int, total: int) -> str:
 
 def node_tooltip(message: Message, coverage: tuple[int, int] | None = None) -> str:
     """The hover text of a node (plain text; the caller escapes it): who wrote it ("You",
-    "Assistant", plus "stopped" etc. when not complete), the message's whole first line (up
-    to ``FIRST_LINE_CHARS`` characters), and the prefix-store coverage ``(stored, total)``
+    "Assistant", plus "stopped" etc. when not complete), the start of its text on one line in
+    quotes, up to ``FIRST_LINE_CHARS`` characters (a whole first line, and what follows it,
+    not a few words), and the prefix-store coverage ``(stored, total)``
     in tokens when known (``coverage_words``)."""
     who = "You" if message.role == "user" else ("Assistant" if message.role == "assistant" else "System")
     label = who
     if message.status != "complete":
         label += f" · {message.status}"
-    head = message.content[: FIRST_LINE_CHARS * 4].strip()
-    first = " ".join(head.split("\n", 1)[0].split()) if head else ""
-    if len(first) > FIRST_LINE_CHARS:
-        first = first[:FIRST_LINE_CHARS].rstrip() + "…"
-    lines = [label, first or "(empty)"]
+    text = " ".join(message.content[: FIRST_LINE_CHARS * 4].split())
+    if len(text) > FIRST_LINE_CHARS:
+        text = text[:FIRST_LINE_CHARS].rstrip() + "…"
+    lines = [label, f"“{text}”" if text else "(empty)"]
     stored, total = coverage or (0, 0)
     if total:
         lines.append(coverage_words(stored, total))
@@ -101,9 +101,9 @@ def node_tooltip(message: Message, coverage: tuple[int, int] | None = None) -> s
 
 def distinct_label(label: str, neighbours: list[str]) -> str:
     """``label`` with the words it shares at its start with the most similar of ``neighbours``
-    (the labels of the siblings beside it) cut to its first word and "…", so two siblings that
-    both start "Once upon a time there was" read "Once … a dragon" and "Once … a princess".
-    Unchanged when no neighbour shares at least two leading words."""
+    (the labels of the siblings beside it) cut to "…", so two siblings that both start "Once
+    upon a time there was a" read "… dragon. Write" and "… princess. What". Unchanged when no
+    neighbour shares at least two leading words."""
     words = label.split(" ")
     shared = 0
     for other in neighbours:
@@ -114,7 +114,7 @@ def distinct_label(label: str, neighbours: list[str]) -> str:
         shared = max(shared, n)
     if shared < 2:
         return label
-    return f"{words[0]} … {' '.join(words[shared:])}"
+    return "… " + " ".join(words[shared:])
 
 
 class TreeCanvas(QWidget):
@@ -194,6 +194,12 @@ class TreeCanvas(QWidget):
         if n is None or n is self.root:
             return ""
         return node_tooltip(n.message, self.coverage.get(message_id))
+
+    def node_font(self) -> QFont:
+        """The font of the words on a node (a little smaller than the panel's)."""
+        font = QFont(self.font())
+        font.setPointSizeF(max(7.0, font.pointSizeF() * 0.85))
+        return font
 
     def drawn_label(self, message_id: int, width: int, fm: QFontMetrics) -> str:
         """The words drawn on ``message_id``'s node in ``width`` pixels: its label when it fits,
@@ -332,8 +338,7 @@ class TreeCanvas(QWidget):
             on_path = n.message.id in self.active and (parent is self.root or parent.message.id in self.active)
             p.setPen(QPen(QColor(c.accent if on_path else c.border), 3 if on_path else 1.5))
             p.drawLine(QPointF(parent.x, parent.y + R), QPointF(n.x, n.y - R))
-        font = QFont(self.font())
-        font.setPointSizeF(max(7.0, font.pointSizeF() * 0.85))
+        font = self.node_font()
         bold = QFont(font)
         bold.setBold(True)
         fm, bfm = QFontMetrics(font), QFontMetrics(bold)
@@ -405,7 +410,7 @@ class TreePanel(QWidget):
         self.legend.setObjectName("tree_legend")
         self.legend.setWordWrap(True)
         lay = QVBoxLayout(self)
-        lay.setContentsMargins(8, 8, 8, 8)
+        lay.setContentsMargins(6, 8, 6, 8)
         lay.addWidget(self.title)
         lay.addWidget(self.legend)
         lay.addWidget(scroll, 1)
@@ -464,8 +469,8 @@ class TreePanel(QWidget):
     def _show(self, layout: TreeLayout, colors: Colors) -> None:
         self.legend.setText(
             f'<span style="color:{colors.cached};">━━━</span> cached: replies start at once<br>'
-            f'<span style="color:{colors.cached};">━</span> partly cached&nbsp;&nbsp; no bar: recomputed<br>'
-            f'<span style="color:{colors.accent};">━</span> the branch shown<br>'
+            f'<span style="color:{colors.cached};">━</span> partly cached&nbsp;&nbsp; no bar: not stored<br>'
+            f'<span style="color:{colors.accent};">━</span> active branch (shown)<br>'
             f'<span style="color:{colors.muted};">Hover a node to read it; click it (or arrows, '
             f'Enter) to show its branch.</span>')
         self.canvas.set_layout(layout, colors)
