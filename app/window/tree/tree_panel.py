@@ -468,7 +468,7 @@ class TreePanel(QWidget):
 
     def _show(self, layout: TreeLayout, colors: Colors) -> None:
         self.legend.setText(
-            f'<span style="color:{colors.cached};">━━━</span> cached: replies start at once<br>'
+            f'<span style="color:{colors.cached};">━━━</span> cached: starts at once<br>'
             f'<span style="color:{colors.cached};">━</span> partly cached&nbsp;&nbsp; no bar: not stored<br>'
             f'<span style="color:{colors.accent};">━</span> active branch (shown)<br>'
             f'<span style="color:{colors.muted};">Hover a node to read it; click it (or arrows, '
