@@ -150,8 +150,8 @@ class AppSettings:
 
     def remember_model(self, path: str) -> None:
         """Put ``path`` first in the recent list and make it the model loaded at start."""
-        path = str(Path(path).resolve())  # one entry per file, however it was named
-        self.recent_models = [path] + [p for p in self.recent_models if str(Path(p).resolve()) != path]
+        path = str(Path(path).resolve()) if path else path  # one entry per file, however it was named
+        self.recent_models = [path] + [p for p in self.recent_models if p and str(Path(p).resolve()) != path]
         del self.recent_models[MAX_RECENT_MODELS:]
         self.last_model = path
 

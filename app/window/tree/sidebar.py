@@ -152,13 +152,14 @@ class ConversationDelegate(QStyledItemDelegate):
 
 
 def draw_pin(painter: QPainter, left: float, cy: float, color) -> int:
-    """Draw a push pin (a round head on a slanted needle) in ``color`` with its left edge at
-    ``left`` and its middle at ``cy`` (pixels); returns the width it took, gap included."""
+    """Draw a push pin in ``color``: its round head at ``left`` (its left edge) and ``cy``
+    (its middle), pixels, and its needle slanting down to the right. Returns the width it
+    took, gap included."""
     painter.save()
     painter.setRenderHint(QPainter.RenderHint.Antialiasing)
-    head = QPointF(left + PIN_W - PIN_DOT, cy - PIN_DOT + 1)
+    head = QPointF(left + PIN_DOT + 0.5, cy)
     painter.setPen(QPen(color, 1.6, Qt.PenStyle.SolidLine, Qt.PenCapStyle.RoundCap))
-    painter.drawLine(head, QPointF(left + 1, cy + PIN_DOT + 2))  # the needle
+    painter.drawLine(head, QPointF(left + PIN_W, cy + PIN_DOT + 4))  # the needle
     painter.setPen(Qt.PenStyle.NoPen)
     painter.setBrush(color)
     painter.drawEllipse(head, PIN_DOT + 0.5, PIN_DOT + 0.5)  # the head
