@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 
-from PySide6.QtCore import QPointF, QRect, QSize, Qt, QTimer, Signal
+from PySide6.QtCore import QPointF, QRect, QRectF, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QFont, QFontMetrics, QPainter, QPalette, QPen
 from PySide6.QtWidgets import (
     QApplication,
@@ -152,17 +152,19 @@ class ConversationDelegate(QStyledItemDelegate):
 
 
 def draw_pin(painter: QPainter, left: float, cy: float, color) -> int:
-    """Draw a push pin in ``color``: its round head at ``left`` (its left edge) and ``cy``
-    (its middle), pixels, and its needle slanting down to the right. Returns the width it
-    took, gap included."""
+    """Draw an upright push pin in ``color``, seen from the side: a wide cap, a body
+    ``2 * PIN_DOT + 1`` pixels wide from ``left`` across the middle row ``cy``, a wide plate
+    and the needle below. Returns the width it took, gap included."""
     painter.save()
     painter.setRenderHint(QPainter.RenderHint.Antialiasing)
-    head = QPointF(left + PIN_DOT + 0.5, cy)
-    painter.setPen(QPen(color, 1.6, Qt.PenStyle.SolidLine, Qt.PenCapStyle.RoundCap))
-    painter.drawLine(head, QPointF(left + PIN_W, cy + PIN_DOT + 4))  # the needle
     painter.setPen(Qt.PenStyle.NoPen)
     painter.setBrush(color)
-    painter.drawEllipse(head, PIN_DOT + 0.5, PIN_DOT + 0.5)  # the head
+    body = 2 * PIN_DOT + 1
+    painter.drawRoundedRect(QRectF(left - 1.5, cy - 6, body + 3, 3.5), 1.5, 1.5)  # the cap
+    painter.drawRect(QRectF(left, cy - 2.5, body, 4))  # the body
+    painter.drawRoundedRect(QRectF(left - 2, cy + 1.5, body + 4, 2), 1, 1)  # the plate
+    painter.setPen(QPen(color, 1.5, Qt.PenStyle.SolidLine, Qt.PenCapStyle.RoundCap))
+    painter.drawLine(QPointF(left + body / 2, cy + 3.5), QPointF(left + body / 2, cy + 8))  # the needle
     painter.restore()
     return PIN_W + 6
 
