@@ -225,3 +225,15 @@ def test_small_cli_mistakes_and_help(tmp_path):
     assert "every conversation: id, * when pinned, title" in conv_help
     assert "the active branch of one conversation" in conv_help
     assert "print the figures as one JSON object" in bw(tmp_path, "bench", "--help").stdout
+
+
+def test_the_stats_line_words_a_first_turn_as_the_window_does(tmp_path):
+    from app.session import restored_words
+
+    assert restored_words(39, first_turn=True) == "reused 39 cached"
+    assert restored_words(3774, first_turn=False) == "restored 3,774"
+    first = bw(tmp_path, "chat", "--temperature", "0", "--max-tokens", "4", "Hello!").stderr.strip().splitlines()[-1]
+    assert " · reused " in first and " cached tokens in " in first and "restored" not in first
+    later = bw(tmp_path, "chat", "--conversation", "1", "--temperature", "0", "--max-tokens", "4",
+               "And again.").stderr.strip().splitlines()[-1]
+    assert " · restored " in later and "reused" not in later

@@ -185,9 +185,12 @@ def reply(args, engine, chats, conversation, parent_id, model_label: str, contin
         sys.stdout.write("\n")
         print(remote_stats_line(conversation.id, msg_id, result.stats), file=sys.stderr)
     else:
+        from app.session import restored_words
+
         s = result.stats
         sys.stdout.write("\n")
-        print(f"[conversation {conversation.id} · message {msg_id} · restored {s.restored_tokens} tokens "
+        first_turn = not any(m.role == "assistant" for m in messages)  # the same words as the window
+        print(f"[conversation {conversation.id} · message {msg_id} · {restored_words(s.restored_tokens, first_turn)} tokens "
               f"in {s.restore_ms:.0f} ms · prefilled {s.prefilled_tokens} in {s.prefill_ms / 1000:.2f} s · "
               f"TTFT {s.ttft_ms:.0f} ms · {s.decode_tokens_per_s:.1f} tok/s{_draft_note(s)}{_cut_note(s)}"
               f"{getattr(args, 'attach_footer', '')}]", file=sys.stderr)

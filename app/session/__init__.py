@@ -12,8 +12,8 @@ copy of these rules. An import-linter contract in pyproject.toml keeps Qt out.
 """
 
 from app.session.conversation import ConversationSession, is_empty_reply, suggested_context_size
-from app.session.labels import model_label, reply_status_line
+from app.session.labels import model_label, reply_status_line, restored_words
 from app.session.recorder import ReplyRecorder, ReplyState
 
 __all__ = ["ConversationSession", "ReplyRecorder", "ReplyState", "is_empty_reply", "model_label",
-           "reply_status_line", "suggested_context_size"]
+           "reply_status_line", "restored_words", "suggested_context_size"]

@@ -23,11 +23,20 @@ def draft_note(stats: dict) -> str:
     return f"{stats.get('accepted_tokens', 0):,} of {drafted:,} drafted tokens accepted" if drafted else ""
 
 
-def reply_status_line(stats: dict, saved: bool = False) -> str:
+def restored_words(tokens: int, first_turn: bool) -> str:
+    """What a reply's restored prefix is called, in the window and on the command line:
+    "restored 3,774" when it holds earlier turns of the conversation, "reused 39 cached"
+    on a conversation's first turn, where it can only be the start every chat shares (the
+    system prompt, the template's opening) or the same question asked before."""
+    return f"reused {tokens:,} cached" if first_turn else f"restored {tokens:,}"
+
+
+def reply_status_line(stats: dict, saved: bool = False, first_turn: bool = False) -> str:
     """"restored N tokens in X ms · prefilled M in Y s · Z tok/s" for a GenerationStats dict
     (tokens, milliseconds); when background prewarms (engine/prewarm.py) had the prompt ready,
     "prefilled while you typed: T tokens · ready before you sent: R tokens" instead of the
-    restore, and "nothing left to prefill" when they had all of it. ``saved`` True labels the line as the saved figures of the reply
+    restore, and "nothing left to prefill" when they had all of it. ``first_turn``: the reply
+    is a conversation's first (``restored_words``). ``saved`` True labels the line as the saved figures of the reply
     shown ("Last reply on this branch: …"), so that opening a chat does not look like a new run."""
     parts = []
     if stats.get("typed_tokens"):
@@ -35,7 +44,7 @@ def reply_status_line(stats: dict, saved: bool = False) -> str:
     if stats.get("prepared_tokens"):  # engine/prewarm.py: live before the request came
         parts.append(f"ready before you sent: {stats['prepared_tokens']:,} tokens")
     elif stats.get("restored_tokens"):
-        parts.append(f"restored {stats['restored_tokens']:,} tokens in {stats.get('restore_ms', 0):.0f} ms")
+        parts.append(f"{restored_words(stats['restored_tokens'], first_turn)} tokens in {stats.get('restore_ms', 0):.0f} ms")
     else:
         parts.append("nothing restored")
     if not stats.get("prefilled_tokens") and stats.get("prepared_tokens"):

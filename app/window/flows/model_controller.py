@@ -19,6 +19,7 @@ from PySide6.QtWidgets import QFileDialog, QMessageBox, QWidget
 
 from app.session import model_label
 from app.window.flows.crash import crash_name, describe_exit
+from app.window.flows.model_dialog import open_model_dialog
 from app.window.settings.settings_dialog import human_bytes
 from app.window.settings.settings_model import SettingsModel
 from app.window.shell.banner import Banner
@@ -86,6 +87,7 @@ class ModelController(QObject):
         self.good_path: str | None = None  # the last model that loaded
         self.good_engine: dict | None = None  # AppSettings.engine_fields() of the last model that loaded
         self.after_load = None  # called once when the next load succeeds
+        self.dialog: QFileDialog | None = None  # Open model, while it is open
         self._falling_back = False  # loading the previous model after a failed load
         self._explicit = explicit_model
         self.client.load_progress.connect(lambda done, total: status.loading(done, total))
@@ -149,7 +151,7 @@ class ModelController(QObject):
             return
         name = Path(self.good_path).name if self.good_path else "The current model"
         self.banner.show_message(f"{message} {name} is still loaded and in use.", "error",
-                                        [("Open model…", self.open_dialog)])
+                                 [("Open model…", self.open_dialog)], topic="model")
         self.failed.emit(message)
 
     def _load_remote(self, remote: dict) -> None:
@@ -188,9 +190,11 @@ class ModelController(QObject):
             self.status.model_label.setToolTip(tooltip(facts_text(facts)))
         fell_back, self._falling_back = self._falling_back, False
         if facts.get("cache_policy", "full") != "full":
-            self.banner.show_message(f"The prefix store is off for this model: {facts['cache_policy']}", "info")
-        elif self.banner.isVisible() and self.banner.kind == "error" and not fell_back:
-            self.banner.hide()  # after a fall-back it says why this model is back
+            self.banner.show_message(f"The prefix store is off for this model: {facts['cache_policy']}", "info",
+                                     topic="model")
+        elif (self.banner.isVisible() and (self.banner.kind == "error" or self.banner.topic == "model")
+              and not fell_back):
+            self.banner.hide()  # after a fall-back it says why this model is back (until the next reply)
         self.ready.emit(facts)
         after, self.after_load = self.after_load, None
         if after is not None:
@@ -216,7 +220,7 @@ class ModelController(QObject):
         else:
             actions.append(("Load default model", lambda: self.load(None)))
         said = message if "could not be loaded" in message else f"The model could not be loaded. {message}"
-        self.banner.show_message(said, "error", actions)
+        self.banner.show_message(said, "error", actions, topic="model")
         self.failed.emit(message)
 
     def _fall_back(self, message: str) -> bool:
@@ -238,7 +242,7 @@ class ModelController(QObject):
         self.banner.show_message(
             f"{said} Going back to {Path(self.good_path).name}{' with the settings that worked' if changed else ''}. "
             f"Details: {self.log_file}", "error",
-            [("Open model…", self.open_dialog), ("Settings…", self.settings_requested.emit)])
+            [("Open model…", self.open_dialog), ("Settings…", self.settings_requested.emit)], topic="model")
         self.failed.emit(message)
         self.load(self.good_path)
         return True
@@ -281,19 +285,35 @@ class ModelController(QObject):
             f"reloads). The reply was kept up to where it stopped. The details are in {self.log_file}.",
             "info")
 
+    def dialog_folder(self) -> Path:
+        """Where Open model starts: the folder of the last model opened from a file (not the
+        embedded default's, inside the Python packages), else the library's ``models/`` in
+        the data folder when it exists, else the home folder."""
+        default = default_model_path().resolve()
+        for p in [self.good_path, *self.settings.recent_models]:
+            if p and Path(p).resolve() != default and Path(p).parent.is_dir():
+                return Path(p).parent
+        library = self.data_dir / "models"
+        return library if library.is_dir() else Path.home()
+
     def open_dialog(self) -> None:
-        start = str(Path(self.good_path).parent) if self.good_path else str(Path.home())
-        path, _ = QFileDialog.getOpenFileName(self.parent_widget, "Open model", start,
-                                              "GGUF models (*.gguf);;All files (*)")
-        if path:
-            self.load(path)
+        """The Open model dialog (``self.dialog`` while it is open; ``model_dialog.py``), in
+        ``dialog_folder``; choosing a file loads it."""
+        self.dialog = open_model_dialog(self.parent_widget, self.dialog_folder(), self.load)
+        self.dialog.finished.connect(lambda _r: setattr(self, "dialog", None))
 
     def fill_recent(self, menu) -> None:
+        """The File → Recent models menu: each model file once (however its path was written;
+        the embedded default model only as the last entry, "Default model")."""
         menu.clear()
+        seen: set[Path] = {default_model_path().resolve()}
         for p in self.settings.recent_models:
+            if Path(p).resolve() in seen:
+                continue
+            seen.add(Path(p).resolve())
             a = menu.addAction(menu_text(Path(p).name), lambda _c=False, q=p: self.load(q))
             a.setToolTip(tooltip(p))
-        if not self.settings.recent_models:
+        if len(seen) == 1:
             menu.addAction("(none yet)").setEnabled(False)
         menu.addSeparator()
         menu.addAction("Default model (SmolLM2-135M)", lambda: self.load(None))

@@ -37,7 +37,21 @@ def _valid_value(name: str, value) -> bool:
                    and (k not in ("seed", "thinking_budget") or not isinstance(v, float)) for k, v in value.items())
     if name == "prompt_presets":
         return all(isinstance(v, str) for v in value.values())
+    if name == "window_layout":
+        return window_layout_ok(value)
     return True
+
+
+def window_layout_ok(value: dict) -> bool:
+    """Whether ``value`` is a window layout as the window saves it: {"width", "height"}
+    (pixels, 200 to 20,000) and "panels" (three splitter sizes, pixels, 0 to 20,000), or {}."""
+    if not value:
+        return True
+    size_ok = all(isinstance(value.get(k), int) and not isinstance(value.get(k), bool)
+                  and 200 <= value[k] <= 20_000 for k in ("width", "height"))
+    panels = value.get("panels")
+    return (size_ok and isinstance(panels, list) and len(panels) == 3
+            and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 20_000 for v in panels))
 
 
 def _same_kind(value, default) -> bool:
@@ -69,6 +83,8 @@ class AppSettings:
     theme: "system", "light" or "dark". recent_models: newest first (paths).
     last_model: the model to load at start (None: the embedded default model).
     show_tree: whether the tree panel is open.
+    window_layout: the window's size and its three panels' widths when it last closed
+        ({"width", "height", "panels": [sidebar, messages, tree]}, pixels; {}: not yet).
     api_host / api_port / api_key: where Server → Start API server listens (``branchwise
         serve``; an empty key: none, allowed on loopback only).
     engine_url / engine_key / engine_model: "" runs the local model file; a URL sends every
@@ -100,6 +116,7 @@ class AppSettings:
     recent_models: list[str] = field(default_factory=list)
     last_model: str | None = None
     show_tree: bool = False
+    window_layout: dict = field(default_factory=dict)
     api_host: str = "127.0.0.1"
     api_port: int = 8080
     api_key: str = ""
@@ -137,7 +154,8 @@ class AppSettings:
 
     def remember_model(self, path: str) -> None:
         """Put ``path`` first in the recent list and make it the model loaded at start."""
-        self.recent_models = [path] + [p for p in self.recent_models if p != path]
+        path = str(Path(path).resolve()) if path else path  # one entry per file, however it was named
+        self.recent_models = [path] + [p for p in self.recent_models if p and str(Path(p).resolve()) != path]
         del self.recent_models[MAX_RECENT_MODELS:]
         self.last_model = path
 

@@ -41,7 +41,7 @@ class Banner(QFrame):
         close = QToolButton()
         close.setText("✕")
         close.setAutoRaise(True)
-        close.setToolTip("Dismiss")
+        close.setToolTip("Dismiss this message")
         close.setAccessibleName("Dismiss this message")
         close.clicked.connect(self.hide)
         self._close = close
@@ -49,6 +49,7 @@ class Banner(QFrame):
         self.colors: Colors = LIGHT
         self.kind = "info"
         self.chat_id: int | None = None
+        self.topic = ""
         self.hide()
 
     @property
@@ -60,9 +61,11 @@ class Banner(QFrame):
 
     def show_message(self, text: str, kind: str = "error",
                      actions: list[tuple[str, Callable[[], None]]] | None = None,
-                     chat_id: int | None = None) -> None:
+                     chat_id: int | None = None, topic: str = "") -> None:
         """Show ``text`` (plain text, never HTML) as a ``kind`` ("error" or "info") message
-        with ``actions`` (button label, callback; a click also hides the banner)."""
+        with ``actions`` (button label, callback; a click also hides the banner). ``topic``
+        names what it is about ("model": the window hides it once a model loads, or the next
+        reply starts after a fall-back load), "" for anything else."""
         for b in self._buttons:  # deleteLater: ``b`` may be the button being clicked
             self._lay.removeWidget(b)
             b.hide()
@@ -70,6 +73,7 @@ class Banner(QFrame):
         self._buttons = []
         self.kind = kind
         self.chat_id = chat_id
+        self.topic = topic
         self.label.setText(text)
         for label, callback in actions or []:
             b = QPushButton(label)

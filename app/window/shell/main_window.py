@@ -47,6 +47,7 @@ from app.window.shell.gc_policy import GcPolicy
 from app.window.shell.lifetime import Lifetime
 from app.window.shell.look import Look
 from app.window.shell.status_bar import StatusBar
+from app.window.shell.window_layout import WindowLayout
 from app.window.transcript.attachment_chip import AttachmentBar
 from app.window.transcript.attachment_marks import AttachmentMarks
 from app.window.transcript.chat_controller import ChatController
@@ -110,7 +111,7 @@ class MainWindow(QMainWindow):
         self.menu_actions = build_menus(self, self._menu_handlers(), self.settings.theme)
         self.menu_actions["toggle_tree"].setChecked(self.settings.show_tree)
         self._api_state_changed(self.api_server.state)
-        self.resize(1180, 760)
+        self.layout_keeper.restore()  # the size and panel widths of the last run (else the shares)
         self.setAcceptDrops(True)
         self.sidebar.refresh()
         self.navigator.open_newest()
@@ -149,11 +150,9 @@ class MainWindow(QMainWindow):
         split.addWidget(self.sidebar)
         split.addWidget(center)
         split.addWidget(self.tree)
-        split.setStretchFactor(1, 1)
-        split.setSizes([250, 680, 250])
-        split.setChildrenCollapsible(False)
         self.splitter = split
         self.center = center  # the banner, the chat's model bar, the transcript, the composer
+        self.layout_keeper = WindowLayout(self, split, self.settings)  # shares, stretch, remembered sizes
         self.setCentralWidget(split)
         name_controls(self)  # the composer's box and button, and what has no name of its own
 
@@ -207,6 +206,7 @@ class MainWindow(QMainWindow):
         chat, nav, commands, sidebar, transcript = self.chat, self.navigator, self.commands, self.sidebar, self.transcript
         sidebar.selected.connect(self.show_conversation)
         sidebar.hit_opened.connect(nav.open_search_hit)
+        sidebar.hit_opened.connect(lambda _cid, mid: transcript.mark_terms(mid, sidebar.search.text()))
         sidebar.new_chat.connect(nav.new_chat)
         sidebar.deleted.connect(nav.conversation_deleted)
         sidebar.restored.connect(self.show_conversation)
@@ -231,12 +231,14 @@ class MainWindow(QMainWindow):
         chat.path_shown.connect(self.prewarm.path_changed)
         chat.current_changed.connect(sidebar.set_current)
         chat.busy_changed.connect(lambda cid: setattr(sidebar, "busy_id", cid))
+        chat.busy_changed.connect(self._reply_started)
         chat.chats_changed.connect(sidebar.refresh)
         chat.title_changed.connect(self.setWindowTitle)
         chat.changed_elsewhere.connect(nav.changed_elsewhere)
         chat.unshowable.connect(nav.chat_unshowable)
         self.prewarm.connect()
         self.attach.prewarm_wanted.connect(self.prewarm.attachments_changed)
+        self.prewarm.answered.connect(chat.figures.prewarmed)  # what was restored now, in the status line
         for flow in (self.model, chat.overflow):
             flow.settings_requested.connect(self.open_settings)
         self.model.ready.connect(self._model_ready)
@@ -274,6 +276,11 @@ class MainWindow(QMainWindow):
         f = self.model.facts or {}
         freed = int(f.get("size_bytes") or 0) + int(f.get("kv_bytes_per_token") or 0) * int(f.get("n_ctx") or 0)
         return self.settings.n_ctx, self.settings.type_v, 0 if f.get("remote") else freed
+
+    def _reply_started(self, conversation_id: int | None) -> None:
+        """A reply started: a notice about the model (a failed load, a fall-back) has been read."""
+        if conversation_id is not None and self.banner.topic == "model" and self.model_state == "ready":
+            self.banner.hide()
 
     def _api_state_changed(self, state: str) -> None:
         """The Server menu: each action enabled only when it can work."""
@@ -338,6 +345,7 @@ class MainWindow(QMainWindow):
         self.models.shutdown()  # downloads stop; their bytes stay for the next attempt
         self.chat.shutdown()
         self.attach.shutdown()  # files attached but never sent are not kept
+        self.layout_keeper.save()
         self.settings.save()
         self.reader.close()
         self.transcript.stop_building()  # a scroll event after this must not read the closed store

@@ -2,15 +2,86 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar
+from PySide6.QtCore import QSize, Qt
+from PySide6.QtGui import QFontMetrics, QPainter
+from PySide6.QtWidgets import QLabel, QProgressBar, QSizePolicy, QStatusBar
 
 from app.session import reply_status_line
-from app.window.shell.plain import plain_label
+from app.window.shell.plain import plain_label, tooltip
 from engine.events import Phase
 
 OVER_COLOR = "#d0312d"  # the context figure when the chat does not fit (readable on light and dark)
 PROGRESS_MIN_TOKENS = 64  # show the progress bar only for restores/prefills at least this long
+SEPARATOR = " · "
+PROGRESS_TEXTS = ("Prefilling 999,999/999,999 tokens", "Restoring 999,999/999,999 tokens", "Loading model… 100%")
+"""The longest texts the progress bar shows: it is made wide enough for them."""
+MODEL_LABEL_MAX = 300  # pixels: a longer model name is elided in the middle (the whole name in its tooltip)
+
+
+def fitted_text(text: str, width: int, fm: QFontMetrics, middle: bool = False) -> str:
+    """``text`` as it fits in ``width`` pixels of ``fm``'s font: whole when it fits; else,
+    for a line of figures joined by " · ", without its middle figures (the first and the
+    last, e.g. "46 tok/s", stay), then elided on the right before that last figure.
+    ``middle`` True elides in the middle instead (a model name)."""
+    if fm.horizontalAdvance(text) <= width:
+        return text
+    if middle:
+        return fm.elidedText(text, Qt.TextElideMode.ElideMiddle, width)
+    parts = text.split(SEPARATOR)
+    while len(parts) > 2:
+        del parts[-2]
+        shorter = SEPARATOR.join(parts[:-1] + ["…", parts[-1]])
+        if fm.horizontalAdvance(shorter) <= width:
+            return shorter
+    if len(parts) == 2:
+        tail = SEPARATOR + parts[-1]
+        room = width - fm.horizontalAdvance(tail)
+        if room > fm.averageCharWidth() * 6:
+            return fm.elidedText(parts[0], Qt.TextElideMode.ElideRight, room) + tail
+    return fm.elidedText(text, Qt.TextElideMode.ElideRight, width)
+
+
+class FittedLabel(QLabel):
+    """A one-line plain-text label that never widens the status bar: it draws ``fitted_text``
+    of its text in the width it gets (``text()`` stays the whole text). ``middle``: elide in
+    the middle (a file name); ``auto_tip``: the whole text is its tooltip while it is cut."""
+
+    def __init__(self, text: str = "", middle: bool = False, auto_tip: bool = False):
+        super().__init__(text)
+        self.middle, self.auto_tip = middle, auto_tip
+        self.setTextFormat(Qt.TextFormat.PlainText)
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+
+    def setText(self, text: str) -> None:  # noqa: N802 - Qt name
+        super().setText(text)
+        self._tip()
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().resizeEvent(event)
+        self._tip()
+
+    def _tip(self) -> None:
+        if self.auto_tip:
+            cut = self.shown_text() != self.text()
+            self.setToolTip(tooltip(self.text().replace(SEPARATOR, "\n")) if cut else "")
+
+    def shown_text(self) -> str:
+        """What is drawn at the label's present width."""
+        return fitted_text(self.text(), self.contentsRect().width(), self.fontMetrics(), self.middle)
+
+    def sizeHint(self) -> QSize:  # noqa: N802 - Qt override
+        hint = super().sizeHint()
+        return QSize(min(hint.width(), self.maximumWidth()), hint.height())
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt override
+        return QSize(0, super().minimumSizeHint().height())
+
+    def paintEvent(self, event) -> None:  # noqa: N802 - Qt override
+        shown = self.shown_text()
+        p = QPainter(self)
+        p.setPen(self.palette().color(self.foregroundRole()))
+        p.setFont(self.font())
+        p.drawText(self.contentsRect(), int(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter), shown)
 
 
 class StatusBar:
@@ -23,15 +94,17 @@ class StatusBar:
 
     def __init__(self, bar: QStatusBar):
         self.bar = bar
-        self.stats_label = QLabel()
+        self.stats_label = FittedLabel(auto_tip=True)  # drawn to fit: never pushes the context figure away
         self.stats_label.setObjectName("reply_stats")
         self.progress = QProgressBar()
-        self.progress.setMaximumWidth(220)
+        fm = self.progress.fontMetrics()
+        self.progress.setFixedWidth(max(fm.horizontalAdvance(t) for t in PROGRESS_TEXTS) + 3 * fm.height())
         self.progress.setTextVisible(True)
         self.progress.hide()
         self.context_label = QLabel()
-        self.model_label = QLabel("No model")
-        self.model_label.setTextFormat(Qt.TextFormat.PlainText)  # a file's or a server's model name
+        self.model_label = FittedLabel("No model", middle=True)  # a file's or a server's model name
+        self.model_label.setMaximumWidth(MODEL_LABEL_MAX)
+        self.model_label.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
         self.api_label = QLabel()  # "API: http://127.0.0.1:8080/v1" while the API server runs
         self.api_label.setObjectName("api_status")
         self.api_label.setTextFormat(Qt.TextFormat.PlainText)
@@ -59,8 +132,14 @@ class StatusBar:
         self.api_label.setToolTip(f"OpenAI-compatible API at {url}" if url else "")
         self.api_label.setVisible(bool(text))
 
-    def show_stats(self, stats: dict | None, saved: bool = False) -> None:
-        self.stats_label.setText(reply_status_line(stats, saved) if stats else "")
+    def show_stats(self, stats: dict | None, saved: bool = False, first_turn: bool = False) -> None:
+        """The figures of a reply (``app.session.reply_status_line``; "" without stats)."""
+        self.stats_label.setText(reply_status_line(stats, saved, first_turn) if stats else "")
+
+    def show_restored(self, tokens: int, ms: float) -> None:
+        """What was restored from the prefix store just now for the chat shown: ``tokens``, and
+        ``ms`` until the chat was ready to continue (the restore and any prefill after it)."""
+        self.stats_label.setText(f"Restored {tokens:,} tokens of this chat from the store · ready in {ms:,.0f} ms")
 
     def set_context(self, used: int, n_ctx: int) -> None:
         """Show ``used`` of ``n_ctx`` tokens; in red, with a tooltip, when it does not fit
@@ -96,7 +175,7 @@ class StatusBar:
             self.progress.setRange(0, total)
             self.progress.setValue(done)
             verb = "Restoring" if phase == Phase.RESTORE else "Prefilling"
-            self.progress.setFormat(f"{verb} %v/%m tokens")
+            self.progress.setFormat(f"{verb} {done:,}/{total:,} tokens")
             self.progress.show()
         elif done >= total:
             self.progress.hide()

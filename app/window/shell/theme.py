@@ -27,12 +27,13 @@ class Colors:
     border: str
     cached: str
     pygments_style: str
+    search_mark: str = "#ffe066"  # the background of a searched word in an opened message
 
 
 LIGHT = Colors(False, "#f5f5f7", "#ffffff", "#1d1d1f", "#6e6e73", "#0a63c9", "#e3efff", "#ffffff",
                "#f3f4f6", "#d6d6db", "#1f9d55", "friendly")
 DARK = Colors(True, "#1e1f22", "#26272b", "#e6e6e8", "#9a9aa2", "#5aa2ff", "#23344d", "#2b2c31",
-              "#17181b", "#3a3b41", "#3ecf8e", "monokai")
+              "#17181b", "#3a3b41", "#3ecf8e", "monokai", "#806000")
 
 
 def system_is_dark() -> bool:

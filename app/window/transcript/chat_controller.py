@@ -40,7 +40,7 @@ from app.window.transcript.composer import Composer
 from app.window.transcript.path_figures import PathFigures
 from app.window.transcript.reply_view import ReplyView
 from app.window.transcript.send_timeline import SendTimeline
-from app.window.transcript.transcript_view import TranscriptView
+from app.window.transcript.transcript_view import TranscriptView, is_first_turn
 from app.window.tree.tree_panel import TreePanel
 from app.window.workers.chat_reader import ChatReader
 from app.window.workers.engine_client import PendingRequest
@@ -170,7 +170,7 @@ class ChatController(QObject):
         context figure, and ``path_shown`` (the next prompt may start there)."""
         self.shown_leaf = (self.conversation_id, path[-1].id if path else None)
         last = next((m for m in reversed(path) if m.role == "assistant"), None)
-        self.status.show_stats(last.stats if last else None, saved=True)
+        self.status.show_stats(last.stats if last else None, saved=True, first_turn=bool(last) and is_first_turn(path, last))
         if self.model.state == ModelState.READY:  # the exact figure, asynchronously; sending a long
             QTimer.singleShot(0, self, self.figures.request_context_count)  # prompt to the engine waits a beat
         else:  # no engine to ask: the saved figures of the leaf reply, if it has them
@@ -343,7 +343,7 @@ class ChatController(QObject):
         self._request, self._stopping = handle, False
         handle.token.connect(self._token)
         handle.reasoning.connect(self.view.reasoning_arrived)
-        handle.progress.connect(self.status.reply_progress)
+        self.figures.follow_reply(handle)  # the progress bar, and the context figure while it prefills
         handle.done.connect(lambda e, r=self.reply: self._done(r, e))
         handle.snapshot.connect(lambda e, r=self.reply: self._snapshot(r, e))
         handle.failed.connect(lambda e, r=self.reply: self._failed(r, e))
@@ -352,7 +352,7 @@ class ChatController(QObject):
             self.current_changed.emit(user.conversation_id)
         self.busy_changed.emit(user.conversation_id)
         self.composer.set_streaming(True)
-        self.status.stats_label.setText("Thinking…")
+        self.status.stats_label.setText("Reading your message…")  # restore and prefill: not a model's thinking
         if not self.view.show_sent(user):  # only the new bubbles, else the whole transcript
             self.render()
         self.timeline.mark("drawn")
@@ -376,7 +376,7 @@ class ChatController(QObject):
 
     def _token(self, text: str) -> None:
         if not self.reply.text and not self._stopping:
-            self.status.stats_label.setText("Writing…")  # the first token: no longer "Thinking…"
+            self.status.stats_label.setText("Writing…")  # the first token: no longer "Reading your message…"
             self.timeline.mark("token_read", self._request.first_token_read_at)
             self.timeline.mark("token")
         try:
@@ -409,7 +409,7 @@ class ChatController(QObject):
             self.banner.storage_failed(exc)
         if reply.conversation_id == self.conversation_id and not (mid and self.view.show_saved(mid)):
             self.render()  # the saved reply replaces its streaming bubble, else all is drawn again
-        self.status.show_stats(event.stats)
+        self.status.show_stats(event.stats, first_turn=self.figures.first_turn(reply.parent_id))
         self.figures.update_context_label(event.stats)
         self.chats_changed.emit()
         log.debug("send timeline: %s", self.timeline.describe(event.stats))

@@ -40,6 +40,17 @@ class _Input(QPlainTextEdit):
         super().keyPressEvent(event)
 
 
+PLACEHOLDER = "Message the model…  (Enter sends, Shift+Enter adds a line)"
+SHORT_PLACEHOLDER = "Message the model…  (Enter sends)"
+"""The placeholder when the long one would not fit on one line (a narrow window)."""
+
+
+def fit_placeholder(box: QPlainTextEdit, long: str = PLACEHOLDER, short: str = SHORT_PLACEHOLDER) -> None:
+    """Give ``box`` the ``long`` placeholder when it fits on one line of its viewport, else ``short``."""
+    room = box.viewport().width() - 2 * box.document().documentMargin() - 4
+    box.setPlaceholderText(long if box.fontMetrics().horizontalAdvance(long) <= room else short)
+
+
 class Composer(QWidget):
     """Signals: ``send_requested(text)`` and ``stop_requested()``."""
 
@@ -50,7 +61,7 @@ class Composer(QWidget):
         super().__init__(parent)
         self.input = _Input()
         self.input.setObjectName("composer_input")
-        self.input.setPlaceholderText("Message the model…  (Enter sends, Shift+Enter adds a line)")
+        self.input.setPlaceholderText(PLACEHOLDER)
         self.input.setFixedHeight(84)
         self.input.submit.connect(self._submit)
         self.button = QPushButton("Send")
@@ -63,6 +74,10 @@ class Composer(QWidget):
         lay.addWidget(self.input, 1)
         lay.addWidget(self.button, 0, Qt.AlignmentFlag.AlignBottom)
         self._streaming = False
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override: the placeholder on one line
+        super().resizeEvent(event)
+        fit_placeholder(self.input)
 
     @property
     def streaming(self) -> bool:

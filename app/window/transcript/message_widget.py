@@ -5,10 +5,12 @@ regenerate, fork, delete); ``TranscriptView`` (transcript_view.py) stacks them.
 
 from __future__ import annotations
 
+import html
+import re
 import time
 
-from PySide6.QtCore import QEvent, Qt, Signal
-from PySide6.QtGui import QGuiApplication
+from PySide6.QtCore import QEvent, Qt, QTimer, Signal
+from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -21,7 +23,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.session import is_empty_reply
+from app.session import is_empty_reply, restored_words
 from app.session.continuation import can_continue
 from app.window.transcript.inline_editor import EDIT_HINT, InlineEditor
 from app.window.transcript.long_text import LongTextExpander, collapsed
@@ -37,6 +39,28 @@ UNANSWERED_NOTE = "no reply (stopped or failed)"
 """The note beside a user message that has no reply: Esc before the first token, an engine
 crash or error. Its Retry button answers it."""
 STATUS_NOTES = {"stopped": "stopped", "error": "interrupted", "streaming": "writing…"}
+COPIED_MS = 1500
+"""How long "Copied" shows on a Copy button or a code block's "Copy code" link (milliseconds)."""
+COPY_CODE_LINK = "Copy code</a>"
+_TAG_OR_TEXT = re.compile(r"(<style.*?</style>|<[^>]*>)", re.DOTALL)
+_ENTITY = r"&(?:#\d+|#x[0-9a-fA-F]+|\w+);"
+
+
+def mark_terms(rich: str, terms: list[str], color: str) -> str:
+    """The rich text ``rich`` (as ``to_html`` makes it) with every occurrence of ``terms``
+    (any case) in its text, never in its tags or entities, on a ``color`` background. The
+    terms are escaped as the text is, so nothing a message holds becomes markup."""
+    terms = [html.escape(t, quote=False) for t in terms if t]
+    if not terms:
+        return rich
+    words = "|".join(re.escape(t) for t in sorted(terms, key=len, reverse=True))
+    pattern = re.compile(f"({_ENTITY})|({words})", re.IGNORECASE)
+
+    def mark(m: re.Match) -> str:
+        return m.group(1) or f'<span style="background-color:{color};">{m.group(2)}</span>'
+
+    pieces = _TAG_OR_TEXT.split(rich)
+    return "".join(p if i % 2 else pattern.sub(mark, p) for i, p in enumerate(pieces))
 
 
 def message_time(when: float, now: float | None = None) -> str:
@@ -48,9 +72,11 @@ def message_time(when: float, now: float | None = None) -> str:
     return time.strftime("%d %b %H:%M" if t.tm_year == today.tm_year else "%d %b %Y %H:%M", t).lstrip("0")
 
 
-def stats_line(stats: dict | None, created_at: float | None = None) -> str:
+def stats_line(stats: dict | None, created_at: float | None = None, first_turn: bool = False) -> str:
     """A one-line summary of a reply's GenerationStats dict and its time, e.g.
-    "24 tokens · 130 tok/s · TTFT 85 ms · 14:02" (TTFT: time to first token)."""
+    "24 tokens · 130 tok/s · TTFT 85 ms · 14:02" (TTFT: time to first token). ``first_turn``:
+    the reply is its conversation's first (its restored tokens are "reused N cached",
+    ``app.session.restored_words``)."""
     when = [message_time(created_at)] if created_at else []
     if not stats:
         return " · ".join(when)
@@ -63,7 +89,7 @@ def stats_line(stats: dict | None, created_at: float | None = None) -> str:
         ttft = stats["ttft_ms"]
         parts.append(f"TTFT {ttft:.0f} ms" if ttft < 1000 else f"TTFT {ttft / 1000:.1f} s")
     if stats.get("restored_tokens"):
-        parts.append(f"restored {stats['restored_tokens']:,}")
+        parts.append(restored_words(stats["restored_tokens"], first_turn))
     if stats.get("prefilled_tokens"):
         parts.append(f"prefilled {stats['prefilled_tokens']:,}")
     if stats.get("finish_reason") == "length":
@@ -90,15 +116,18 @@ class MessageWidget(QFrame):
 
     def __init__(self, message: Message | None, role: str, index: int = 1, count: int = 1,
                  colors: Colors = LIGHT, busy: bool = False, parent: QWidget | None = None,
-                 unanswered: bool = False):
+                 unanswered: bool = False, first_turn: bool = False):
         super().__init__(parent)
         self.message = message
+        self.first_turn = first_turn  # a reply to the conversation's first message
         self.role = role
         self.colors = colors
         self._text = message.content if message else ""
         self.busy = busy
         self.unanswered_note = ""  # set on a user message left without a reply
         self.highlighted = False
+        self.marked = False  # the searched words are marked in the text (``mark_terms``)
+        self.copied_code: int | None = None  # the code block whose "Copy code" was clicked last
         self.setObjectName("bubble_" + role)
         self.setAccessibleName(f"{ROLE_NAMES.get(role, role)} message")
         self.set_highlighted(False)
@@ -112,6 +141,9 @@ class MessageWidget(QFrame):
         header.addWidget(name)
         self.note = QLabel()
         self.note.setStyleSheet(f"color:{colors.muted};")
+        # a long note ("no reply (stopped or failed)") gives way in a narrow window, never the bubble
+        self.note.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.note.setMinimumWidth(0)
         header.addWidget(self.note)
         header.addStretch(1)
         self.buttons: dict[str, QToolButton] = {}
@@ -184,6 +216,7 @@ class MessageWidget(QFrame):
         self.editor: InlineEditor | None = None
         self.footer = QLabel()
         self.footer.setStyleSheet(f"color:{colors.muted}; font-size:small;")
+        self.footer.setWordWrap(True)  # the figures wrap in a narrow window instead of widening the bubble
         outer.addWidget(self.footer)
         self.set_text(self._text)
         if message is not None:
@@ -262,13 +295,17 @@ class MessageWidget(QFrame):
 
     def set_stats(self, stats: dict | None, status: str = "complete") -> None:
         when = self.message.created_at if self.message is not None else None
-        self.footer.setText(stats_line(stats, when) if self.role == "assistant" else "")
+        self.footer.setText(stats_line(stats, when, self.first_turn) if self.role == "assistant" else "")
         self.footer.setVisible(bool(self.footer.text()))
         note = STATUS_NOTES.get(status, "") or self.unanswered_note
         self.note.setText(f"· {note}" if note else "")
 
     def _copy_all(self) -> None:
-        QGuiApplication.clipboard().setText(self._text)  # the answer: the thinking only when asked
+        QGuiApplication.clipboard().setText(self._text)
+        button = self.buttons.get("copy")
+        if button is not None:  # "Copied" for a moment, then "Copy" again
+            button.setText("Copied")
+            QTimer.singleShot(COPIED_MS, button, lambda: button.setText("Copy"))
 
     def copy_with_reasoning(self) -> None:
         """The thinking, a blank line, then the answer, to the clipboard (plain text)."""
@@ -279,6 +316,28 @@ class MessageWidget(QFrame):
         """The thinking streamed so far of the reply being written (shown open above it)."""
         self.thought.set_live(text)
 
+    def mark_terms(self, terms: list[str]) -> None:
+        """Show the searched ``terms`` (any case) in this message on the accent's background
+        (a search hit that was opened); an empty list takes the marks away."""
+        if self.stream is not None or self.editor is not None:
+            return
+        self.set_text(self._text)
+        self.marked = bool(terms)
+        if terms:
+            self.body.setText(mark_terms(self.body.text(), terms, self.colors.search_mark))
+
+    def _copied_code(self, n: int) -> None:
+        """Code block ``n``'s "Copy code" link reads "Copied" for ``COPIED_MS``."""
+        before = self.body.text()
+        at = before.find(f'href="copy:{n}"')
+        end = before.find(COPY_CODE_LINK, at) if at >= 0 else -1
+        if end < 0:
+            return
+        after = before[:end] + "Copied</a>" + before[end + len(COPY_CODE_LINK):]
+        self.body.setText(after)
+        self.copied_code = n
+        QTimer.singleShot(COPIED_MS, self, lambda: self.body.text() == after and self.body.setText(before))
+
     def _link(self, href: str) -> None:
         kind = classify_link(href)
         if kind == LinkKind.EXTERNAL:
@@ -288,6 +347,8 @@ class MessageWidget(QFrame):
             n = int(href.split(":", 1)[1])
             if n < len(blocks):
                 QGuiApplication.clipboard().setText(blocks[n])
+                if self.stream is None:
+                    self._copied_code(n)
 
     def eventFilter(self, watched, event) -> bool:  # noqa: N802 - Qt override
         if (event.type() == QEvent.Type.Enter and watched is self.buttons.get("regenerate")

@@ -17,7 +17,8 @@ from app.window.flows.model_controller import ModelState
 from app.window.tree.tree_coverage import TreeCoverage
 from app.window.workers.chat_reader import ChatReader
 from app.window.workers.engine_client import PendingRequest
-from engine.events import CountEvent
+from engine.events import CountEvent, Phase
+from storage.errors import StorageError
 
 if TYPE_CHECKING:
     from app.window.transcript.chat_controller import ChatController
@@ -95,6 +96,42 @@ class PathFigures(QObject):
         if handle is self._count and cid == self.chat.conversation_id and not self.chat.streaming:
             self._count = None
             self.status.set_context(event.prompt_tokens, event.n_ctx or self.n_ctx())
+
+    def follow_reply(self, handle: PendingRequest) -> None:
+        """Show ``handle``'s restore and prefill progress in the status bar, and move the context
+        figure with it: the tokens restored, then those plus the tokens prefilled so far (the
+        exact figure comes with the reply's stats)."""
+        status, base = self.status, [None]
+
+        def progress(phase: str, done: int, total: int) -> None:
+            status.reply_progress(phase, done, total)
+            if phase == Phase.RESTORE:
+                base[0] = total
+            elif base[0] is None:  # the live context held the rest: the path counted before
+                base[0] = status.context_used
+            status.set_context(max(status.context_used, base[0] + (done if phase != Phase.RESTORE else 0)),
+                               self.n_ctx())
+
+        handle.progress.connect(progress)
+
+    def first_turn(self, user_message_id: int | None) -> bool:
+        """Whether ``user_message_id`` is its conversation's first message (none before it but
+        a system message): a reply to it restores only what every chat shares."""
+        store = self.chat.store
+        try:
+            parent = store.get_message(user_message_id).parent_id if user_message_id else None
+            return user_message_id is not None and (parent is None or store.get_message(parent).role == "system")
+        except StorageError:
+            return False
+
+    def prewarmed(self, result: dict) -> None:
+        """A prewarm answered (``engine.prewarm.PrewarmResult`` as a dict): when it opened the
+        chat shown and restored tokens from the store, the status line says so (what this run
+        restored, not the saved figures of an earlier one)."""
+        chat = self.chat
+        if (result.get("kind") == "open" and result.get("restored_tokens", 0) > 0 and not chat.streaming
+                and chat.conversation_id is not None and len(chat.transcript.path) >= 2):
+            self.status.show_restored(result["restored_tokens"], result.get("ms", 0.0))
 
     def refresh_coverage(self) -> None:
         """Ask the engine how much of each node's prompt the prefix store holds (tree panel)."""

@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (
 from app.window.shell.theme import LIGHT, Colors
 from app.window.transcript.message_widget import MessageWidget
 from app.window.workers.lexer_warmup import warm_up
-from storage.chats import Message
+from storage.chats import Message, search_terms
 
 SHOWN_MESSAGES = 200
 """Bubbles built when a chat opens: the newest ones. Older messages wait behind a
@@ -35,6 +35,9 @@ ones are built ``BUBBLES_PER_TURN`` per event-loop turn while the view's top is 
 building 200 at once stalled the window for seconds (4 per turn: 90-170 ms, issue #10);
 built lazily, opening a chat costs the same however long it is."""
 BUBBLES_PER_TURN = 1
+PENDING_NOTE = "· reading your message…"
+"""The note on the reply's bubble until its first word: the prompt is being restored and
+prefilled (not a reasoning model's thinking, which is shown as such)."""
 NEAR_TOP_PX = 300
 
 
@@ -54,6 +57,15 @@ class _Follower(QObject):
         if event.type() in _SHOWN_OR_HIDDEN:
             self.follower.setVisible(self.leader.isVisibleTo(self.view))
         return False
+
+
+def is_first_turn(path: Sequence[Message], reply: Message) -> bool:
+    """Whether ``reply`` answers the first message of ``path`` (root first; a system message
+    at the root does not count). Reads at most the first two messages of the path."""
+    head = [path[i] for i in range(min(2, len(path)))]
+    if head and head[0].role == "system":
+        head = head[1:]
+    return bool(head) and reply.parent_id == head[0].id
 
 
 class TranscriptView(QScrollArea):
@@ -174,14 +186,26 @@ class TranscriptView(QScrollArea):
         QTimer.singleShot(0, lambda: self._scroll_to_revealed())
         return w
 
+    def mark_terms(self, message_id: int, query: str) -> None:
+        """Mark the words of the search ``query`` in ``message_id``'s bubble (built if it is
+        among the older ones; nothing when it is not shown); the other bubbles lose theirs."""
+        terms = search_terms(query)
+        for w in self.widgets:
+            if w.message is not None and w.message.id != message_id and w.marked:
+                w.mark_terms([])
+        w = self.widget_for(message_id)
+        if w is not None:
+            w.mark_terms(terms)
+
     def _scroll_to_revealed(self) -> None:
         if self._revealed is not None and self._revealed in self.widgets:
             self.ensureWidgetVisible(self._revealed, 0, 40)
 
     def _bubble(self, m: Message, unanswered: bool) -> MessageWidget:
-        _path, positions, colors, busy, *_rest = self._args
+        path, positions, colors, busy, *_rest = self._args
         position = positions.get(m.id, (1, 1))  # read now: a lazy mapping (SiblingPositions)
-        w = MessageWidget(m, m.role, position[0], position[1], colors, busy, unanswered=unanswered)
+        w = MessageWidget(m, m.role, position[0], position[1], colors, busy, unanswered=unanswered,
+                          first_turn=m.role == "assistant" and is_first_turn(path, m))
         w.sibling_requested.connect(self.sibling_requested)
         w.edit_saved.connect(self.edit_saved)
         w.regenerate_requested.connect(self.regenerate_requested)
@@ -268,7 +292,7 @@ class TranscriptView(QScrollArea):
         """Add an empty assistant bubble for the reply about to stream."""
         self._empty.hide()
         self.pending = MessageWidget(None, "assistant", colors=self.colors)
-        self.pending.note.setText("· thinking…")
+        self.pending.note.setText(PENDING_NOTE)
         self.pending.link_requested.connect(self.link_requested)
         self._add(self.pending)
         self._stick_to_bottom = True

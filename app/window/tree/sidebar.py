@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 import time
 
-from PySide6.QtCore import QEvent, QPointF, QRect, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QFont, QFontMetrics, QPainter, QPalette
+from PySide6.QtCore import QEvent, QPointF, QRect, QRectF, QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QFont, QFontMetrics, QPainter, QPalette, QPen
 from PySide6.QtWidgets import (
     QApplication,
     QInputDialog,
@@ -47,12 +47,19 @@ SPANS_ROLE = Qt.ItemDataRole.UserRole + 4
 HIT_ROLE = Qt.ItemDataRole.UserRole + 5
 """A search result's message id (None when only the title matched): a click opens its branch."""
 PINNED_ROLE = Qt.ItemDataRole.UserRole + 3
-"""True on a pinned chat's row: the delegate draws a small filled dot before its title (a
-shape, not an emoji, which shows as an empty box without an emoji font)."""
-PIN_DOT = 3  # the pin dot's radius (pixels)
+"""True on a pinned chat's row: the delegate draws a push pin before its title (a drawn
+shape, not an emoji, which shows as an empty box without an emoji font); its accessible
+text and tooltip start with "Pinned"."""
+PIN_DOT = 3  # the pin head's radius (pixels)
+PIN_W = 10  # the pin's width (pixels)
 FORGET_NOTE = ("KV blocks this chat shares with other chats stay; its own are removed from "
                "kvcache.sqlite3, so its text cannot be rebuilt from the cache.")
 """What "Delete and forget" does to the KV cache, in the words the menu and banner use."""
+DELETE_TIP = ("Delete this chat: its messages go (Undo brings them back for 10 seconds). Its saved KV "
+              "cache stays on disk until the cache needs the room, then it is evicted.")
+FORGET_TIP = ("Delete this chat and forget it: its messages go (Undo for 10 seconds), and then so does its "
+              "KV cache, the saved state that let replies start at once. " + FORGET_NOTE)
+"""The tooltips that tell the two deletes apart, in the chat's menu."""
 UNDO_MS = 10_000
 """How long a deleted chat can be brought back (milliseconds)."""
 
@@ -129,12 +136,8 @@ class ConversationDelegate(QStyledItemDelegate):
                 date_w = 0
         painter.setFont(opt.font)
         left = line.left()
-        if index.data(PINNED_ROLE):  # the pin marker: a dot in the text colour
-            painter.setPen(Qt.PenStyle.NoPen)
-            painter.setBrush(text_color)
-            painter.setRenderHint(QPainter.RenderHint.Antialiasing)
-            painter.drawEllipse(QPointF(left + PIN_DOT, line.center().y() + 0.5), PIN_DOT, PIN_DOT)
-            left += 2 * PIN_DOT + 6
+        if index.data(PINNED_ROLE):  # the pin marker: a drawn push pin in the text colour
+            left += draw_pin(painter, left, line.center().y() + 0.5, text_color)
         painter.setPen(text_color)
         title_w = line.right() + 1 - left - (date_w + self.GAP if date_w else 0)
         painter.drawText(QRect(left, line.top(), title_w, line.height()),
@@ -146,6 +149,24 @@ class ConversationDelegate(QStyledItemDelegate):
             draw_marked(painter, line.translated(0, fm.height() + 2), opt.font, snippet,
                         index.data(SPANS_ROLE) or [])
         painter.restore()
+
+
+def draw_pin(painter: QPainter, left: float, cy: float, color) -> int:
+    """Draw an upright push pin in ``color``, seen from the side: a wide cap, a body
+    ``2 * PIN_DOT + 1`` pixels wide from ``left`` across the middle row ``cy``, a wide plate
+    and the needle below. Returns the width it took, gap included."""
+    painter.save()
+    painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+    painter.setPen(Qt.PenStyle.NoPen)
+    painter.setBrush(color)
+    body = 2 * PIN_DOT + 1
+    painter.drawRoundedRect(QRectF(left - 1.5, cy - 6, body + 3, 3.5), 1.5, 1.5)  # the cap
+    painter.drawRect(QRectF(left, cy - 2.5, body, 4))  # the body
+    painter.drawRoundedRect(QRectF(left - 2, cy + 1.5, body + 4, 2), 1, 1)  # the plate
+    painter.setPen(QPen(color, 1.5, Qt.PenStyle.SolidLine, Qt.PenCapStyle.RoundCap))
+    painter.drawLine(QPointF(left + body / 2, cy + 3.5), QPointF(left + body / 2, cy + 8))  # the needle
+    painter.restore()
+    return PIN_W + 6
 
 
 def snippet_runs(text: str, spans: list[tuple[int, int]]) -> list[tuple[str, bool]]:
@@ -247,7 +268,7 @@ class Sidebar(QWidget):
         lay.addWidget(self.new_button)
         lay.addWidget(self.search)
         lay.addWidget(self.list, 1)
-        self.setMinimumWidth(200)
+        self.setMinimumWidth(160)
 
     def refresh(self) -> None:
         """Reload the list: the conversations, or the search results when the search box has
@@ -289,7 +310,7 @@ class Sidebar(QWidget):
                              ("Pinned: " if conv.pinned else "") + f"{conv.title}: {snippet}")
             item.setData(HIT_ROLE, hit.message_id)
             when = time.strftime('%d %b %Y, %H:%M', time.localtime(conv.updated_at))
-            item.setToolTip(tooltip(f"{elide(conv.title)}\nLast message {when}"))
+            item.setToolTip(tooltip(("Pinned\n" if conv.pinned else "") + f"{elide(conv.title)}\nLast message {when}"))
             self.list.addItem(item)
             if conv.id == self.current_id:
                 item.setSelected(True)
@@ -353,13 +374,28 @@ class Sidebar(QWidget):
         menu.addAction("Unpin" if conv.pinned else "Pin to top", lambda: self.toggle_pin(cid))
         menu.addAction("Duplicate", lambda: self.duplicate(cid))
         menu.addSeparator()
-        menu.addAction("Delete", lambda: self.delete(cid))  # a running reply is stopped first
+        delete = menu.addAction("Delete", lambda: self.delete(cid))  # a running reply is stopped first
+        delete.setToolTip(DELETE_TIP)
         forget = menu.addAction("Delete and forget", lambda: self.delete(cid, forget=True))
-        forget.setToolTip("Delete this chat and its KV cache. " + FORGET_NOTE)
-        forget.setStatusTip(forget.toolTip())
+        forget.setToolTip(FORGET_TIP)
+        for action in (delete, forget):
+            action.setStatusTip(action.toolTip())
         menu.setToolTipsVisible(True)
         self.menu = menu  # for tests: the menu while it is open
+        self.show_current()  # the highlight stays on the chat shown, not on the row clicked
         menu.exec(self.list.viewport().mapToGlobal(pos))
+        self.show_current()
+
+    def show_current(self) -> None:
+        """Select the row of the chat shown (``current_id``), and only it."""
+        self.list.blockSignals(True)
+        self.list.clearSelection()
+        for i in range(self.list.count()):
+            item = self.list.item(i)
+            if item.data(ID_ROLE) is not None and item.data(ID_ROLE) == self.current_id:
+                item.setSelected(True)
+                self.list.setCurrentItem(item)
+        self.list.blockSignals(False)
 
     def rename(self, cid: int, title: str | None = None) -> None:
         """Rename ``cid`` to ``title`` (None: ask with a dialog; blank titles are ignored)."""

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from storage.chats import ChatStore, Message
 
-NODE_W, NODE_H = 84, 24
-"""A node's size (pixels): room for the role letter and a few words."""
+NODE_W, NODE_H = 116, 24
+"""A node's size (pixels): room for the role letter and four or five words."""
 DX, DY, MARGIN = NODE_W + 10, 40, 16
 R = NODE_H // 2  # half a node's height: edges join a node's top and bottom edges
 ROOT_ID = 0

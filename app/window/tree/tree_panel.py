@@ -37,8 +37,9 @@ from storage.chats import Message
 
 __all__ = ["DX", "DY", "MARGIN", "NODE_H", "NODE_W", "R", "ROOT_ID", "TreeCanvas", "TreePanel", "layout_tree"]
 
-LABEL_CHARS = 40  # the start of a message kept for its node's label (elided to fit when drawn)
-TOOLTIP_CHARS = 80
+LABEL_CHARS = 60  # the start of a message kept for its node's label (elided to fit when drawn)
+FIRST_LINE_CHARS = 500
+"""The most of a message's first line a node's tooltip shows (characters)."""
 END_OF_TURN_SLACK = 2
 """A node counts as fully cached when all but this many of its prompt tokens are stored: the
 end-of-turn tokens that close a reply are only computed when the next turn is prefilled."""
@@ -72,21 +73,48 @@ def node_label(message: Message) -> str:
     return text or ("(stopped)" if message.status != "complete" else "(empty)")
 
 
+def coverage_words(stored: int, total: int) -> str:
+    """The prefix store's hold on a prompt in plain words: "Saved for instant replies: 180 of
+    182 tokens of the prompt" (tokens)."""
+    return f"Saved for instant replies: {stored:,} of {total:,} tokens of the prompt"
+
+
 def node_tooltip(message: Message, coverage: tuple[int, int] | None = None) -> str:
-    """The hover text of a node: a short label ("You · turn 2" / "Assistant · turn 2", plus
-    "stopped" etc. when not complete), the first ``TOOLTIP_CHARS`` characters of the text on
-    one line, and the prefix-store coverage ``(stored, total)`` in tokens when known."""
+    """The hover text of a node (plain text; the caller escapes it): who wrote it ("You",
+    "Assistant", plus "stopped" etc. when not complete), the start of its text on one line in
+    quotes, up to ``FIRST_LINE_CHARS`` characters (a whole first line, and what follows it,
+    not a few words), and the prefix-store coverage ``(stored, total)``
+    in tokens when known (``coverage_words``)."""
     who = "You" if message.role == "user" else ("Assistant" if message.role == "assistant" else "System")
     label = who
     if message.status != "complete":
         label += f" · {message.status}"
-    text = " ".join(message.content.split())
-    text = text[:TOOLTIP_CHARS].rstrip() + ("…" if len(text) > TOOLTIP_CHARS else "")
+    text = " ".join(message.content[: FIRST_LINE_CHARS * 4].split())
+    if len(text) > FIRST_LINE_CHARS:
+        text = text[:FIRST_LINE_CHARS].rstrip() + "…"
     lines = [label, f"“{text}”" if text else "(empty)"]
     stored, total = coverage or (0, 0)
     if total:
-        lines.append(f"KV stored: {stored:,} of {total:,} prompt tokens")
+        lines.append(coverage_words(stored, total))
     return "\n".join(lines)
+
+
+def distinct_label(label: str, neighbours: list[str]) -> str:
+    """``label`` with the words it shares at its start with the most similar of ``neighbours``
+    (the labels of the siblings beside it) cut to "…", so two siblings that both start "Once
+    upon a time there was a" read "… dragon. Write" and "… princess. What". Unchanged when no
+    neighbour shares at least two leading words."""
+    words = label.split(" ")
+    shared = 0
+    for other in neighbours:
+        o = other.split(" ")
+        n = 0
+        while n < min(len(words), len(o)) - 1 and words[n] == o[n]:
+            n += 1
+        shared = max(shared, n)
+    if shared < 2:
+        return label
+    return "… " + " ".join(words[shared:])
 
 
 class TreeCanvas(QWidget):
@@ -166,6 +194,27 @@ class TreeCanvas(QWidget):
         if n is None or n is self.root:
             return ""
         return node_tooltip(n.message, self.coverage.get(message_id))
+
+    def node_font(self) -> QFont:
+        """The font of the words on a node (a little smaller than the panel's)."""
+        font = QFont(self.font())
+        font.setPointSizeF(max(7.0, font.pointSizeF() * 0.85))
+        return font
+
+    def drawn_label(self, message_id: int, width: int, fm: QFontMetrics) -> str:
+        """The words drawn on ``message_id``'s node in ``width`` pixels: its label when it fits,
+        else the label that tells it from the siblings beside it (``distinct_label``), elided
+        on the right. Looks at two neighbours only, whatever the number of siblings."""
+        label = self.label_of(message_id)
+        n = self._by_id.get(message_id)
+        if n is None or n is self.root or fm.horizontalAdvance(label) <= width:
+            return label
+        sibs = self._children.get(n.message.parent_id, [])
+        if len(sibs) > 1:
+            i = next((k for k, s in enumerate(sibs) if s is n), -1)
+            near = [sibs[k].message.id for k in (i - 1, i + 1) if i >= 0 and 0 <= k < len(sibs)]
+            label = distinct_label(label, [self.label_of(m) for m in near])
+        return fm.elidedText(label, Qt.TextElideMode.ElideRight, width)
 
     def label_of(self, message_id: int) -> str:
         """The words on ``message_id``'s node (before eliding), "" if not drawn."""
@@ -289,8 +338,7 @@ class TreeCanvas(QWidget):
             on_path = n.message.id in self.active and (parent is self.root or parent.message.id in self.active)
             p.setPen(QPen(QColor(c.accent if on_path else c.border), 3 if on_path else 1.5))
             p.drawLine(QPointF(parent.x, parent.y + R), QPointF(n.x, n.y - R))
-        font = QFont(self.font())
-        font.setPointSizeF(max(7.0, font.pointSizeF() * 0.85))
+        font = self.node_font()
         bold = QFont(font)
         bold.setBold(True)
         fm, bfm = QFontMetrics(font), QFontMetrics(bold)
@@ -334,7 +382,7 @@ class TreeCanvas(QWidget):
         p.setPen(QColor(c.muted if n.message.status != "complete" else c.text))
         words = inner.adjusted(lead, 0, 0, 0)
         p.drawText(words, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
-                   fm.elidedText(self.label_of(mid), Qt.TextElideMode.ElideRight, int(words.width())))
+                   self.drawn_label(mid, int(words.width()), fm))
 
 
 class TreePanel(QWidget):
@@ -362,11 +410,11 @@ class TreePanel(QWidget):
         self.legend.setObjectName("tree_legend")
         self.legend.setWordWrap(True)
         lay = QVBoxLayout(self)
-        lay.setContentsMargins(8, 8, 8, 8)
+        lay.setContentsMargins(6, 8, 6, 8)
         lay.addWidget(self.title)
         lay.addWidget(self.legend)
         lay.addWidget(scroll, 1)
-        self.setMinimumWidth(220)
+        self.setMinimumWidth(180)
         self._reveal_timer = QTimer(self, singleShot=True, interval=0)
         self._reveal_timer.timeout.connect(self.reveal_active)
         self.set_tree([], set(), LIGHT)
@@ -420,10 +468,9 @@ class TreePanel(QWidget):
 
     def _show(self, layout: TreeLayout, colors: Colors) -> None:
         self.legend.setText(
-            f'<span style="color:{colors.cached};">━━━</span> KV stored&nbsp;&nbsp; '
-            f'<span style="color:{colors.cached};">━</span> partly<br>'
-            f'no bar: not stored<br>'
-            f'<span style="color:{colors.accent};">━</span> active branch<br>'
+            f'<span style="color:{colors.cached};">━━━</span> cached: starts at once<br>'
+            f'<span style="color:{colors.cached};">━</span> partly cached&nbsp;&nbsp; no bar: not stored<br>'
+            f'<span style="color:{colors.accent};">━</span> active branch (shown)<br>'
             f'<span style="color:{colors.muted};">Hover a node to read it; click it (or arrows, '
             f'Enter) to show its branch.</span>')
         self.canvas.set_layout(layout, colors)
