@@ -217,7 +217,7 @@ class TranscriptView(QScrollArea):
         w.edit_ended.connect(self.edit_ended)
         w.regenerate_hovered.connect(self.regenerate_hovered)
         w.continue_requested.connect(self.continue_requested)
-        if "continue" in w.buttons and _path and _path[-1].id != m.id:  # only a branch's last reply goes on
+        if "continue" in w.buttons and path and path[-1].id != m.id:  # only a branch's last reply goes on
             w.buttons["continue"].hide()
         if self.decorate is not None:  # e.g. attachment chips (attachment_marks.py)
             self.decorate(w)
