@@ -319,7 +319,7 @@ def test_the_pin_marker_is_drawn_not_an_emoji(qtbot, window, data_dir):
     from app.window.tree.sidebar import PIN_DOT, PINNED_ROLE
 
     with ChatStore(data_dir / CHATS_DB) as store:
-        plain = store.create_conversation(title="Wplain")
+        store.create_conversation(title="Wplain")  # an unpinned row below the pinned one
         pinned = store.create_conversation(title="Wpinned")
         store.set_pinned(pinned.id, True)
     w = window()
