@@ -284,6 +284,7 @@ class ModelsWindow(QDialog):
                 item = QTreeWidgetItem([Path(f.name).name + parts, fit.gb(f.size), verdict,
                                         f"≈ {fit.gb(lab['needs'])} at {lab['n_ctx']:,} tokens",
                                         f"{lab['largest_context']:,} tokens" if lab["largest_context"]
+                                        else f"none with {100 - round(fit.HEADROOM * 100)} % to spare" if lab["fit"] == fit.TIGHT
                                         else "none fits"])
                 item.setToolTip(2, lab["text"])
                 item.setData(0, ROLE, f)
