@@ -281,11 +281,11 @@ class ModelsWindow(QDialog):
                 lab = f.labels
                 parts = f" ({len(f.parts)} parts)" if len(f.parts) > 1 else ""
                 verdict = lab["fit"] + (" · Recommended" if lab["recommended"] else "")
+                spare = f"none with {100 - round(fit.HEADROOM * 100)} % to spare"  # a Tight file: it fits, barely
+                largest = (f"{lab['largest_context']:,} tokens" if lab["largest_context"]
+                           else spare if lab["fit"] == fit.TIGHT else "none fits")
                 item = QTreeWidgetItem([Path(f.name).name + parts, fit.gb(f.size), verdict,
-                                        f"≈ {fit.gb(lab['needs'])} at {lab['n_ctx']:,} tokens",
-                                        f"{lab['largest_context']:,} tokens" if lab["largest_context"]
-                                        else f"none with {100 - round(fit.HEADROOM * 100)} % to spare" if lab["fit"] == fit.TIGHT
-                                        else "none fits"])
+                                        f"≈ {fit.gb(lab['needs'])} at {lab['n_ctx']:,} tokens", largest])
                 item.setToolTip(2, lab["text"])
                 item.setData(0, ROLE, f)
                 group.addChild(item)
