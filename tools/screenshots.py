@@ -2,8 +2,8 @@
 
 Opens the window offscreen on a temporary data folder with the embedded default
 model, writes a conversation with a branch (real generation, temperature 0), opens
-the tree panel, and saves ``light.png``, ``dark.png`` and ``tree.png`` (the tree panel
-alone) into OUTDIR (scene ``main``); ``thought-collapsed.png`` and ``thought-expanded.png``,
+the tree panel, and saves ``light.png``, ``dark.png``, ``tree.png`` (the tree panel
+alone) and ``narrow.png`` (the window 800 px wide) into OUTDIR (scene ``main``); ``thought-collapsed.png`` and ``thought-expanded.png``,
 a reasoning reply (scene ``thought``, tools/thought_screenshots.py); ``models.png``, the
 Models window against the tests' fake hub on 127.0.0.1 (tests/fake_hub.py), a repository's
 files with their fit labels and a download under way (scene ``models``).
@@ -217,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main_scenes(out: Path) -> int:
-    """light.png, dark.png and tree.png into ``out`` (1 when the model does not load)."""
+    """light.png, dark.png, tree.png and narrow.png (800 px wide) into ``out`` (1 when the
+    model does not load)."""
     from app.window.shell.main_window import MainWindow
 
     with tempfile.TemporaryDirectory(prefix="branchwise-shots-") as tmp:
@@ -249,9 +250,13 @@ def _main_scenes(out: Path) -> int:
             wait_until(lambda: not w.chat.figures.coverage_pending and not w.tree.loading, 30_000)
             _settle()
             w.grab().save(str(out / "dark.png"))
+            w.look.set_theme("light")
+            w.resize(800, 640)  # the narrowest window the layout is made for, the tree panel shown
+            _settle(600)
+            w.grab().save(str(out / "narrow.png"))
         finally:
             w.close()
-    for name in ("light.png", "dark.png", "tree.png"):
+    for name in ("light.png", "dark.png", "tree.png", "narrow.png"):
         print(out / name)
     return 0
 
