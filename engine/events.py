@@ -94,6 +94,8 @@ class GenerateRequest:
     messages: list[ChatMessage]
     sampling: dict
     use_cache: bool = True
+    tools: list[dict] | None = None  # OpenAI function objects for the chat template (the window's tool loop)
+    grammar: str | None = None  # GBNF text the reply is sampled with (engine.tool_grammar)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """An MCP test server over stdio, written with the official SDK (``mcp.server.mcpserver``,
-FastMCP's name in mcp 2): ``echo`` answers its text, ``sleep`` sleeps ``seconds`` (past the
-client's timeout in the tests), ``big`` returns ``megabytes`` MB of text, ``crash`` ends the
+FastMCP's name in mcp 2): ``echo`` answers its text, ``hang`` sleeps ten minutes (past the
+client's timeout), ``big`` returns ``megabytes`` MB of text, ``crash`` ends the
 server's process mid-call. Run as ``python tests/mcp_test_server.py``."""
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ def echo(text: str) -> str:
 
 
 @server.tool()
-def sleep(seconds: float) -> str:
-    """Sleep for some seconds, then answer."""
-    time.sleep(seconds)
-    return "awake"
+def hang(note: str) -> str:
+    """Sleep for ten minutes (past any client timeout), then answer."""
+    time.sleep(600)
+    return f"awake: {note}"
 
 
 @server.tool()

@@ -37,6 +37,14 @@ def _valid_value(name: str, value) -> bool:
                    and (k not in ("seed", "thinking_budget") or not isinstance(v, float)) for k, v in value.items())
     if name == "prompt_presets":
         return all(isinstance(v, str) for v in value.values())
+    if name == "mcp_servers":
+        from app.session.mcp_servers import McpServerConfig  # noqa: PLC0415 - read only when the file has servers
+
+        try:
+            for server, entry in value.items():
+                McpServerConfig.from_dict(server, entry)
+        except ValueError:
+            return False
     return True
 
 
@@ -87,6 +95,11 @@ class AppSettings:
         prefill the composer's draft in the background. Off: the engine idles between turns.
     always_switch_model: opening a chat that last ran on another model loads that model
         without asking (app/window/flows/chat_model_flow.py); off: a bar offers the switch.
+    mcp_servers: MCP servers for the tool loop (name -> the ``mcp.json`` entry plus
+        ``disabled_tools`` and the ``tools`` last listed; app/window/settings/mcp_settings.py).
+    mcp_tools_on: replies may call the enabled tools (the template must support tools).
+    mcp_first_call_required: each reply's first step must be a tool call (sampled under the
+        schema grammar, ``tool_choice: "required"``); later steps are free.
     """
 
     n_ctx: int = _ENGINE.n_ctx
@@ -113,6 +126,9 @@ class AppSettings:
     prewarm: bool = True
     unreadable: str = ""
     always_switch_model: bool = False
+    mcp_servers: dict = field(default_factory=dict)
+    mcp_tools_on: bool = True
+    mcp_first_call_required: bool = False
 
     def engine_settings(self) -> EngineSettings:
         """The EngineSettings these settings describe, built by the engine's own rule

@@ -30,6 +30,7 @@ from app.session import ConversationSession, ReplyRecorder, ReplyState
 from app.window.flows.model_controller import ModelController, ModelState
 from app.window.flows.overflow_flow import OverflowFlow
 from app.window.flows.stop_watchdog import StopWatchdog
+from app.window.flows.tool_flow import ToolFlow
 from app.window.flows.unanswered import ask_unanswered
 from app.window.settings.settings_model import SettingsModel
 from app.window.shell.banner import Banner
@@ -104,6 +105,8 @@ class ChatController(QObject):
         # the watchdog behind Stop: offer to end a slow engine, then end one that never answers
         self.watchdog = StopWatchdog(banner, self.client, self._stop_unanswered, self)
         self.overflow = OverflowFlow(self, parent)  # counts a send that may not fit, offers the choices
+        self.tools = ToolFlow(self, settings, lambda: self.model.facts or {}, parent)  # MCP tool loop
+        self._tool_step = False  # the reply streaming answers tool results (a later step of a loop)
 
     @property
     def streaming(self) -> bool:
@@ -278,7 +281,8 @@ class ChatController(QObject):
                 plan = None  # ``store_message`` says why
         if plan is not None:
             self.timeline.mark("request")
-            handle = self.client.generate(plan.messages, plan.sampling, use_cache=self.use_cache)
+            handle = self.client.generate(plan.messages, plan.sampling, use_cache=self.use_cache,
+                                          **self.tools.request_args())
         user_id = self.store_message(cid, text, new_chat, plan.parent_id if plan else None)
         if user_id is None:
             if handle is not None:
@@ -321,21 +325,24 @@ class ChatController(QObject):
 
     # -- one reply -----------------------------------------------------------------------
 
-    def _request_reply(self, user_message_id: int) -> PendingRequest | None:
-        """Send the request for a reply under ``user_message_id`` (None: the engine is gone)."""
+    def _request_reply(self, user_message_id: int, tool_step: bool = False) -> PendingRequest | None:
+        """Send the request for a reply under ``user_message_id`` (None: the engine is gone);
+        ``tool_step``: it answers tool results (``ToolFlow``)."""
         cid = self.store.get_message(user_message_id).conversation_id
         sampling, messages = self.store.get_conversation(cid).sampling, self.session.prompt(user_message_id)
         self.timeline.mark("request")
-        return self.client.generate(messages, dict(sampling), use_cache=self.use_cache)
+        return self.client.generate(messages, dict(sampling), use_cache=self.use_cache,
+                                    **self.tools.request_args(first_step=not tool_step))
 
-    def start_reply(self, user_message_id: int, handle: PendingRequest | None = None) -> None:
-        """Generate a new assistant reply (a new child) under the user message ``user_message_id``;
-        ``handle``: its request, when already sent (``store_and_reply``)."""
+    def start_reply(self, user_message_id: int, handle: PendingRequest | None = None, tool_step: bool = False) -> None:
+        """Generate a new assistant reply (a new child) under the user message ``user_message_id``
+        (or a tool result, ``tool_step``); ``handle``: its request, when already sent (``store_and_reply``)."""
         if self.streaming:
             return
+        self._tool_step = tool_step
         if handle is None:
             self.timeline.start()
-            handle = self._request_reply(user_message_id)
+            handle = self._request_reply(user_message_id, tool_step)
             if handle is None:
                 return
         user = self.store.get_message(user_message_id)
@@ -358,7 +365,10 @@ class ChatController(QObject):
         self.timeline.mark("drawn")
 
     def stop(self) -> None:
-        """Cancel the reply; the engine answers with ``done`` (finish_reason "cancelled")."""
+        """Cancel the reply; the engine answers with ``done`` (finish_reason "cancelled").
+        A tool call being asked or run ends the tool loop instead."""
+        if self.tools.stop():
+            return
         counting = self.overflow.checking is not None and not self.overflow.stopped
         self.overflow.stop()  # a message still being counted is not answered
         if counting:
@@ -414,6 +424,8 @@ class ChatController(QObject):
         self.chats_changed.emit()
         log.debug("send timeline: %s", self.timeline.describe(event.stats))
         self.reply_finished.emit(mid or 0)
+        if event.stats.get("finish_reason") != "cancelled":
+            self.tools.reply_saved(mid or 0, event.text, first_step=not self._tool_step)
 
     def _snapshot(self, reply: ReplyRecorder, event: SnapshotEvent) -> None:
         try:
@@ -451,6 +463,7 @@ class ChatController(QObject):
     def shutdown(self) -> None:
         """Save a reply in progress as stopped and stop the engine (cancelling it first)."""
         request = self._request
+        self.tools.shutdown()
         if self.reply is not None:
             self.abandon(ReplyState.STOPPED)
         self.client.stop(cancel=request)

@@ -222,9 +222,12 @@ class EngineClient(QObject):
         self._loading = True
         return self._send(ev.LoadRequest(path, settings, budget_bytes, remote))
 
-    def generate(self, messages: list[ChatMessage], sampling: dict, use_cache: bool = True) -> PendingRequest | None:
-        """Start a reply; None if the engine is gone."""
-        return self._track(lambda rid: ev.GenerateRequest(rid, list(messages), dict(sampling), use_cache),
+    def generate(self, messages: list[ChatMessage], sampling: dict, use_cache: bool = True,
+                 tools: list[dict] | None = None, grammar: str | None = None) -> PendingRequest | None:
+        """Start a reply; None if the engine is gone. ``tools`` (OpenAI function objects) go
+        to the chat template, ``grammar`` (GBNF) constrains sampling (the tool loop)."""
+        return self._track(lambda rid: ev.GenerateRequest(rid, list(messages), dict(sampling), use_cache,
+                                                          tools, grammar),
                            is_reply=True, expects_snapshot=use_cache)
 
     def prewarm(self, messages: list[ChatMessage] | bytes, draft: str | None = "",
