@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from gui_helpers import REPLY_TIMEOUT_MS, new_chat
 from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QApplication
 
 from app.session.mcp_servers import McpHub
 from app.window.flows.tool_approval import Approval
@@ -150,7 +151,9 @@ def test_stop_while_a_tool_runs_ends_the_loop(qtbot, tool_window):
     send(qtbot, w, "Wait a little.")
     qtbot.waitUntil(lambda: w.chat.tools.busy and w.chat.tools.dialog is None, timeout=REPLY_TIMEOUT_MS)
     assert w.composer.button.text() == "Stop"
-    qtbot.keyClick(w, Qt.Key.Key_Escape)
+    w.activateWindow()  # the question's dialog had the keyboard
+    qtbot.waitUntil(lambda: QApplication.activeWindow() is w, timeout=10_000)
+    qtbot.keyClick(w.composer.input, Qt.Key.Key_Escape)  # Esc: Stop reply
     assert not w.chat.tools.busy and w.composer.button.text() == "Send"
     qtbot.wait(500)
     path = active_path(w)
