@@ -65,7 +65,10 @@ class ToolFlow(QObject):
         self._queue: list[ToolCall] = []
         self._parent_id: int | None = None  # where the next step is stored
         self._token: object | None = None  # the call being run (an outcome of another is dropped)
+        self._next_is_step = False  # the next request answers tool results (set by ``_continue``)
+        self._step = False  # the reply being generated answers tool results
         self._finished.connect(self._outcome)
+        chat.reply_finished.connect(self.reply_saved)
 
     @property
     def hub(self) -> McpHub:
@@ -107,9 +110,12 @@ class ToolFlow(QObject):
         """Tools go with replies: on in Settings, some enabled, and a template that has them."""
         return bool(self.settings.mcp_tools_on and self.tools() and self.format() is not ToolFormat.GENERIC)
 
-    def request_args(self, first_step: bool = True) -> dict:
-        """``EngineClient.generate`` keywords for the next reply: ``tools``, and ``grammar``
-        on a first step when Settings require a call (empty when tools are not active)."""
+    def request_args(self) -> dict:
+        """``EngineClient.generate`` keywords for the reply being requested: ``tools``, and
+        ``grammar`` on a loop's first step when Settings require a call (empty when tools
+        are not active)."""
+        self._step, self._next_is_step = self._next_is_step, False
+        first_step = not self._step
         if not self.active():
             return {}
         tools = [t.to_openai() for t in self.tools()]
@@ -125,15 +131,20 @@ class ToolFlow(QObject):
 
     # -- the loop ----------------------------------------------------------------------
 
-    def reply_saved(self, message_id: int, text: str, first_step: bool) -> bool:
-        """Read the saved reply ``message_id`` (its ``text``) for calls; when it has some,
-        store them on it and start asking. Returns True when the loop goes on."""
-        if first_step:
+    def reply_saved(self, message_id: int) -> bool:
+        """Read the reply ``message_id`` (``ChatController.reply_finished``; 0: none was
+        stored) for calls; when it has some, store them on it and start asking. A reply
+        stopped or failed ends the loop. Returns True when the loop goes on."""
+        if not self._step:
             self.steps = 0
+        self._step = False
         self.steps += 1
         if not message_id or not self.active():
             return False
-        parsed = parse_reply(self.format(), text)
+        m = self.chat.store.get_message(message_id)
+        if m.role != "assistant" or m.status != "complete" or m.tool:
+            return False
+        parsed = parse_reply(self.format(), m.content)
         if not parsed.tool_calls:
             return False
         calls = [c.to_openai() for c in parsed.tool_calls]
@@ -221,7 +232,8 @@ class ToolFlow(QObject):
             self.chat.banner.show_message(
                 f"The tool loop stopped after {MAX_STEPS} replies; send a message to go on.", "info")
             return
-        self.chat.start_reply(self._parent_id, tool_step=True)
+        self._next_is_step = True
+        self.chat.start_reply(self._parent_id)
 
     def stop(self) -> bool:
         """End the loop while a call is asked or runs (True when there was one to end)."""

@@ -312,6 +312,7 @@ class MainWindow(QMainWindow):
         self.importer.shutdown()  # before anything writes: the import holds the write lock
         self.api_server.shutdown()
         self.models.shutdown()  # downloads stop; their bytes stay for the next attempt
+        self.chat.tools.shutdown()  # a tool call is abandoned, the MCP client's thread ends
         self.chat.shutdown()
         self.settings.save()
         self.reader.close()

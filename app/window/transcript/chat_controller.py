@@ -58,19 +58,17 @@ EMPTY_TEXT = ("<h2>Branchwise</h2><p>Ask anything. Every reply is a branch you c
 class ChatController(QObject):
     """The conversation shown in the transcript and its streaming reply.
 
-    Collaborators: ``store``, ``settings`` (new chats' defaults), ``model`` (its state, label
-    and ``client``), ``reader`` and ``look`` (the tree panel's layout and colors),
-    ``lifetime`` (nothing is drawn once the window closes), the widgets it draws on
-    (``transcript``, ``tree``, ``composer``, ``status``, ``banner``) and ``parent`` (its
-    dialogs' parent). ``use_cache``: False generates without the prefix store.
+    Collaborators: ``store``, ``settings`` (new chats' defaults), ``model`` (its state, label and ``client``),
+    ``reader`` and ``look`` (the tree panel's layout and colors), ``lifetime`` (nothing is drawn once the
+    window closes), the widgets it draws on (``transcript``, ``tree``, ``composer``, ``status``, ``banner``)
+    and ``parent`` (its dialogs' parent). ``use_cache``: False generates without the prefix store.
 
-    Signals: reply_finished(message id, 0 when nothing was stored), coverage_ready(),
-    path_shown() (a path was drawn with no reply streaming: the next prompt may start there),
-    current_changed(conversation id or None), busy_changed(the id of the chat a reply streams
-    in, or None), chats_changed() (a reply was saved: the list's order may change),
-    title_changed(window title), changed_elsewhere(conversation id, text) (a send found the
-    branch moved since it was drawn), unshowable(conversation id, exception) (its tree could
-    not be laid out).
+    Signals: reply_finished(message id, 0 when nothing was stored), coverage_ready(), path_shown() (a path
+    was drawn with no reply streaming: the next prompt may start there), current_changed(conversation id or
+    None), busy_changed(the id of the chat a reply streams in, or None), chats_changed() (a reply was saved:
+    the list's order may change), title_changed(window title), changed_elsewhere(conversation id, text) (a
+    send found the branch moved since it was drawn), unshowable(conversation id, exception) (its tree could
+    not be laid out). ``tools`` (a ``ToolFlow``) runs the MCP tool loop after each saved reply.
     """
 
     reply_finished = Signal(int)
@@ -105,8 +103,7 @@ class ChatController(QObject):
         # the watchdog behind Stop: offer to end a slow engine, then end one that never answers
         self.watchdog = StopWatchdog(banner, self.client, self._stop_unanswered, self)
         self.overflow = OverflowFlow(self, parent)  # counts a send that may not fit, offers the choices
-        self.tools = ToolFlow(self, settings, lambda: self.model.facts or {}, parent)  # MCP tool loop
-        self._tool_step = False  # the reply streaming answers tool results (a later step of a loop)
+        self.tools = ToolFlow(self, settings, lambda: self.model.facts or {}, parent)  # the MCP tool loop
 
     @property
     def streaming(self) -> bool:
@@ -281,8 +278,7 @@ class ChatController(QObject):
                 plan = None  # ``store_message`` says why
         if plan is not None:
             self.timeline.mark("request")
-            handle = self.client.generate(plan.messages, plan.sampling, use_cache=self.use_cache,
-                                          **self.tools.request_args())
+            handle = self.client.generate(plan.messages, plan.sampling, use_cache=self.use_cache, **self.tools.request_args())
         user_id = self.store_message(cid, text, new_chat, plan.parent_id if plan else None)
         if user_id is None:
             if handle is not None:
@@ -325,28 +321,25 @@ class ChatController(QObject):
 
     # -- one reply -----------------------------------------------------------------------
 
-    def _request_reply(self, user_message_id: int, tool_step: bool = False) -> PendingRequest | None:
-        """Send the request for a reply under ``user_message_id`` (None: the engine is gone);
-        ``tool_step``: it answers tool results (``ToolFlow``)."""
+    def _request_reply(self, user_message_id: int) -> PendingRequest | None:
+        """Send the request for a reply under ``user_message_id`` (None: the engine is gone)."""
         cid = self.store.get_message(user_message_id).conversation_id
         sampling, messages = self.store.get_conversation(cid).sampling, self.session.prompt(user_message_id)
         self.timeline.mark("request")
-        return self.client.generate(messages, dict(sampling), use_cache=self.use_cache,
-                                    **self.tools.request_args(first_step=not tool_step))
+        return self.client.generate(messages, dict(sampling), use_cache=self.use_cache, **self.tools.request_args())
 
-    def start_reply(self, user_message_id: int, handle: PendingRequest | None = None, tool_step: bool = False) -> None:
-        """Generate a new assistant reply (a new child) under the user message ``user_message_id``
-        (or a tool result, ``tool_step``); ``handle``: its request, when already sent (``store_and_reply``)."""
+    def start_reply(self, user_message_id: int, handle: PendingRequest | None = None, reply=None) -> None:
+        """Generate a new assistant reply (a new child) under the user message ``user_message_id``;
+        ``handle``: its request, when already sent; ``reply``: a Continue's recorder (continue_flow.py)."""
         if self.streaming:
             return
-        self._tool_step = tool_step
         if handle is None:
             self.timeline.start()
-            handle = self._request_reply(user_message_id, tool_step)
+            handle = self._request_reply(user_message_id)
             if handle is None:
                 return
         user = self.store.get_message(user_message_id)
-        self.reply = self.session.start_reply(user.id, self.model.label)
+        self.reply = reply or self.session.start_reply(user.id, self.model.label)
         self._request, self._stopping = handle, False
         handle.token.connect(self._token)
         handle.reasoning.connect(self.view.reasoning_arrived)
@@ -365,12 +358,10 @@ class ChatController(QObject):
         self.timeline.mark("drawn")
 
     def stop(self) -> None:
-        """Cancel the reply; the engine answers with ``done`` (finish_reason "cancelled").
-        A tool call being asked or run ends the tool loop instead."""
-        if self.tools.stop():
-            return
+        """Cancel the reply; the engine answers with ``done`` (finish_reason "cancelled")."""
         counting = self.overflow.checking is not None and not self.overflow.stopped
         self.overflow.stop()  # a message still being counted is not answered
+        self.tools.stop()  # a tool call being asked or run ends the tool loop
         if counting:
             self.watchdog.start()
         if self._request is not None and not self._stopping:
@@ -424,8 +415,6 @@ class ChatController(QObject):
         self.chats_changed.emit()
         log.debug("send timeline: %s", self.timeline.describe(event.stats))
         self.reply_finished.emit(mid or 0)
-        if event.stats.get("finish_reason") != "cancelled":
-            self.tools.reply_saved(mid or 0, event.text, first_step=not self._tool_step)
 
     def _snapshot(self, reply: ReplyRecorder, event: SnapshotEvent) -> None:
         try:
@@ -463,7 +452,6 @@ class ChatController(QObject):
     def shutdown(self) -> None:
         """Save a reply in progress as stopped and stop the engine (cancelling it first)."""
         request = self._request
-        self.tools.shutdown()
         if self.reply is not None:
             self.abandon(ReplyState.STOPPED)
         self.client.stop(cancel=request)
