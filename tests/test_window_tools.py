@@ -186,3 +186,47 @@ def test_a_server_that_hangs_or_dies_is_named_and_the_model_gets_the_error(qtbot
     result = active_path(w)[2]
     assert result.role == "tool" and result.content == error and result.tool["error"] == error
     assert w.transcript.widget_for(result.id).tool_block.header.text().endswith(" · failed")
+
+
+def test_settings_import_mcp_json_list_tools_switch_one_off_and_save(qtbot, open_window, data_dir, tmp_path):
+    from PySide6.QtWidgets import QDialogButtonBox
+
+    w = open_window(data_dir)
+    mcp_json = tmp_path / "mcp.json"
+    mcp_json.write_text(json.dumps({"mcpServers": {
+        "testing": {"command": sys.executable, "args": [SERVER_SCRIPT], "env": {"X": "1"}},
+        "remote": {"url": "http://127.0.0.1:9/mcp"}}}))
+    w.open_settings()
+    dlg = w.settings_flow.dialog
+    tab = dlg.tools_tab
+    assert [dlg.tabs.tabText(i) for i in range(dlg.tabs.count())][-1] == "Tools"
+    with qtbot.waitSignals([tab.listed, tab.listed], timeout=TOOL_TIMEOUT_MS):
+        assert tab.import_file(mcp_json) == 2
+    qtbot.waitUntil(lambda: len(tab.entries["testing"]["tools"]) == 4, timeout=TOOL_TIMEOUT_MS)
+    top = tab.tree.topLevelItem(0)
+    assert top.text(0) == "testing" and SERVER_SCRIPT in top.text(1)
+    names = [top.child(i).text(0) for i in range(top.childCount())]
+    assert sorted(names) == ["big", "crash", "echo", "hang"]
+    top.child(names.index("crash")).setCheckState(0, Qt.CheckState.Unchecked)
+    assert tab.entries["remote"]["tools"] == []  # nothing listens there: named, not frozen
+    dlg.findChild(QDialogButtonBox).button(QDialogButtonBox.StandardButton.Ok).click()
+    saved = json.loads((data_dir / "settings.json").read_text())
+    assert (data_dir / "settings.json").stat().st_mode & 0o777 == 0o600
+    entry = saved["mcp_servers"]["testing"]
+    assert entry["command"] == sys.executable and entry["args"] == [SERVER_SCRIPT] and entry["env"] == {"X": "1"}
+    assert entry["disabled_tools"] == ["crash"] and saved["mcp_servers"]["remote"]["url"].endswith("/mcp")
+    assert sorted(t.name for t in w.chat.tools.tools()) == ["big", "echo", "hang"]
+    assert not w.chat.tools.active()  # the default model's template has no tool support
+    assert w.chat.tools.request_args() == {}
+
+
+def test_the_status_names_a_server_that_cannot_be_reached(qtbot, open_window, data_dir):
+    from app.session.mcp_servers import McpServerConfig
+
+    w = open_window(data_dir)
+    w.open_settings()
+    tab = w.settings_flow.dialog.tools_tab
+    with qtbot.waitSignal(tab.listed, timeout=TOOL_TIMEOUT_MS):
+        tab.add_server(McpServerConfig("ghost", "/nonexistent/mcp-server"))
+    assert tab.status.text().startswith("The MCP server 'ghost' failed during the list of its tools")
+    assert tab.status.textFormat() == Qt.TextFormat.PlainText

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from engine.settings import EngineSettings
 from storage.chats import checked_sampling
+from storage.paths import FILE_MODE
 from storage.prefix_store import DEFAULT_BUDGET_BYTES
 
 log = logging.getLogger(__name__)
@@ -217,9 +218,14 @@ class AppSettings:
         return settings, reset
 
     def save(self, data_dir: Path) -> None:
-        """Write atomically (temp file + rename). Raises OSError if the folder is not writable."""
+        """Write atomically (temp file + rename), readable by the owner only (``FILE_MODE``,
+        0600: it holds API keys and MCP servers' environments). Raises OSError if the folder
+        is not writable."""
         path = Path(data_dir) / SETTINGS_FILE
         tmp = path.with_suffix(".json.tmp")
         data = {k: v for k, v in asdict(self).items() if k not in ("reset_fields", "unreadable")}
-        tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(data, indent=2))
+        os.chmod(tmp, FILE_MODE)  # a temp file left by a crash kept its own mode
         os.replace(tmp, path)

@@ -313,6 +313,8 @@ class MainWindow(QMainWindow):
         self.api_server.shutdown()
         self.models.shutdown()  # downloads stop; their bytes stay for the next attempt
         self.chat.tools.shutdown()  # a tool call is abandoned, the MCP client's thread ends
+        if self.settings_flow.dialog is not None:
+            self.settings_flow.dialog.tools_tab.shutdown()  # a tool listing under way ends too
         self.chat.shutdown()
         self.settings.save()
         self.reader.close()
