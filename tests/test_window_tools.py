@@ -230,3 +230,19 @@ def test_the_status_names_a_server_that_cannot_be_reached(qtbot, open_window, da
         tab.add_server(McpServerConfig("ghost", "/nonexistent/mcp-server"))
     assert tab.status.text().startswith("The MCP server 'ghost' failed during the list of its tools")
     assert tab.status.textFormat() == Qt.TextFormat.PlainText
+
+
+def test_always_for_this_tool_asks_no_more_for_it(qtbot, tool_window):
+    w = tool_window("echo")
+    new_chat(w, SAMPLING)
+    asked = answer_with(w.chat.tools, Approval.ALWAYS, Approval.ALWAYS)
+    send(qtbot, w, "Echo the word hello.")
+    loop_over(qtbot, w)
+    assert len(asked) == 1 and w.chat.tools.always == {("testing", "echo")}
+    first_results, before = [m for m in active_path(w) if m.role == "tool"], len(active_path(w))
+    send(qtbot, w, "Echo the word again.")
+    qtbot.waitUntil(lambda: len(active_path(w)) > before + 1, timeout=REPLY_TIMEOUT_MS)
+    loop_over(qtbot, w)
+    results = [m for m in active_path(w) if m.role == "tool"]
+    assert len(asked) == 1 and len(results) > len(first_results)  # it ran without asking
+    assert results[-1].content.startswith("echo: ") and results[-1].tool["error"] is None
