@@ -217,7 +217,7 @@ def test_settings_import_mcp_json_list_tools_switch_one_off_and_save(qtbot, open
     assert entry["disabled_tools"] == ["crash"] and saved["mcp_servers"]["remote"]["url"].endswith("/mcp")
     assert sorted(t.name for t in w.chat.tools.tools()) == ["big", "echo", "hang"]
     assert not w.chat.tools.active()  # the default model's template has no tool support
-    assert w.chat.tools.request_args() == {}
+    assert w.chat.tools.request_args([]) == {}
 
 
 def test_the_status_names_a_server_that_cannot_be_reached(qtbot, open_window, data_dir):

@@ -65,7 +65,6 @@ class ToolFlow(QObject):
         self._queue: list[ToolCall] = []
         self._parent_id: int | None = None  # where the next step is stored
         self._token: object | None = None  # the call being run (an outcome of another is dropped)
-        self._next_is_step = False  # the next request answers tool results (set by ``_continue``)
         self._step = False  # the reply being generated answers tool results
         self._finished.connect(self._outcome)
         chat.reply_finished.connect(self.reply_saved)
@@ -110,11 +109,12 @@ class ToolFlow(QObject):
         """Tools go with replies: on in Settings, some enabled, and a template that has them."""
         return bool(self.settings.mcp_tools_on and self.tools() and self.format() is not ToolFormat.GENERIC)
 
-    def request_args(self) -> dict:
-        """``EngineClient.generate`` keywords for the reply being requested: ``tools``, and
-        ``grammar`` on a loop's first step when Settings require a call (empty when tools
-        are not active)."""
-        self._step, self._next_is_step = self._next_is_step, False
+    def request_args(self, messages) -> dict:
+        """``EngineClient.generate`` keywords for the reply to ``messages`` (its prompt, a
+        list of ``ChatMessage``): ``tools``, and ``grammar`` on a loop's first step (the
+        prompt does not end on a tool result) when Settings require a call; empty when tools
+        are not active."""
+        self._step = bool(messages) and messages[-1].role == "tool"
         first_step = not self._step
         if not self.active():
             return {}
@@ -232,7 +232,6 @@ class ToolFlow(QObject):
             self.chat.banner.show_message(
                 f"The tool loop stopped after {MAX_STEPS} replies; send a message to go on.", "info")
             return
-        self._next_is_step = True
         self.chat.start_reply(self._parent_id)
 
     def stop(self) -> bool:

@@ -278,7 +278,7 @@ class ChatController(QObject):
                 plan = None  # ``store_message`` says why
         if plan is not None:
             self.timeline.mark("request")
-            handle = self.client.generate(plan.messages, plan.sampling, use_cache=self.use_cache, **self.tools.request_args())
+            handle = self.client.generate(plan.messages, plan.sampling, use_cache=self.use_cache, **self.tools.request_args(plan.messages))
         user_id = self.store_message(cid, text, new_chat, plan.parent_id if plan else None)
         if user_id is None:
             if handle is not None:
@@ -326,7 +326,7 @@ class ChatController(QObject):
         cid = self.store.get_message(user_message_id).conversation_id
         sampling, messages = self.store.get_conversation(cid).sampling, self.session.prompt(user_message_id)
         self.timeline.mark("request")
-        return self.client.generate(messages, dict(sampling), use_cache=self.use_cache, **self.tools.request_args())
+        return self.client.generate(messages, dict(sampling), use_cache=self.use_cache, **self.tools.request_args(messages))
 
     def start_reply(self, user_message_id: int, handle: PendingRequest | None = None, reply=None) -> None:
         """Generate a new assistant reply (a new child) under the user message ``user_message_id``;
