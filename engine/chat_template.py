@@ -131,10 +131,22 @@ def conversation_messages(system_prompt: str, path) -> list[ChatMessage]:
     such as ``storage.chats.Message``): the system prompt first when it is not blank, then
     the user and assistant messages, assistant ones with the ids that were generated."""
     out = [ChatMessage("system", system_prompt)] if system_prompt.strip() else []
-    out += [ChatMessage(m.role, m.content, m.token_ids if m.role == "assistant" else None,
-                        getattr(m, "reasoning", None) if m.role == "assistant" else None)
-            for m in path if m.role in ("user", "assistant")]
+    out += [_path_message(m) for m in path if m.role in ("user", "assistant", "tool")]
     return out
+
+
+def _path_message(m) -> ChatMessage:
+    """One stored message as the engine sees it; a tool step's fields (``m.tool``: an
+    assistant's ``tool_calls``, a result's ``tool_call_id`` and ``name``) go with it, and an
+    assistant's calls are rendered by the template rather than replayed as ids."""
+    tool = getattr(m, "tool", None) or {}
+    if m.role == "tool":
+        return ChatMessage("tool", m.content, tool_call_id=tool.get("tool_call_id"), name=tool.get("name"))
+    if m.role == "assistant" and tool.get("tool_calls"):
+        return ChatMessage("assistant", m.content, None, getattr(m, "reasoning", None),
+                           tool_calls=tuple(tool["tool_calls"]))
+    return ChatMessage(m.role, m.content, m.token_ids if m.role == "assistant" else None,
+                       getattr(m, "reasoning", None) if m.role == "assistant" else None)
 
 
 def template_from_metadata(metadata: dict, read_raw: Callable[[str], bytes | None]) -> tuple[str | None, str]:

@@ -97,6 +97,8 @@ class GenerateRequest:
     sampling: dict
     use_cache: bool = True
     reply_prefix: list[int] | None = None  # Continue: the reply's token ids so far (the prompt goes on from them)
+    tools: list[dict] | None = None  # OpenAI function objects for the chat template (the window's tool loop)
+    grammar: str | None = None  # GBNF text the reply is sampled with (engine.tool_grammar)
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,7 @@ class ModelFacts:
     n_threads: int = 0  # CPU threads in use
     reasoning_format: str = "none"  # engine.reasoning.ReasoningFormat: how the model writes its thinking
     thinking_control: str = "none"  # engine.thinking_control.ThinkingControl: what a chat may set about it
+    tool_format: str = "generic"  # engine.tool_calls.ToolFormat: how the template writes tool calls ("generic": none)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -165,6 +166,7 @@ class LoadedModel:
             n_threads=settings.threads,
             reasoning_format=str(self.reasoning.format),
             thinking_control=str(self.prompts.thinking_control),
+            tool_format=str(self.prompts.tool_format),
         )
 
         self._warm_up()

@@ -364,6 +364,7 @@ class _Server:
                 cancel=cancel,
                 snapshot=False,
                 **({"reply_prefix": list(msg.reply_prefix)} if msg.reply_prefix else {}),
+                **self._tool_args(msg),
             )
         except ContextOverflowError as exc:
             self.send(ErrorEvent(rid, ErrorKind.OVERFLOW, str(exc), exc.prompt_tokens, exc.n_ctx))
@@ -384,6 +385,16 @@ class _Server:
         if msg.use_cache:  # a remote engine stores nothing (0 bytes); the window still expects the event
             self.engine.snapshot(result.stats)
             self.send(SnapshotEvent(rid, round(result.stats.snapshot_ms, 2), result.stats.snapshot_bytes_written))
+
+    def _tool_args(self, msg: GenerateRequest) -> dict:
+        """The request's tools for ``generate``: the grammar locally; a remote server is asked
+        for a call by ``tool_choice: "required"`` instead (none when there are no tools)."""
+        if not msg.tools:
+            return {}
+        if msg.grammar is None:
+            return {"tools": msg.tools}
+        return {"tools": msg.tools, "tool_choice": "required"} if self._remote else {"tools": msg.tools,
+                                                                                     "grammar": msg.grammar}
 
     def _account_prewarm(self, result) -> dict:
         """What the prewarms before this request left ready (merged into its stats)."""

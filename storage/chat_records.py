@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 DEFAULT_TITLE: Final = "New chat"
-ROLES: Final = ("system", "user", "assistant")
+ROLES: Final = ("system", "user", "assistant", "tool")
 
 
 class MessageStatus(StrEnum):
@@ -55,7 +55,7 @@ CONVERSATION_COLUMNS = (
 )
 MESSAGE_FIELDS = (
     "id", "conversation_id", "parent_id", "role", "content", "token_ids", "stats_json", "status",
-    "model", "created_at", "reasoning",
+    "model", "created_at", "reasoning", "tool_json",
 )
 MESSAGE_COLUMNS = ", ".join(MESSAGE_FIELDS)
 
@@ -87,6 +87,9 @@ class Message:
     milliseconds; the engine decides the keys); ``model`` names the model that
     wrote it. ``created_at`` is in unix seconds. ``reasoning`` is the thinking a
     reasoning model wrote before its answer (``content``), None when it wrote none.
+    ``tool`` is a tool step's fields (``storage.chat_schema._migration_tools``): an
+    assistant's ``{"tool_calls": [..]}`` or a ``role: "tool"`` result's call id, name,
+    server, arguments, duration and error; None for other messages.
     """
 
     id: int
@@ -100,6 +103,7 @@ class Message:
     model: str | None
     created_at: float
     reasoning: str | None = None
+    tool: dict[str, Any] | None = None
 
 
 def encode_token_ids(token_ids: Sequence[int]) -> bytes:
@@ -159,6 +163,7 @@ def message_from_row(row: Sequence[Any]) -> Message:
         model=model,
         created_at=created,
         reasoning=rest[0] if rest else None,
+        tool=json.loads(rest[1]) if len(rest) > 1 and rest[1] else None,
     )
 
 

@@ -253,8 +253,37 @@ def _migration_chat_models(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE conversations ADD COLUMN model_name TEXT NULL")
 
 
+_OLD_ROLES = "CHECK (role IN ('system', 'user', 'assistant'))"
+_NEW_ROLES = "CHECK (role IN ('system', 'user', 'assistant', 'tool'))"
+
+
+def _migration_tools(conn: sqlite3.Connection) -> None:
+    """Tool calls in the tree: ``messages.tool_json`` (an assistant's ``{"tool_calls": [..]}``,
+    a tool result's ``{"tool_call_id", "name", "server", "arguments", "duration_ms", "error"}``;
+    NULL for other messages), and ``role`` may be ``'tool'``. The role's CHECK only widens,
+    so every stored row still meets it: the table's SQL is edited in place as SQLite's
+    ALTER TABLE page describes for constraint changes (writable_schema, then a new
+    schema_version), with no copy of the table.
+
+    Raises:
+        sqlite3.DatabaseError: the messages table's SQL does not have the expected CHECK.
+    """
+    conn.execute("ALTER TABLE messages ADD COLUMN tool_json TEXT NULL")
+    sql = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'messages'").fetchone()[0]
+    if _OLD_ROLES not in sql:
+        raise sqlite3.DatabaseError("the messages table has not the role CHECK this migration widens")
+    version = conn.execute("PRAGMA schema_version").fetchone()[0]
+    conn.execute("PRAGMA writable_schema = ON")
+    try:
+        conn.execute("UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = 'messages'",
+                     (sql.replace(_OLD_ROLES, _NEW_ROLES),))
+        conn.execute(f"PRAGMA schema_version = {int(version) + 1}")
+    finally:
+        conn.execute("PRAGMA writable_schema = OFF")
+
+
 MIGRATIONS: list[Migration] = [_migration_1, _migration_2, _migration_import_sources, _migration_reasoning,
-                                _migration_attachments, _migration_chat_models]
+                                _migration_attachments, _migration_chat_models, _migration_tools]
 """Ordered migrations; ``MIGRATIONS[i]`` moves the schema from version i to i + 1."""
 
 

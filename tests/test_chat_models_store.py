@@ -36,7 +36,11 @@ def test_migration_6_adds_the_columns_and_keeps_every_message(tmp_path, monkeypa
     monkeypatch.setattr(chat_schema, "MIGRATIONS", shipped[:5])  # a database of schema 5
     with ChatStore(path) as old:
         cid = old.create_conversation("kept").id
-        old.add_message(cid, None, "user", "hello")
+    with sqlite3.connect(path) as conn:  # a message as schema 5 stored it (the store now writes tool_json)
+        mid = conn.execute("INSERT INTO messages (conversation_id, role, content, created_at)"
+                           " VALUES (?, 'user', 'hello', 0)", (cid,)).lastrowid
+        conn.execute("UPDATE conversations SET active_leaf_id = ? WHERE id = ?", (mid, cid))
+    conn.close()
     monkeypatch.setattr(chat_schema, "MIGRATIONS", shipped)
     with ChatStore(path) as store:
         assert [m.content for m in store.active_path(cid)] == ["hello"]
@@ -44,5 +48,5 @@ def test_migration_6_adds_the_columns_and_keeps_every_message(tmp_path, monkeypa
         store.models.remember(cid, "/m.gguf", "m")
         assert store.models.of(cid).name == "m"
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == len(shipped) == 6
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == len(shipped) == 7  # 7: tool steps
     conn.close()

@@ -150,7 +150,7 @@ def test_add_message_checks_parent_role_and_status(store: ChatStore) -> None:
     with pytest.raises(NotFoundError, match="no conversation with id 77"):
         store.add_message(77, None, "user", "nowhere")
     with pytest.raises(ValueError, match="role"):
-        store.add_message(a.id, None, "tool", "x")
+        store.add_message(a.id, None, "robot", "x")  # "tool" is a role from schema 7 on (tool steps)
     with pytest.raises(ValueError, match="status"):
         store.add_message(a.id, None, "user", "x", status="done")
     with pytest.raises(ValueError, match=f"belongs to conversation {a.id}"):

@@ -128,8 +128,8 @@ def copy_messages(
     for m in messages:
         cur = conn.execute(
             "INSERT INTO messages (conversation_id, parent_id, role, content, token_ids,"
-            " stats_json, status, model, created_at, reasoning)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " stats_json, status, model, created_at, reasoning, tool_json)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 conversation_id,
                 None if m.parent_id is None else new_ids[m.parent_id],
@@ -141,6 +141,7 @@ def copy_messages(
                 m.model,
                 m.created_at,
                 m.reasoning,
+                dumps(m.tool),
             ),
         )
         new_ids[m.id] = cur.lastrowid

@@ -188,6 +188,7 @@ class ChatStore(Part):
         status: str = "complete",
         model: str | None = None,
         reasoning: str | None = None,
+        tool: dict[str, Any] | None = None,
     ) -> Message:
         """Add a message under ``parent_id`` (None: a new root) and make it the active leaf.
 
@@ -195,6 +196,7 @@ class ChatStore(Part):
         DEFAULT_TITLE and this is its first user message, the title becomes
         ``auto_title(content)``. ``token_ids`` are stored as int32. ``reasoning`` is a
         reasoning model's thinking before the answer ``content`` (None: it wrote none).
+        ``tool``: a tool step's fields (``Message.tool``), stored as JSON.
 
         Raises:
             NotFoundError: unknown conversation or parent message.
@@ -211,10 +213,10 @@ class ChatStore(Part):
                 queries.check_in_conversation(conn, parent_id, conversation_id)
             cur = conn.execute(
                 "INSERT INTO messages (conversation_id, parent_id, role, content, token_ids,"
-                " stats_json, status, model, created_at, reasoning)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " stats_json, status, model, created_at, reasoning, tool_json)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (conversation_id, parent_id, role, content, blob, queries.dumps(stats), status, model,
-                 now, reasoning),
+                 now, reasoning, queries.dumps(tool)),
             )
             message_id = cur.lastrowid
             title = conversation.title
@@ -238,6 +240,7 @@ class ChatStore(Part):
         stats: dict[str, Any] | None = _UNSET,
         status: str = _UNSET,
         reasoning: str | None = _UNSET,
+        tool: dict[str, Any] | None = _UNSET,
     ) -> None:
         """Change some fields of a message in one small transaction (one UPDATE).
 
@@ -262,6 +265,8 @@ class ChatStore(Part):
             fields["status"] = status
         if reasoning is not _UNSET:
             fields["reasoning"] = reasoning
+        if tool is not _UNSET:
+            fields["tool_json"] = queries.dumps(tool)
         if not fields:
             return
         assignments = ", ".join(f"{name} = ?" for name in fields)

@@ -6,7 +6,9 @@ One conversation is the object :func:`conversation_json` writes:
     {"id", "title", "system_prompt", "sampling", "pinned", "created_at", "updated_at",
      "active_leaf_id", "active_path", "messages": [{"id", "parent_id", "role", "content",
       "reasoning", "status", "model", "created_at", "stats", "token_ids", "attachments" (user
-      messages with files: ``storage.attachments.exported``)}]}
+      messages with files: ``storage.attachments.exported``), "tool" (a tool step's fields:
+      an assistant's ``tool_calls``, a ``role: "tool"`` result's call id, name, server,
+      arguments, duration and error; only on those messages)}]}
 
 with messages in creation order (parents first). ``export --all``
 (:func:`write_export_all`) writes ``{"branchwise_export": 1, "conversations": [...]}``.
@@ -44,7 +46,7 @@ def conversation_json(chats, conversation_id: int) -> dict:
         "active_leaf_id": c.active_leaf_id, "active_path": active,
         "messages": [
             {"id": m.id, "parent_id": m.parent_id, "role": m.role, "content": m.content,
-             "reasoning": m.reasoning,
+             "reasoning": m.reasoning, **({"tool": m.tool} if m.tool else {}),
              "status": m.status, "model": m.model, "created_at": m.created_at, "stats": m.stats,
              "token_ids": list(m.token_ids) if m.token_ids is not None else None}
             for m in chats.tree(c.id)
@@ -142,6 +144,7 @@ def conversation(raw: Any, n: int) -> SourceConversation:
             extra={"token_ids": token_ids, "stats": stats if isinstance(stats, dict) else None,
                    "status": text_of(m.get("status")) or "complete",
                    "reasoning": m["reasoning"] if isinstance(m.get("reasoning"), str) else None,
+                   "tool": m["tool"] if isinstance(m.get("tool"), dict) else None,  # a tool step's fields
                    "attachments": m.get("attachments")},  # storage.attachments.import_exported
         ))
     return conv

@@ -43,7 +43,7 @@ _CONVERSATION_INSERT = (
 )
 _MESSAGE_INSERT = (
     "INSERT INTO messages (id, conversation_id, parent_id, role, content, token_ids, stats_json,"
-    " status, model, created_at, source_id, reasoning) VALUES "
+    " status, model, created_at, source_id, reasoning, tool_json) VALUES "
 )
 
 
@@ -175,7 +175,8 @@ class Writer:
             thought, content = split_reasoning_quotes(content)
         return (ids[pm.source_id], conv_id, None if pm.parent is None else ids[pm.parent], pm.role,
                 content, blob, None if stats is None else json.dumps(stats), status, pm.model,
-                created, pm.source_id, thought if isinstance(thought, str) else None)
+                created, pm.source_id, thought if isinstance(thought, str) else None,
+                json.dumps(extra["tool"]) if isinstance(extra.get("tool"), dict) else None)
 
     def _take_conversation_id(self) -> int:
         self._next_conversation += 1

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from engine.settings import EngineSettings
 from storage.chats import checked_sampling
+from storage.paths import FILE_MODE
 from storage.prefix_store import DEFAULT_BUDGET_BYTES
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,14 @@ def _valid_value(name: str, value) -> bool:
         return all(isinstance(v, str) for v in value.values())
     if name == "window_layout":
         return window_layout_ok(value)
+    if name == "mcp_servers":
+        from app.session.mcp_servers import McpServerConfig  # noqa: PLC0415 - read only when the file has servers
+
+        try:
+            for server, entry in value.items():
+                McpServerConfig.from_dict(server, entry)
+        except ValueError:
+            return False
     return True
 
 
@@ -103,6 +112,11 @@ class AppSettings:
         prefill the composer's draft in the background. Off: the engine idles between turns.
     always_switch_model: opening a chat that last ran on another model loads that model
         without asking (app/window/flows/chat_model_flow.py); off: a bar offers the switch.
+    mcp_servers: MCP servers for the tool loop (name -> the ``mcp.json`` entry plus
+        ``disabled_tools`` and the ``tools`` last listed; app/window/settings/mcp_settings.py).
+    mcp_tools_on: replies may call the enabled tools (the template must support tools).
+    mcp_first_call_required: each reply's first step must be a tool call (sampled under the
+        schema grammar, ``tool_choice: "required"``); later steps are free.
     """
 
     n_ctx: int = _ENGINE.n_ctx
@@ -130,6 +144,9 @@ class AppSettings:
     prewarm: bool = True
     unreadable: str = ""
     always_switch_model: bool = False
+    mcp_servers: dict = field(default_factory=dict)
+    mcp_tools_on: bool = True
+    mcp_first_call_required: bool = False
 
     def engine_settings(self) -> EngineSettings:
         """The EngineSettings these settings describe, built by the engine's own rule
@@ -219,9 +236,14 @@ class AppSettings:
         return settings, reset
 
     def save(self, data_dir: Path) -> None:
-        """Write atomically (temp file + rename). Raises OSError if the folder is not writable."""
+        """Write atomically (temp file + rename), readable by the owner only (``FILE_MODE``,
+        0600: it holds API keys and MCP servers' environments). Raises OSError if the folder
+        is not writable."""
         path = Path(data_dir) / SETTINGS_FILE
         tmp = path.with_suffix(".json.tmp")
         data = {k: v for k, v in asdict(self).items() if k not in ("reset_fields", "unreadable")}
-        tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(data, indent=2))
+        os.chmod(tmp, FILE_MODE)  # a temp file left by a crash kept its own mode
         os.replace(tmp, path)

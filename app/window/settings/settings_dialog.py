@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 from app.window.settings.app_settings import ENGINE_FIELDS, AppSettings
 from app.window.settings.chat_settings_form import ChatSettingsForm, spin
 from app.window.settings.kv_switch import kv_switch_note
+from app.window.settings.mcp_settings import McpSettingsTab
 from app.window.workers.engine_client import EngineClient
 from engine.events import CacheAction, CacheEvent
 from engine.limits import MAX_CTX, LimitError, check_ctx_size, max_threads
@@ -207,6 +208,8 @@ class SettingsDialog(QDialog):
         api_note.setWordWrap(True)
         form3.addRow(api_note)
         tabs.addTab(api_tab, "API server")
+        self.tools_tab = McpSettingsTab(settings.mcp_servers, settings.mcp_tools_on, settings.mcp_first_call_required)
+        tabs.addTab(self.tools_tab, "Tools")  # MCP servers for the tool loop
 
         self.error = QLabel()
         self.error.setWordWrap(True)
@@ -275,6 +278,7 @@ class SettingsDialog(QDialog):
 
     def done(self, result: int) -> None:  # noqa: D102 - disconnect before closing
         self._closed = True
+        self.tools_tab.shutdown()
         for handle in self._requests:
             try:
                 handle.done.disconnect(self._cache_answer)
@@ -339,7 +343,8 @@ class SettingsDialog(QDialog):
                 "type_k": type_k, "type_v": type_v, "budget_bytes": self.budget.value() * MB,
                 "api_host": self.api_host.text().strip() or "127.0.0.1", "api_port": self.api_port.value(),
                 "api_key": self.api_key.text().strip(), **self._engine_values(),
-                "prewarm": self.prewarm.isChecked(), "speculative": self.speculative.text().strip()}
+                "prewarm": self.prewarm.isChecked(), "speculative": self.speculative.text().strip(),
+                **self.tools_tab.values()}
 
     def _engine_values(self) -> dict:
         """engine_url, engine_key, engine_model: all "" for the local model file."""

@@ -343,6 +343,9 @@ class MainWindow(QMainWindow):
         self.importer.shutdown()  # before anything writes: the import holds the write lock
         self.api_server.shutdown()
         self.models.shutdown()  # downloads stop; their bytes stay for the next attempt
+        self.chat.tools.shutdown()  # a tool call is abandoned, the MCP client's thread ends
+        if self.settings_flow.dialog is not None:
+            self.settings_flow.dialog.tools_tab.shutdown()  # a tool listing under way ends too
         self.chat.shutdown()
         self.attach.shutdown()  # files attached but never sent are not kept
         self.layout_keeper.save()

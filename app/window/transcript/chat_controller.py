@@ -30,6 +30,7 @@ from app.session import ConversationSession, ReplyRecorder, ReplyState
 from app.window.flows.model_controller import ModelController, ModelState
 from app.window.flows.overflow_flow import OverflowFlow
 from app.window.flows.stop_watchdog import StopWatchdog
+from app.window.flows.tool_flow import ToolFlow
 from app.window.flows.unanswered import ask_unanswered
 from app.window.settings.settings_model import SettingsModel
 from app.window.shell.banner import Banner
@@ -57,19 +58,17 @@ EMPTY_TEXT = ("<h2>Branchwise</h2><p>Ask anything. Every reply is a branch you c
 class ChatController(QObject):
     """The conversation shown in the transcript and its streaming reply.
 
-    Collaborators: ``store``, ``settings`` (new chats' defaults), ``model`` (its state, label
-    and ``client``), ``reader`` and ``look`` (the tree panel's layout and colors),
-    ``lifetime`` (nothing is drawn once the window closes), the widgets it draws on
-    (``transcript``, ``tree``, ``composer``, ``status``, ``banner``) and ``parent`` (its
-    dialogs' parent). ``use_cache``: False generates without the prefix store.
+    Collaborators: ``store``, ``settings`` (new chats' defaults), ``model`` (its state, label and ``client``),
+    ``reader`` and ``look`` (the tree panel's layout and colors), ``lifetime`` (nothing is drawn once the
+    window closes), the widgets it draws on (``transcript``, ``tree``, ``composer``, ``status``, ``banner``)
+    and ``parent`` (its dialogs' parent). ``use_cache``: False generates without the prefix store.
 
-    Signals: reply_finished(message id, 0 when nothing was stored), coverage_ready(),
-    path_shown() (a path was drawn with no reply streaming: the next prompt may start there),
-    current_changed(conversation id or None), busy_changed(the id of the chat a reply streams
-    in, or None), chats_changed() (a reply was saved: the list's order may change),
-    title_changed(window title), changed_elsewhere(conversation id, text) (a send found the
-    branch moved since it was drawn), unshowable(conversation id, exception) (its tree could
-    not be laid out).
+    Signals: reply_finished(message id, 0 when nothing was stored), coverage_ready(), path_shown() (a path
+    was drawn with no reply streaming: the next prompt may start there), current_changed(conversation id or
+    None), busy_changed(the id of the chat a reply streams in, or None), chats_changed() (a reply was saved:
+    the list's order may change), title_changed(window title), changed_elsewhere(conversation id, text) (a
+    send found the branch moved since it was drawn), unshowable(conversation id, exception) (its tree could
+    not be laid out). ``tools`` (a ``ToolFlow``) runs the MCP tool loop after each saved reply.
     """
 
     reply_finished = Signal(int)
@@ -104,6 +103,7 @@ class ChatController(QObject):
         # the watchdog behind Stop: offer to end a slow engine, then end one that never answers
         self.watchdog = StopWatchdog(banner, self.client, self._stop_unanswered, self)
         self.overflow = OverflowFlow(self, parent)  # counts a send that may not fit, offers the choices
+        self.tools = ToolFlow(self, settings, lambda: self.model.facts or {}, parent)  # the MCP tool loop
 
     @property
     def streaming(self) -> bool:
@@ -278,7 +278,7 @@ class ChatController(QObject):
                 plan = None  # ``store_message`` says why
         if plan is not None:
             self.timeline.mark("request")
-            handle = self.client.generate(plan.messages, plan.sampling, use_cache=self.use_cache)
+            handle = self.client.generate(plan.messages, plan.sampling, use_cache=self.use_cache, **self.tools.request_args(plan.messages))
         user_id = self.store_message(cid, text, new_chat, plan.parent_id if plan else None)
         if user_id is None:
             if handle is not None:
@@ -326,7 +326,7 @@ class ChatController(QObject):
         cid = self.store.get_message(user_message_id).conversation_id
         sampling, messages = self.store.get_conversation(cid).sampling, self.session.prompt(user_message_id)
         self.timeline.mark("request")
-        return self.client.generate(messages, dict(sampling), use_cache=self.use_cache)
+        return self.client.generate(messages, dict(sampling), use_cache=self.use_cache, **self.tools.request_args(messages))
 
     def start_reply(self, user_message_id: int, handle: PendingRequest | None = None, reply=None) -> None:
         """Generate a new assistant reply (a new child) under the user message ``user_message_id``;
@@ -361,6 +361,7 @@ class ChatController(QObject):
         """Cancel the reply; the engine answers with ``done`` (finish_reason "cancelled")."""
         counting = self.overflow.checking is not None and not self.overflow.stopped
         self.overflow.stop()  # a message still being counted is not answered
+        self.tools.stop()  # a tool call being asked or run ends the tool loop
         if counting:
             self.watchdog.start()
         if self._request is not None and not self._stopping:

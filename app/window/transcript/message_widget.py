@@ -30,11 +30,12 @@ from app.window.transcript.long_text import LongTextExpander, collapsed
 from app.window.transcript.message_body import MessageBody
 from app.window.transcript.markdown_view import LinkKind, classify_link, code_blocks, to_html
 from app.window.transcript.streaming_body import StreamingBody
+from app.window.transcript.tool_call_block import ToolCallBlock
 from app.window.transcript.thought_block import ThoughtBlock
 from app.window.shell.theme import LIGHT, Colors
 from storage.chats import Message
 
-ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
+ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System", "tool": "Tool"}
 UNANSWERED_NOTE = "no reply (stopped or failed)"
 """The note beside a user message that has no reply: Esc before the first token, an engine
 crash or error. Its Retry button answers it."""
@@ -193,6 +194,10 @@ class MessageWidget(QFrame):
         outer.addWidget(self.thought)
         if message is not None and getattr(message, "reasoning", None):
             self.thought.set_saved(message.reasoning, message.stats)
+        self.tool_block = ToolCallBlock(message) if message is not None and getattr(message, "tool", None) else None
+        if self.tool_block is not None:  # a tool step: the calls, or the result with its arguments
+            outer.addWidget(self.tool_block)
+            self._text = "" if role == "tool" else self._text  # the result is in the block, as plain text
         self.body = MessageBody()
         self.body.setTextFormat(Qt.TextFormat.RichText)
         self.body.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)

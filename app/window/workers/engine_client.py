@@ -223,11 +223,15 @@ class EngineClient(QObject):
         return self._send(ev.LoadRequest(path, settings, budget_bytes, remote))
 
     def generate(self, messages: list[ChatMessage], sampling: dict, use_cache: bool = True,
-                 reply_prefix: list[int] | None = None) -> PendingRequest | None:
+                 reply_prefix: list[int] | None = None, tools: list[dict] | None = None,
+                 grammar: str | None = None) -> PendingRequest | None:
         """Start a reply; None if the engine is gone. ``reply_prefix``: the token ids of a
-        reply to continue (its prompt goes on from them; the events carry only the new part)."""
+        reply to continue (its prompt goes on from them; the events carry only the new part).
+        ``tools`` (OpenAI function objects) go to the chat template, ``grammar`` (GBNF)
+        constrains sampling (the tool loop)."""
         prefix = list(reply_prefix) if reply_prefix else None
-        return self._track(lambda rid: ev.GenerateRequest(rid, list(messages), dict(sampling), use_cache, prefix),
+        return self._track(lambda rid: ev.GenerateRequest(rid, list(messages), dict(sampling), use_cache,
+                                                          reply_prefix=prefix, tools=tools, grammar=grammar),
                            is_reply=True, expects_snapshot=use_cache)
 
     def count_draft(self, messages: list[ChatMessage] | bytes, draft: str) -> PendingRequest | None:
