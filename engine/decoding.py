@@ -39,11 +39,15 @@ def decode_reply(engine: Engine, sp: SamplingParams, stats: GenerationStats, t0:
     speculative decoding off for the reply: a draft is not checked against them."""
     import llama_cpp
 
+    from engine.tool_grammar import check_grammar
+
     llama, live, model = engine.llama, engine.live, engine.model
     steer = engine.steer
     constrained = grammar is not None or engine.grammar is not None or (steer is not None and steer.budget is not None)
     spec: Speculation | None = None if constrained else engine.speculation
     cpu.debug_crash("before-first-token")
+    if grammar:  # one llama.cpp cannot build would crash the process at the first token
+        check_grammar(llama._model.vocab, grammar)
     llama.set_seed(sp.seed if sp.seed is not None else random.getrandbits(31))
     sampler = llama._init_sampler(
         top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p, temp=sp.temperature,

@@ -21,7 +21,8 @@ import re
 
 from engine.tool_calls import ToolFormat
 
-__all__ = ["MAX_PARALLEL_CALLS", "GrammarError", "check_arguments", "tool_call_grammar"]
+__all__ = ["MAX_PARALLEL_CALLS", "MAX_SCHEMA_DEPTH", "MAX_SCHEMA_REPEAT", "GrammarError", "check_arguments",
+           "check_grammar", "tool_call_grammar"]
 
 
 MAX_PARALLEL_CALLS = 4
@@ -31,6 +32,65 @@ repeat calls until max_tokens."""
 
 class GrammarError(ValueError):
     """A tool's schema cannot be turned into a grammar; ``str()`` names the tool."""
+
+
+MAX_SCHEMA_DEPTH = 16
+"""Most levels of nested objects and arrays a forced tool's schema may have: each level is
+rules the grammar matcher walks at every token (a 200-level schema held the server for
+minutes)."""
+MAX_SCHEMA_REPEAT = 4096
+"""Largest ``minLength``/``maxLength``/``minItems``/``maxItems`` a forced schema may set: the
+converter writes a bounded repetition out in full (``minLength: 1e9`` would be a grammar of
+a billion symbols)."""
+_REPEAT_KEYS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
+
+
+def _check_schema_bounds(name: str, schema) -> None:
+    """Refuse a schema deeper than :data:`MAX_SCHEMA_DEPTH` or with a repetition bound over
+    :data:`MAX_SCHEMA_REPEAT`, and an empty ``enum`` (no value could match: llama.cpp's
+    parser refuses the empty rule). Iterative, so no depth can exhaust the stack."""
+    stack = [(schema, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, list):
+            stack.extend((item, depth) for item in node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        if depth > MAX_SCHEMA_DEPTH:
+            raise GrammarError(f"The parameters schema of the tool '{name}' is nested more than "
+                               f"{MAX_SCHEMA_DEPTH} levels deep; Branchwise enforces at most {MAX_SCHEMA_DEPTH}.")
+        for key in _REPEAT_KEYS:
+            bound = node.get(key)
+            if isinstance(bound, (int, float)) and not isinstance(bound, bool) and bound > MAX_SCHEMA_REPEAT:
+                raise GrammarError(f"The parameters schema of the tool '{name}' sets {key} to {bound}; "
+                                   f"Branchwise enforces at most {MAX_SCHEMA_REPEAT:,}.")
+        if "enum" in node and isinstance(node["enum"], list) and not node["enum"]:
+            raise GrammarError(f"The parameters schema of the tool '{name}' has an empty enum: no value can match it.")
+        for key, value in node.items():
+            if isinstance(value, (dict, list)) and key not in ("enum", "const", "default", "examples"):
+                stack.append((value, depth + 1 if key in ("properties", "items", "prefixItems",
+                                                           "additionalProperties") else depth))
+
+
+def check_grammar(vocab, grammar: str) -> None:
+    """Parse ``grammar`` (GBNF text) with llama.cpp's own parser, for the model whose
+    vocabulary is ``vocab`` (``llama_cpp`` ``llama_vocab_p``), and free the result.
+
+    llama-cpp-python adds a grammar sampler without looking whether llama.cpp could build
+    it; a grammar llama.cpp refuses (an empty rule, left recursion, an undefined rule: a
+    schema that refers to itself) then crashes the process at the first token.
+
+    Raises:
+        GrammarError: llama.cpp could not build a sampler from ``grammar``.
+    """
+    import llama_cpp  # noqa: PLC0415 - the engine process has it
+
+    sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode("utf-8"), b"root")
+    if not sampler:
+        raise GrammarError("The tools' parameter schemas make a grammar llama.cpp cannot use (a schema that refers "
+                           "to itself, or a rule that matches nothing); simplify the schemas.")
+    llama_cpp.llama_sampler_free(sampler)
 
 
 _JSON_CHAR = r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})'
@@ -67,6 +127,7 @@ def tool_call_grammar(fmt: ToolFormat, tools: list[dict], *, only: str | None = 
         name = fn["name"]
         schema = fn.get("parameters") or {"type": "object"}
         rule = _rule_name(name, i)
+        _check_schema_bounds(name, schema)
         try:
             schema = conv.resolve_refs(schema, "tool")
             args = conv.visit(schema, rule + "-args")

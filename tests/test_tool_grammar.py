@@ -78,3 +78,49 @@ def test_default_model_has_no_tool_support_and_answers_in_words_unforced(engine)
     msgs = [ChatMessage("user", "Hello! Who are you?")]
     free = engine.generate(msgs, SamplingParams(temperature=0, max_tokens=16), tools=[WEATHER], snapshot=False)
     assert free.text and parse_reply(pb.tool_format, free.text).tool_calls == []
+
+
+def _tool(parameters: dict) -> list[dict]:
+    return [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
+
+
+def _nested(levels: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"x": schema}, "required": ["x"]}
+    return schema
+
+
+@pytest.mark.parametrize(("parameters", "words"), [
+    ({"type": "object", "properties": {"a": {"enum": []}}, "required": ["a"]}, "empty enum"),
+    ({"type": "object", "properties": {"a": {"type": "string", "minLength": 10**9}}}, "minLength to 1000000000"),
+    ({"type": "object", "properties": {"a": {"type": "array", "maxItems": 5000}}}, "maxItems to 5000"),
+    (_nested(200), "nested more than 16 levels"),
+])
+def test_schemas_that_would_hang_or_crash_the_grammar_are_refused_in_words(parameters, words):
+    """A breaker's finds: an empty enum made an empty rule (llama.cpp refused it, then
+    crashed at the first token); minLength 1e9 and a 200-level schema held the server for
+    minutes. Each is now a GrammarError naming the tool and the bound."""
+    with pytest.raises(GrammarError, match=words):
+        tool_call_grammar(ToolFormat.HERMES, _tool(parameters))
+    tool_call_grammar(ToolFormat.HERMES, _tool(_nested(15)))  # within the bound: fine
+
+
+def test_a_grammar_llama_cpp_refuses_is_an_error_not_a_crash(model_path):
+    """A schema that refers to itself converts into a grammar llama.cpp cannot build;
+    llama-cpp-python would add the NULL sampler and crash at the first token.
+    ``check_grammar`` asks llama.cpp's parser first, with the real vocabulary."""
+    import llama_cpp
+
+    from engine.tool_grammar import check_grammar
+
+    vocab_model = llama_cpp.Llama(str(model_path), vocab_only=True, verbose=False)
+    vocab = vocab_model._model.vocab
+    selfref = {"type": "object", "properties": {"a": {"$ref": "#/properties/a"}}, "required": ["a"]}
+    with pytest.raises(GrammarError, match="llama.cpp cannot use"):
+        check_grammar(vocab, tool_call_grammar(ToolFormat.HERMES, _tool(selfref)))
+    for refused in ('root ::= missing', 'root ::= root "a"'):  # an undefined rule; left recursion
+        with pytest.raises(GrammarError):
+            check_grammar(vocab, refused)
+    check_grammar(vocab, tool_call_grammar(ToolFormat.HERMES, _tool({"type": "object", "properties": {
+        "city": {"type": "string"}}, "required": ["city"]})))  # a sound grammar passes

@@ -66,6 +66,7 @@ from engine.chat_template import ChatMessage
 from engine.errors import ContextOverflowError, EngineError, TemplateError
 from engine.process_exit import RepeatFilter
 from engine.settings import SamplingParams
+from engine.tool_grammar import GrammarError
 
 log = logging.getLogger(__name__)
 
@@ -372,6 +373,9 @@ class ApiServer:
             return
         except TemplateError as exc:
             job.emit("error", ApiError(400, str(exc), param="messages", code="invalid_value"))
+            return
+        except GrammarError as exc:  # llama.cpp refused the grammar of the tools' schemas
+            job.emit("error", ApiError(400, str(exc), param="tools", code="invalid_value"))
             return
         except EngineError as exc:
             job.emit("error", ApiError(500, str(exc), type="server_error", code="engine_error"))
