@@ -75,6 +75,11 @@ def save_token(data_dir: Path, token: str) -> Path:
 
 def _api(token: str | None):
     from huggingface_hub import HfApi
+    from huggingface_hub.utils import logging as hub_logging
+
+    # Its retries log a warning each ("Retrying in 1s [Retry 1/5]"); the one sentence
+    # Branchwise says after them (_hub_error) is what a person needs.
+    hub_logging.set_verbosity_error()
 
     # token=False: never pick up another tool's stored login behind the user's back.
     return HfApi(endpoint=endpoint(), token=token or False)
@@ -89,7 +94,33 @@ def _hub_error(exc: Exception, what: str) -> HubError:
     if isinstance(exc, errors.RepositoryNotFoundError):
         return HubError(f"{what} was not found on {host()} (or it is private: store a token with "
                         "'branchwise models login').")
-    return HubError(f"{host()} could not be reached or refused the request for {what} ({exc}).")
+    if _unreachable(exc):
+        return HubError(f"{host()} could not be reached for {what}: this machine may be offline, or its name does "
+                        f"not resolve ({_root_cause(exc)}). Check the internet connection (or HF_ENDPOINT) and try again.")
+    return HubError(f"{host()} refused the request for {what} ({exc}).")
+
+
+def _chain(exc: BaseException):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _unreachable(exc: Exception) -> bool:
+    """Whether ``exc`` (or what caused it) is a failure to connect: a name that does not
+    resolve, a refused or timed-out connection, not an HTTP answer."""
+    import socket
+
+    import httpx
+
+    connect = (httpx.ConnectError, httpx.ConnectTimeout, socket.gaierror, ConnectionError, TimeoutError)
+    return any(isinstance(e, connect) for e in _chain(exc))
+
+
+def _root_cause(exc: Exception) -> str:
+    return str(list(_chain(exc))[-1]) or type(exc).__name__
 
 
 @dataclass
