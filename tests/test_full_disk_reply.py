@@ -91,3 +91,25 @@ def test_a_stop_while_the_disk_is_full_names_the_kept_row(tmp_path, capsys, capl
     assert len(result["text"]) > len(row[1])  # only the first part is kept, and it says so
     assert result["saved"]["reply"] is False and result["saved"]["problems"]
     assert f"message {row[0]}" in err and f"{len(row[1]):,} characters" in err
+
+
+def test_a_full_disk_outside_the_reply_is_named_as_such_not_as_a_damaged_database(tmp_path, capsys, monkeypatch):
+    """A breaker's find: on a full disk, `chat --attach` stored the file's text first and
+    SQLite's "database or disk is full" reached the CLI's last resort, which told the user
+    the database may be damaged and to move chats.sqlite3 away (their chats would vanish).
+    It names the full disk now, and says the database is fine by not saying otherwise."""
+    import importlib
+
+    from app.cli.commands import conversations
+
+    cli_main = importlib.import_module("app.cli.main")
+
+    def full(_args):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(conversations, "run", full)
+    assert cli_main.main(["conversations", "list", "--data-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"branchwise: The disk holding {tmp_path} is full (")
+    assert "the last change was not saved. Free some space and try again." in err
+    assert "damaged" not in err and "move chats.sqlite3" not in err

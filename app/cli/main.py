@@ -95,6 +95,14 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     except sqlite3.DatabaseError as exc:
         log.debug("database error", exc_info=True)
+        from storage.errors import is_disk_full
+
+        if is_disk_full(exc):  # not damage: the last change did not fit on the disk
+            from storage.paths import disk_full_message
+
+            print(f"branchwise: {disk_full_message(opening.data_dir(args), 'the last change was not saved')}",
+                  file=sys.stderr)
+            return EXIT_ERROR
         print(f"branchwise: the chat database could not be read ({exc}). It may be damaged: "
               "move chats.sqlite3 out of the data folder to start afresh; nothing was changed.",
               file=sys.stderr)
