@@ -96,9 +96,17 @@ def open_engine(args):
         except StorageError as exc:
             print(f"branchwise: running without the KV cache: {exc}", file=sys.stderr)
     args.progress = TerminalProgress.for_args(args)
-    with args.progress.loading():
-        return Engine(args.model or default_model_path(), settings, store, progress=args.progress.hashing,
-                      crash_verdict=CrashVerdict.applies(data_dir(args)))
+    from app.cli import interrupts
+
+    # A stop while llama.cpp loads would raise inside its log callback, where ctypes prints
+    # and drops the exception, and the command went on; it is held and taken after the load.
+    with interrupts.stops_held() as held, args.progress.loading():
+        engine = Engine(args.model or default_model_path(), settings, store, progress=args.progress.hashing,
+                        crash_verdict=CrashVerdict.applies(data_dir(args)))
+    if held.signum:
+        engine.close()
+        raise KeyboardInterrupt
+    return engine
 
 
 def sampling(args, conversation):
