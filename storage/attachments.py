@@ -232,12 +232,25 @@ class AttachmentStore:
                              " VALUES (?, ?, ?, ?, ?)",
                              (message_id, start + i, sha256, name, None if sent is None else json.dumps(list(sent))))
 
-    def drop_unlinked(self) -> int:
+    def drop_unlinked(self, older_than_s: float | None = None) -> int:
         """Delete files no message links to (a store interrupted between ``put`` and
-        ``link``); returns how many went."""
+        ``link``, or a window that ended before it sent a file it had read); with
+        ``older_than_s``, only those stored at least that many seconds ago (a file another
+        window holds on its composer is younger). Returns how many went."""
+        cutoff = time.time() - older_than_s if older_than_s is not None else float("inf")
         with self._tx() as conn:
-            return conn.execute("DELETE FROM attachments WHERE sha256 NOT IN"
-                                " (SELECT sha256 FROM message_attachments)").rowcount
+            return conn.execute("DELETE FROM attachments WHERE created_at < ? AND sha256 NOT IN"
+                                " (SELECT sha256 FROM message_attachments)", (cutoff,)).rowcount
+
+    def sweep_unlinked(self, older_than_s: float) -> int:
+        """:meth:`drop_unlinked` older than ``older_than_s`` seconds, then truncate the WAL so
+        nothing of the dropped files stays in it (the deletes zero their pages, the trigger
+        merges the search index). Returns how many went."""
+        dropped = self.drop_unlinked(older_than_s)
+        if dropped:
+            with self._lock:
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        return dropped
 
     def of_messages(self, message_ids: Sequence[int]) -> dict[int, list[StoredAttachment]]:
         """``{message id: its attachments in order}`` for those of ``message_ids`` that have any

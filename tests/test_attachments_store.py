@@ -169,3 +169,38 @@ def test_summaries_passages_and_dropping_an_unsent_file(tmp_path):
     assert [p.page for p in every] == [1, 2, 3] and RARE in every[2].text
     assert [p.number for p in att.passages(doc.sha256, [3, 1, 99])] == [1, 3]
     assert att.passages("0" * 64) == []
+
+
+def test_a_window_that_ended_before_sending_leaves_no_file_at_the_next_start(qtbot, tmp_path):
+    """A breaker's find: the window stores a file as soon as it is read; a window ended by a
+    crash or kill -9 before sending left its text in chats.sqlite3 for good, held by no
+    chat. The next window drops what is older than ``UNSENT_KEPT_S`` (a younger one may be
+    on another window's composer) and truncates the WAL: no byte of it is left."""
+    import sqlite3
+
+    from app.window.flows.attach_flow import UNSENT_KEPT_S, AttachFlow
+    from app.window.workers.tasks import Workers
+
+    path = tmp_path / "chats.sqlite3"
+    chats = ChatStore(path)
+    old, young = _doc(f"The {RARE} memorandum.".encode(), "old.txt"), _doc(b"A draft on the composer.", "young.txt")
+    store(chats, old)
+    store(chats, young)
+    db = sqlite3.connect(path)
+    with db:
+        db.execute("UPDATE attachments SET created_at = created_at - ? WHERE sha256 = ?", (UNSENT_KEPT_S + 60, old.sha256))
+    db.close()
+    workers = Workers()
+
+    class Model:  # what the flow reads of the model controller before a model is loaded
+        ready = type("Signal", (), {"connect": staticmethod(lambda _fn: None)})()
+
+    AttachFlow(store=chats, workers=workers, model=Model(), bar=None, lifetime=None, parent=None)
+    att = for_chats(chats)
+    qtbot.waitUntil(lambda: att.count() == 1 and not workers.running, timeout=10_000)  # dropped, WAL cleared
+    assert att.summaries([]) == {} and att.count() == 1  # the young one stays
+    chats.close()
+    att.close()
+    left = [f.name for f in tmp_path.iterdir() if RARE.encode() in f.read_bytes()]
+    assert left == []
+    workers.shutdown()

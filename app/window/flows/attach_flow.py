@@ -76,6 +76,11 @@ class Attachment:
         return self.doc.name if self.doc is not None else self.path.name
 
 
+UNSENT_KEPT_S = 3600.0
+"""A file read for the composer but linked to no message is dropped at the next start once
+it is this old (seconds); a younger one may be on another window's composer."""
+
+
 class AttachFlow(QObject):
     """The composer's attachments, shown as chips on ``bar`` (with × to remove) and read with
     ``workers``; ``store`` is the window's chat store, ``model`` the engine (its client
@@ -98,6 +103,23 @@ class AttachFlow(QObject):
         self.password_box: QInputDialog | None = None  # asking for an encrypted PDF's password
         self.viewer: TextViewer | None = None  # the text of a chip, while shown
         model.ready.connect(lambda _facts: self._count_all())
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """Drop what an earlier window read but never sent (it ended without closing: a
+        crash, kill -9, power loss), so no file stays that no chat holds or can delete."""
+        db = self.store.path
+
+        def job(_task) -> int:
+            attachments = AttachmentStore(db)
+            try:
+                return attachments.sweep_unlinked(UNSENT_KEPT_S)
+            finally:
+                attachments.close()
+
+        self.workers.start(job, name="drop unsent attachments",
+                           success=lambda n: n and log.info("dropped %d attachments no message holds", n),
+                           failure=lambda exc: log.info("could not drop unsent attachments: %s", exc))
 
     # -- attaching -----------------------------------------------------------------------
 
