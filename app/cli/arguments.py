@@ -127,8 +127,8 @@ def add_remote_arguments(parser) -> None:
     """``--engine-url/--engine-key/--engine-model`` for ``chat`` and ``regenerate``."""
     parser.add_argument("--engine-url", metavar="URL",
                         help="send the request to this OpenAI-compatible server (e.g. http://gpu-box:8000/v1) "
-                             "instead of the local model; the conversation stays here. The only network "
-                             "connection Branchwise makes, and only to this URL")
+                             "instead of the local model; the conversation stays here. A chat connects to "
+                             "nothing else (only 'branchwise models' contacts the model hub, when asked)")
     parser.add_argument("--engine-key", metavar="KEY", help="API key for --engine-url (env BRANCHWISE_ENGINE_KEY)")
     parser.add_argument("--engine-model", metavar="NAME",
                         help="model name to request from --engine-url (default: the first it lists)")
