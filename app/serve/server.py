@@ -371,11 +371,9 @@ class ApiServer:
                                             f"context window holds {exc.n_ctx:,} (with room for at least one reply "
                                             "token).", param="messages", code="context_length_exceeded"))
             return
-        except TemplateError as exc:
-            job.emit("error", ApiError(400, str(exc), param="messages", code="invalid_value"))
-            return
-        except GrammarError as exc:  # llama.cpp refused the grammar of the tools' schemas
-            job.emit("error", ApiError(400, str(exc), param="tools", code="invalid_value"))
+        except (TemplateError, GrammarError) as exc:  # GrammarError: llama.cpp refused the tools' schemas
+            param = "tools" if isinstance(exc, GrammarError) else "messages"
+            job.emit("error", ApiError(400, str(exc), param=param, code="invalid_value"))
             return
         except EngineError as exc:
             job.emit("error", ApiError(500, str(exc), type="server_error", code="engine_error"))
