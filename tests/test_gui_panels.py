@@ -39,7 +39,8 @@ def test_settings_dialog_saves_sampling_and_system_prompt(qtbot, open_window, da
     conv = w.store.get_conversation(cid)
     assert conv.system_prompt == "You answer in French."
     assert conv.sampling == {"temperature": 0.3, "top_p": 0.8, "top_k": 12, "min_p": 0.1,
-                             "repeat_penalty": 1.2, "seed": 42, "max_tokens": 77}
+                             "repeat_penalty": 1.2, "seed": 42, "max_tokens": 77,
+                             "thinking": "", "thinking_budget": None}  # no thinking control without a model
     with ChatStore(data_dir / CHATS_DB) as store:  # on disk, not only in memory
         assert store.get_conversation(cid).sampling["max_tokens"] == 77
 

@@ -70,7 +70,8 @@ def apply(app: QApplication, theme: str) -> Colors:
     p.setColor(QPalette.ColorRole.ToolTipText, c(colors.text))
     p.setColor(QPalette.ColorRole.PlaceholderText, c(colors.muted))
     p.setColor(QPalette.ColorRole.Highlight, c(colors.accent))
-    p.setColor(QPalette.ColorRole.HighlightedText, c("#ffffff"))
+    # white on the dark theme's light-blue accent is 2.6:1; a near-black is over 7:1 (WCAG asks 4.5:1)
+    p.setColor(QPalette.ColorRole.HighlightedText, c("#0d1b2a" if colors.dark else "#ffffff"))
     p.setColor(QPalette.ColorRole.Link, c(colors.accent))
     p.setColor(QPalette.ColorRole.BrightText, c("#ff5555"))
     for role in (QPalette.ColorRole.Text, QPalette.ColorRole.WindowText, QPalette.ColorRole.ButtonText):

@@ -469,7 +469,8 @@ class TreePanel(QWidget):
     def _show(self, layout: TreeLayout, colors: Colors) -> None:
         self.legend.setText(
             f'<span style="color:{colors.cached};">━━━</span> cached: starts at once<br>'
-            f'<span style="color:{colors.cached};">━</span> partly cached&nbsp;&nbsp; no bar: not stored<br>'
+            f'<span style="color:{colors.cached};">━</span> partly cached<br>'
+            f'<span style="color:{colors.muted};">no bar</span> not stored<br>'
             f'<span style="color:{colors.accent};">━</span> active branch (shown)<br>'
             f'<span style="color:{colors.muted};">Hover a node to read it; click it (or arrows, '
             f'Enter) to show its branch.</span>')
