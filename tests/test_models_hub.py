@@ -364,3 +364,17 @@ def test_rm_with_forget_blocks_frees_the_models_kv_blocks_and_no_others(hub, tmp
     assert removed["blocks_deleted"] > 0
     assert after["blocks"] == before["blocks"] - removed["blocks_deleted"] > 0
     assert after["models"] == 1  # only the other file's layout is left
+
+
+def test_a_listing_of_the_wrong_shape_is_one_sentence_not_a_traceback(monkeypatch):
+    """A breaker's find: a server at HF_ENDPOINT answering with file names that are numbers
+    made `models files` print a TypeError's traceback."""
+    from types import SimpleNamespace
+
+    from engine.hub import catalog
+
+    odd = SimpleNamespace(id=None, sha=None, tags=None, card_data=None, gated=False,
+                          siblings=[SimpleNamespace(rfilename=7, size=1, lfs=None)])
+    monkeypatch.setattr(catalog, "_api", lambda token: SimpleNamespace(model_info=lambda *a, **k: odd))
+    with pytest.raises(catalog.HubError, match="with something that is not a model listing"):
+        catalog.repo_files("Qwen/Qwen3-4B-GGUF")

@@ -244,10 +244,15 @@ def repo_files(repo: str, token: str | None = None) -> RepoFiles:
         info = _api(token).model_info(repo, revision="main", files_metadata=True)
     except Exception as exc:  # noqa: BLE001
         raise _hub_error(exc, repo) from exc
-    entries = [(s.rfilename, (s.lfs.size if s.lfs else s.size) or 0, s.lfs.sha256 if s.lfs else None)
-               for s in info.siblings or []]
-    return RepoFiles(repo=info.id, revision=info.sha or "main", licence=_licence(info.tags, info.card_data),
-                     gated=bool(info.gated), files=group_files(entries))
+    try:
+        entries = [(s.rfilename, (s.lfs.size if s.lfs else s.size) or 0, s.lfs.sha256 if s.lfs else None)
+                   for s in info.siblings or []]
+        return RepoFiles(repo=info.id or repo, revision=info.sha or "main",
+                         licence=_licence(info.tags, info.card_data), gated=bool(info.gated),
+                         files=group_files(entries))
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a listing of the wrong shape
+        raise HubError(f"{host()} answered for {repo} with something that is not a model listing; is HF_ENDPOINT "
+                       "a Hugging Face hub?") from exc
 
 
 def resolve_url(repo: str, revision: str, filename: str) -> str:
