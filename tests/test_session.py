@@ -88,7 +88,7 @@ class FakeEngine:
         self.closed = False
         self.store = FakeStore()
         self.fingerprint = b"fake"
-        self.model = argparse.Namespace(facts=argparse.Namespace(
+        self.model = argparse.Namespace(path=Path("/models/fake.gguf"), facts=argparse.Namespace(
             name="Fake", chat_template=True, prompt_format="model template", chat_template_note=""))
 
     def prompt_tokens(self, messages) -> list[int]:
