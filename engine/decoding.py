@@ -47,7 +47,7 @@ def decode_reply(engine: Engine, sp: SamplingParams, stats: GenerationStats, t0:
     spec: Speculation | None = None if constrained else engine.speculation
     cpu.debug_crash("before-first-token")
     if grammar:  # one llama.cpp cannot build would crash the process at the first token
-        check_grammar(llama._model.vocab, grammar)
+        check_grammar(llama_cpp.llama_model_get_vocab(llama.model), grammar)
     llama.set_seed(sp.seed if sp.seed is not None else random.getrandbits(31))
     sampler = llama._init_sampler(
         top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p, temp=sp.temperature,

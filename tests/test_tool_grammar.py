@@ -115,7 +115,7 @@ def test_a_grammar_llama_cpp_refuses_is_an_error_not_a_crash(model_path):
     from engine.tool_grammar import check_grammar
 
     vocab_model = llama_cpp.Llama(str(model_path), vocab_only=True, verbose=False)
-    vocab = vocab_model._model.vocab
+    vocab = llama_cpp.llama_model_get_vocab(vocab_model.model)
     selfref = {"type": "object", "properties": {"a": {"$ref": "#/properties/a"}}, "required": ["a"]}
     with pytest.raises(GrammarError, match="llama.cpp cannot use"):
         check_grammar(vocab, tool_call_grammar(ToolFormat.HERMES, _tool(selfref)))
