@@ -10,8 +10,6 @@ grammar, so every call is valid JSON by construction; the tests parse what comes
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -26,7 +24,6 @@ from engine.chat_template import ChatMessage
 from engine.settings import SamplingParams
 from engine.tool_calls import ToolFormat
 
-TEMPLATE = Path(__file__).parent / "data" / "tool_templates" / "Qwen-Qwen3-0.6B.jinja"
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"},
@@ -47,11 +44,9 @@ def client(url: str) -> openai.OpenAI:
 
 @pytest.fixture(scope="module")
 def tool_model(tmp_path_factory, model_path) -> Path:
-    out = tmp_path_factory.mktemp("tool-model") / "smollm2-qwen3-template.gguf"
-    r = subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(model_path), str(out),
-                        "--chat-template-file", str(TEMPLATE), "--force"], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    return out
+    from tools.tool_loop_bench import tool_model as qwen3_copy
+
+    return qwen3_copy(tmp_path_factory.mktemp("tool-model"), model_path)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ the schema grammar; the server is tests/mcp_test_server.py (the SDK, over stdio)
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +18,6 @@ from app.session.mcp_servers import McpHub
 from app.window.flows.tool_approval import Approval
 from app.window.flows.tool_flow import DENIED
 
-TEMPLATE = Path(__file__).parent / "data" / "tool_templates" / "Qwen-Qwen3-0.6B.jinja"
 SERVER_SCRIPT = str(Path(__file__).parent / "mcp_test_server.py")
 TOOLS = {
     "echo": {"name": "echo", "description": "Answer the text back.",
@@ -34,11 +32,9 @@ TOOL_TIMEOUT_MS = 240_000  # a Python MCP server takes seconds to start on a loa
 
 @pytest.fixture(scope="module")
 def tool_model(tmp_path_factory, model_path) -> Path:
-    out = tmp_path_factory.mktemp("tool-model") / "smollm2-qwen3-template.gguf"
-    r = subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(model_path), str(out),
-                        "--chat-template-file", str(TEMPLATE), "--force"], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    return out
+    from tools.tool_loop_bench import tool_model as qwen3_copy
+
+    return qwen3_copy(tmp_path_factory.mktemp("tool-model"), model_path)
 
 
 def servers(*enabled: str) -> dict:

@@ -46,12 +46,22 @@ QUESTION = ("I am planning a trip through Norway. Check the weather in Oslo, Ber
             "and add up the days I will spend there (4 and 7), then tell me where to go first.")
 
 
-def _tool_model(folder: Path) -> Path:
+def tool_model(folder: Path, source: Path | None = None) -> Path:
+    """A copy of ``source`` (default: the embedded model) in ``folder`` with Qwen3's chat
+    template (``TEMPLATE``, which has tool support), written by gguf's ``gguf_new_metadata``.
+    Used by this bench and the tool tests.
+
+    Raises:
+        RuntimeError: gguf_new_metadata failed (its stderr in the message).
+    """
     from engine.model_file import default_model_path
 
     out = folder / "smollm2-qwen3-template.gguf"
-    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(default_model_path()), str(out),
-                    "--chat-template-file", str(TEMPLATE), "--force"], check=True, capture_output=True)
+    r = subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(source or default_model_path()),
+                        str(out), "--chat-template-file", str(TEMPLATE), "--force"],
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError(f"gguf_new_metadata failed: {r.stderr.strip()}")
     return out
 
 
@@ -67,7 +77,7 @@ def run(threads: int, max_tokens: int) -> dict:
 
     out: dict = {"load_before": [round(x, 2) for x in os.getloadavg()], "rows": []}
     with tempfile.TemporaryDirectory(prefix="bw-tool-loop-") as tmp:
-        model = _tool_model(Path(tmp))
+        model = tool_model(Path(tmp))
         settings = EngineSettings(n_ctx=4096, n_threads=threads)
         warm = Engine(model, settings, PrefixStore(Path(tmp) / "kv.sqlite3"))
         cold = Engine(model, settings, None)
