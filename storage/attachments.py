@@ -337,7 +337,7 @@ class AttachmentStore:
         terms = [t for t in terms if len(t) >= 3]
         if not terms or limit <= 0:
             return []
-        query = " OR ".join('"' + t.replace('"', " ") + '"' for t in terms)
+        query = _fts_query(terms, "OR")
         with self._lock:
             rows = self._conn.execute(
                 "SELECT p.number, p.page, p.text FROM attachment_passages_fts AS f"
@@ -353,7 +353,7 @@ class AttachmentStore:
         terms = [w for w in query.split() if len(w) >= 3]
         if not terms:
             return []
-        match = " AND ".join('"' + t.replace('"', " ") + '"' for t in terms)
+        match = _fts_query(terms, "AND")
         with self._lock:
             rows = self._conn.execute(
                 "SELECT m.conversation_id, l.message_id, l.name, p.page, p.number, p.text"
@@ -458,3 +458,9 @@ def import_exported(conn: sqlite3.Connection, message_id: int, items: list) -> N
         conn.execute("INSERT INTO message_attachments (message_id, position, sha256, name, passages_json)"
                      " VALUES (?, ?, ?, ?, ?)",
                      (message_id, position, sha, name, None if sent is None else json.dumps(sent)))
+
+
+def _fts_query(terms: Sequence[str], operator: str) -> str:
+    """An FTS5 MATCH string: each term a quoted phrase (its quotes made spaces), joined by
+    ``operator`` ("AND" or "OR")."""
+    return f" {operator} ".join('"' + t.replace('"', " ") + '"' for t in terms)
