@@ -59,6 +59,33 @@ def test_disabled_progress_writes_nothing() -> None:
     assert out.getvalue() == ""
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+def test_bars_reach_the_terminal_while_a_model_load_points_stderr_at_dev_null() -> None:
+    """llama-cpp-python sends descriptor 2 to /dev/null while it loads a model; a bar first
+    drawn then used to decide "no terminal" and stay blank for the whole command (CI)."""
+    master, slave = os.openpty()
+    terminal = os.fdopen(slave, "w", encoding="utf-8")
+    progress = TerminalProgress(True, terminal, delay_s=0)
+    saved = os.dup(slave)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), slave)  # what llama_cpp._utils.suppress_stdout_stderr does to fd 2
+    try:
+        progress.update("load", 0, None)
+        progress.on_progress("prefill", 512, 733)
+    finally:
+        os.dup2(saved, slave)
+        os.close(saved)
+    seen = b""
+    while select.select([master], [], [], 0.5)[0]:
+        seen += os.read(master, 65536)
+        if b"512 / 733 tokens" in seen:
+            break
+    progress.stop()
+    terminal.close()
+    os.close(master)
+    assert b"Reading the prompt (prefill)" in seen and b"512 / 733 tokens" in seen
+
+
 def _run_in_pty(data_dir, *args) -> tuple[int, bytes, bytes]:
     """Run the CLI with stderr on a pseudo-terminal and stdout on a pipe."""
     master, slave = os.openpty()

@@ -8,10 +8,17 @@ rich (https://rich.readthedocs.io/en/stable/progress.html) on stderr, erased whe
 Off when stderr is not a terminal, with ``--json`` and with ``--quiet``. A phase shows
 only once it has run for ``DELAY_S``: a restore of a few milliseconds draws nothing.
 Call :meth:`TerminalProgress.stop` before printing the first reply token.
+
+The bars are written to a duplicate of stderr's file descriptor, taken when the progress
+is made. llama-cpp-python points descriptor 2 at /dev/null while it loads a model
+(``llama_cpp._utils.suppress_stdout_stderr``); a bar drawn then, or a console that asked
+"is this a terminal?" then, would be lost for the whole command.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import threading
 import time
@@ -55,6 +62,9 @@ class TerminalProgress:
     def __init__(self, enabled: bool, stream: TextIO | None = None, delay_s: float = DELAY_S):
         self.enabled = enabled
         self.stream = sys.stderr if stream is None else stream
+        self._own_stream = False
+        if enabled:
+            self._own_stream = self._duplicate_stream()
         self.delay_s = delay_s
         self._lock = threading.Lock()
         self._progress = None  # rich.progress.Progress once something is drawn
@@ -62,6 +72,17 @@ class TerminalProgress:
         self._started: dict[str, float] = {}  # phase -> monotonic start
         self._state: dict[str, tuple[int, int | None]] = {}  # phase -> (done, total)
         self._stopped = False
+
+    def _duplicate_stream(self) -> bool:
+        """Write to a copy of the stream's descriptor (see the module docstring); False when
+        the stream has none (a test's StringIO) and is written to as it is."""
+        try:
+            fd = self.stream.fileno()
+        except (AttributeError, OSError, ValueError):
+            return False
+        encoding = getattr(self.stream, "encoding", None) or "utf-8"
+        self.stream = os.fdopen(os.dup(fd), "w", encoding=encoding, errors="replace", buffering=1)
+        return True
 
     @classmethod
     def for_args(cls, args) -> TerminalProgress:
@@ -141,6 +162,10 @@ class TerminalProgress:
             if self._progress is not None:
                 self._progress.stop()
                 self._progress = None
+            if self._own_stream:
+                self._own_stream = False
+                with contextlib.suppress(OSError):
+                    self.stream.close()
 
     def __enter__(self) -> TerminalProgress:
         return self
@@ -159,7 +184,9 @@ class TerminalProgress:
             self._progress = Progress(
                 SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                 TextColumn("{task.fields[amount]}"), TimeElapsedColumn(),
-                console=Console(file=self.stream, stderr=True), transient=True,
+                # a terminal: wanted() asked before anything could point descriptor 2 elsewhere
+                console=Console(file=self.stream, force_terminal=True),
+                transient=True,
                 refresh_per_second=8,
             )
             self._progress.start()
