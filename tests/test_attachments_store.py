@@ -204,3 +204,46 @@ def test_a_window_that_ended_before_sending_leaves_no_file_at_the_next_start(qtb
     left = [f.name for f in tmp_path.iterdir() if RARE.encode() in f.read_bytes()]
     assert left == []
     workers.shutdown()
+
+
+def test_a_fork_and_a_new_branch_keep_the_attachment_links(tmp_path):
+    """Fork, duplicate and "Continue on a new branch" link the same stored file (no second row),
+    so the copy's prompt is the source's, token for token (the prefix store restores it)."""
+    chats = ChatStore(tmp_path / "chats.sqlite3")
+    session = ConversationSession(chats)
+    doc = _doc(_pdf(), "charter.pdf")
+    conv = chats.create_conversation(system_prompt="Be brief.")
+    old = session.send(conv.id, "An old question " + "z" * 6000)  # too long to keep on a new branch
+    chats.add_message(conv.id, old.id, "assistant", "Fine.")
+    user = _send_with(chats, conv.id, "Who keeps the seal?", [doc])
+    reply = chats.add_message(conv.id, user.id, "assistant", "The keeper.", token_ids=[5, 6, 7])
+    second = session.send(conv.id, "And who before them? " + "x" * 2000)
+    att = for_chats(chats)
+    source = session.prompt(user.id)
+    assert "[Attached file: charter.pdf" in source[-1].content
+
+    fork = session.fork(reply.id)
+    fork_user = chats.active_path(fork.id)[2]
+    assert session.prompt(fork_user.id) == source
+    assert [x.sha256 for x in att.of_messages([fork_user.id])[fork_user.id]] == [doc.sha256]
+    copy = chats.copies.duplicate_conversation(conv.id)
+    copy_user = chats.active_path(copy.id)[2]
+    assert session.prompt(copy_user.id) == source
+    assert att.count() == 1  # links to the one stored file, not a duplicate
+
+    # a new branch that keeps the attached turn: the copy holds the file as the source does
+    new_id = session.branch_dropping_oldest(second.id, n_ctx=4096, costs={second.id: 600})
+    kept = chats.branches.path_to(new_id)
+    assert [m.content for m in kept] == ["Who keeps the seal?", "The keeper.", second.content]
+    assert kept[0].parent_id is None and kept[0].id != user.id
+    whole = session.prompt(second.id)  # system, the old turn, the attached turn, the new question
+    assert session.prompt(new_id) == [whole[0]] + whole[3:]
+    assert list(kept[1].token_ids) == [5, 6, 7]
+    assert chats.get_conversation(conv.id).active_leaf_id == new_id
+    assert att.count() == 1
+
+    chats.delete_conversation(conv.id)  # the copies still link the file: it stays
+    assert att.count() == 1
+    assert session.prompt(fork_user.id) == source
+    chats.close()
+    att.close()

@@ -308,12 +308,7 @@ class ConversationSession:
             kept.pop(0)
         if len(kept) == len(path):
             return None
-        parent = None
-        for m in kept:
-            status = m.status if m.status != ReplyState.STREAMING else ReplyState.STOPPED
-            parent = self.chats.add_message(m.conversation_id, parent, m.role, m.content, token_ids=m.token_ids,
-                                            stats=m.stats, status=status, model=m.model).id
-        return parent
+        return self.chats.copies.branch_from_path([m.id for m in kept])
 
 
 class SiblingPositions(Mapping):

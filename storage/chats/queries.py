@@ -123,7 +123,9 @@ def copy_messages(
     keep: dict[int | None, int | None] | None = None,
 ) -> dict[int, int]:
     """Insert copies of ``messages`` (parents first) into a conversation; map old id -> new id.
-    ``keep`` maps parent ids outside ``messages`` to the parent their copies go under."""
+    ``keep`` maps parent ids outside ``messages`` to the parent their copies go under.
+    Each copy links the same attached files as its source (``message_attachments`` rows:
+    the one stored file, not a duplicate), so its prompt is the source's."""
     new_ids: dict[int, int] = dict(keep or {})
     for m in messages:
         cur = conn.execute(
@@ -145,6 +147,12 @@ def copy_messages(
             ),
         )
         new_ids[m.id] = cur.lastrowid
+        conn.execute(
+            "INSERT INTO message_attachments (message_id, position, sha256, name, passages_json)"
+            " SELECT ?, position, sha256, name, passages_json FROM message_attachments"
+            " WHERE message_id = ?",
+            (cur.lastrowid, m.id),
+        )
     for old_id in keep or {}:
         new_ids.pop(old_id, None)
     return new_ids
