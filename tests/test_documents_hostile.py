@@ -178,3 +178,30 @@ def test_text_over_the_character_cap():
     with pytest.raises(DocumentError, match=r"^t\.txt holds 4,000,001 characters of text, more than Branchwise "
                                             r"attaches \(4,000,000\); split it into smaller files\.$"):
         attach_bytes(b"x" * (MAX_TEXT_CHARS + 1), "t.txt")
+
+
+def test_the_same_file_given_twice_is_attached_once(tmp_path, capsys):
+    """``chat --attach a.txt --attach a.txt`` (and ./a.txt, or a copy with the same bytes):
+    one Document, so the prompt holds its text once, and one line on stderr saying so."""
+    from argparse import Namespace
+
+    from app.cli.attach_commands import read_attachments
+
+    a = tmp_path / "a.txt"
+    a.write_text("The ledger of Lower Wick.\n")
+    (tmp_path / "same.txt").write_text("The ledger of Lower Wick.\n")
+    (tmp_path / "b.txt").write_text("Another file.\n")
+    args = Namespace(attach=[str(a), str(tmp_path / "b.txt"), str(tmp_path / "." / "a.txt"),
+                             str(tmp_path / "same.txt")], attach_password=None)
+    docs = read_attachments(args)
+    assert [d.name for d in docs] == ["a.txt", "b.txt"]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err == ("branchwise: a.txt was given twice and same.txt has the same contents as a.txt; "
+                   "each file is attached once.\n")
+    args.attach = [str(a)] * 3
+    assert len(read_attachments(args)) == 1
+    assert capsys.readouterr().err == "branchwise: a.txt was given 3 times; each file is attached once.\n"
+    args.attach = [str(a), str(tmp_path / "b.txt")]
+    assert [d.name for d in read_attachments(args)] == ["a.txt", "b.txt"]
+    assert capsys.readouterr().err == ""

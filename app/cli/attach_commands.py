@@ -54,19 +54,37 @@ class AttachPlan:
 
 
 def read_attachments(args) -> list:
-    """Extract every ``--attach`` file (``Document``s, in order). Raises DocumentError (one
+    """Extract every ``--attach`` file (``Document``s, in order), each file once: a path given
+    again (``a.txt``, ``./a.txt``) is not read again, and a file with the same bytes as one
+    before it is dropped; when any is, one line on stderr says so. Raises DocumentError (one
     sentence; an encrypted PDF's names --attach-password)."""
+    import os
+    import sys
+
     from engine.documents import DocumentError, attach_file
 
-    docs = []
+    docs, given, by_sha, repeats = [], {}, {}, {}
     for path in args.attach:
+        where = os.path.realpath(path)
+        given[where] = given.get(where, 0) + 1
+        if given[where] > 1:
+            times = "twice" if given[where] == 2 else f"{given[where]} times"
+            repeats[where] = f"{os.path.basename(path)} was given {times}"
+            continue
         try:
-            docs.append(attach_file(path, password=args.attach_password))
+            doc = attach_file(path, password=args.attach_password)
         except DocumentError as exc:
             if exc.needs_password and args.attach_password is None:
                 raise DocumentError(f"{exc} (pass --attach-password)".replace(". (", " (") + ".",
                                     needs_password=True) from None
             raise
+        if doc.sha256 in by_sha:
+            repeats[where] = f"{doc.name} has the same contents as {by_sha[doc.sha256].name}"
+            continue
+        by_sha[doc.sha256] = doc
+        docs.append(doc)
+    if repeats:
+        print(f"branchwise: {' and '.join(repeats.values())}; each file is attached once.", file=sys.stderr)
     return docs
 
 
