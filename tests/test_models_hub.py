@@ -378,3 +378,122 @@ def test_a_listing_of_the_wrong_shape_is_one_sentence_not_a_traceback(monkeypatc
     monkeypatch.setattr(catalog, "_api", lambda token: SimpleNamespace(model_info=lambda *a, **k: odd))
     with pytest.raises(catalog.HubError, match="with something that is not a model listing"):
         catalog.repo_files("Qwen/Qwen3-4B-GGUF")
+
+
+@pytest.fixture
+def silent_hub():
+    """A hub on 127.0.0.1 that accepts every connection and never answers."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    held, stop = [], threading.Event()
+
+    def accept():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}", held
+    stop.set()
+    t.join()
+    for c in held:
+        c.close()
+    server.close()
+
+
+def test_a_hub_that_never_answers_is_one_sentence_within_the_timeout(silent_hub, monkeypatch):
+    from engine.hub import catalog
+
+    url, held = silent_hub
+    monkeypatch.setenv("HF_ENDPOINT", url)
+    monkeypatch.setattr(catalog, "TIMEOUT_S", 0.5)
+    import huggingface_hub.hf_api  # noqa: F401 - imported before the clock starts
+
+    import threading
+
+    outcome = []
+
+    def search():
+        try:
+            catalog.search("smollm2")
+        except catalog.HubError as exc:
+            outcome.append(exc)
+
+    start = time.monotonic()
+    worker = threading.Thread(target=search, daemon=True)  # before the fix it waited forever
+    worker.start()
+    worker.join(20)
+    elapsed = time.monotonic() - start
+    assert held, "the fake hub saw no connection"
+    assert not worker.is_alive() and len(outcome) == 1, "the search still waits for the hub"
+    assert elapsed < 3.0  # one wait of 0.5 s, not huggingface_hub's five retries
+    assert str(outcome[0]) == (f"The hub at {url} did not answer within 0.5 s (the search for 'smollm2'); "
+                                 "try again later, or check HF_ENDPOINT.")
+    with pytest.raises(catalog.HubError, match=r"did not answer within 0\.5 s \(meta/Gated-GGUF\)"):
+        catalog.repo_files("meta/Gated-GGUF")
+
+
+def test_a_redirect_to_another_host_is_not_followed(monkeypatch):
+    """The hub at 127.0.0.1 redirects the search to localhost (another host): not contacted."""
+    import http.server
+    import threading
+
+    hits = []
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b"[]")
+
+        def log_message(self, *a):
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Other)
+    target = f"http://localhost:{other.server_address[1]}"
+
+    class Redirecting(Other):
+        def do_GET(self):
+            hits.append("hub " + self.path)
+            self.send_response(302)
+            self.send_header("Location", target + self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    hub = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirecting)
+    for s in (other, hub):
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    from engine.hub import catalog, client
+
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{hub.server_address[1]}")
+        with pytest.raises(catalog.HubError) as caught:
+            catalog.search("smollm2")
+        assert str(caught.value) == (
+            f"The hub at http://127.0.0.1:{hub.server_address[1]} redirected the request (the search for "
+            "'smollm2') to localhost, which is neither its own host nor a Hugging Face host, so Branchwise "
+            "did not follow it.")
+        assert [h for h in hits if not h.startswith("hub ")] == []  # the other host was never asked
+        assert len(hits) == 1
+        # the hub's own host and Hugging Face's CDN (https) are allowed; plain http to it is not
+        ep = "http://127.0.0.1:8765"
+        assert client.allowed_url("http://127.0.0.1:8765/api/models?x=1", ep)
+        assert client.allowed_url("https://cas-bridge.xethub.hf.co/xet/abc", ep)
+        assert client.allowed_url("https://cdn-lfs.huggingface.co/repos/x", ep)
+        assert not client.allowed_url("http://cdn-lfs.huggingface.co/repos/x", ep)
+        assert not client.allowed_url("https://huggingface.co.evil.example/x", ep)
+        assert not client.allowed_url("http://127.0.0.1:8766/x", ep)
+    finally:
+        for s in (other, hub):
+            s.shutdown()
+            s.server_close()

@@ -2,8 +2,9 @@
 
 Uses ``huggingface_hub``'s ``HfApi`` (``list_models``, ``model_info``) against
 :func:`endpoint`: ``HF_ENDPOINT`` when set (the tests point it at a fake hub on
-127.0.0.1), else https://huggingface.co. Nothing here runs at import; every function that
-contacts the hub says so in its docstring.
+127.0.0.1), else https://huggingface.co, through ``engine.hub.client`` (each request waits
+at most ``TIMEOUT_S``; redirects stay on the hub's hosts). Nothing here runs at import;
+every function that contacts the hub says so in its docstring.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 STARTER_FILE = Path(__file__).with_name("starter_models.json")
 TOKEN_FILE = "hub-token"
 """File name of the hub access token in the data folder (0600), for gated repositories."""
+TIMEOUT_S = 20.0
+"""Seconds the hub may take to accept, and then to send each part of its answer."""
 
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 _QUANT = re.compile(
@@ -77,6 +80,10 @@ def _api(token: str | None):
     from huggingface_hub import HfApi
     from huggingface_hub.utils import logging as hub_logging
 
+    from engine.hub import client
+
+    client.install(endpoint(), TIMEOUT_S)
+
     # Its retries log a warning each ("Retrying in 1s [Retry 1/5]"); the one sentence
     # Branchwise says after them (_hub_error) is what a person needs.
     hub_logging.set_verbosity_error()
@@ -87,6 +94,17 @@ def _api(token: str | None):
 
 def _hub_error(exc: Exception, what: str) -> HubError:
     from huggingface_hub import errors
+
+    from engine.hub.client import HubTimeout, RedirectRefused
+
+    timeout = next((e for e in _chain(exc) if isinstance(e, HubTimeout)), None)
+    if timeout is not None:
+        return HubError(f"The hub at {endpoint()} did not answer within {timeout.timeout_s:g} s ({what}); try "
+                        "again later, or check HF_ENDPOINT.")
+    refused = next((e for e in _chain(exc) if isinstance(e, RedirectRefused)), None)
+    if refused is not None:
+        return HubError(f"The hub at {endpoint()} redirected the request ({what}) to {refused.target_host}, which is neither "
+                        "its own host nor a Hugging Face host, so Branchwise did not follow it.")
 
     if isinstance(exc, errors.GatedRepoError):
         return GatedError(f"{what} is gated on {host()}: accept its licence on the hub, then store your access "
