@@ -106,7 +106,17 @@ def _call(name, args, call_id=None) -> ToolCall | None:
     if not isinstance(args, dict):
         return None
     cid = call_id if isinstance(call_id, str) and call_id else new_call_id()
-    return ToolCall(cid, name, json.dumps(args, ensure_ascii=False))
+    return ToolCall(as_text(cid), as_text(name), as_text(json.dumps(args, ensure_ascii=False)))
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def as_text(value: str) -> str:
+    """``value`` with each lone UTF-16 surrogate (what JSON's ``"\\ud800"`` without its pair
+    decodes to: no character, and UTF-8 cannot hold it) replaced by U+FFFD, so a call's id,
+    name and arguments, and a tool's result, can be stored and sent."""
+    return _LONE_SURROGATE.sub("\ufffd", value)
 
 
 def _json_at(text: str, pos: int):

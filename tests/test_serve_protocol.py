@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -67,3 +69,37 @@ def test_loopback_and_urls():
     assert chat_completions_url("http://h:8000/v1/") == "http://h:8000/v1/chat/completions"
     assert chat_completions_url("https://h/api/v1/chat/completions") == "https://h/api/v1/chat/completions"
     assert clean("bad\x1b[31m\u202etext\n") == "bad [31m text"
+
+
+_CALLED = {"role": "user", "content": "2+3?"}
+
+
+def _call_request(fn: dict, call_id: str = "call_1", result: dict | None = None) -> dict:
+    return {"messages": [_CALLED, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call_id, "type": "function", "function": fn}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "5", **(result or {})}]}
+
+
+@pytest.mark.parametrize("body, param", [
+    (_call_request({"name": "add\ud800", "arguments": "{}"}), "messages[1].tool_calls[0].function.name"),
+    (_call_request({"name": "add", "arguments": '{"a": "\ud800"}'}), "messages[1].tool_calls[0].function.arguments"),
+    (_call_request({"name": "add", "arguments": "{}"}, call_id="c\udfff"), "messages[1].tool_calls[0].id"),
+    (_call_request({"name": "add", "arguments": "{}"}, result={"tool_call_id": "call_1\ud800"}),
+     "messages[2].tool_call_id"),
+    (_call_request({"name": "add", "arguments": "{}"}, result={"name": "add\ud800"}), "messages[2].name"),
+    (_call_request({"name": "add", "arguments": "{}"}, result={"content": "fi\ud800ve"}), "messages[2].content"),
+    ({"messages": [_CALLED], "tools": [{"type": "function", "function": {
+        "name": "add", "description": "Sum \ud800"}}]}, "tools[0].function.description"),
+    ({"messages": [_CALLED], "tools": [{"type": "function", "function": {
+        "name": "add", "parameters": {"type": "object", "properties": {"a": {"description": "\udc00"}}}}}]},
+     "tools[0].function.parameters"),
+])
+def test_a_lone_surrogate_in_a_tool_field_is_a_400_naming_it(body, param):
+    """JSON's "\\ud800" without its pair decodes to a lone surrogate: no character, and it
+    cannot be written as UTF-8 (the chat store, an export, the prompt)."""
+    with pytest.raises(ApiError) as err:
+        parse_chat_request(body)
+    assert err.value.status == 400 and err.value.param == param
+    assert "lone UTF-16 surrogate" in err.value.message and "\n" not in err.value.message
+    good = parse_chat_request(_call_request({"name": "add", "arguments": r'{"a": "\ud83d\ude00"}'}))  # a pair
+    assert json.loads(good.messages[1].tool_calls[0]["function"]["arguments"]) == {"a": "\U0001F600"}

@@ -151,3 +151,16 @@ def test_template_without_tool_support_is_generic_and_says_so():
     assert [(c.name, json.loads(c.arguments)) for c in reply.tool_calls] == [("add", {"a": 1, "b": 2})]
     # no tools and no tool messages: the prompt is exactly what it was before
     assert text_of(pb.build(msgs[:2], True)) == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_lone_surrogate_the_model_writes_in_a_call_is_replaced():
+    """A model may write the escape \\ud800 inside a call's JSON: the parsed call holds U+FFFD
+    instead, so its name and arguments are text that UTF-8 (the store, the API) can carry."""
+    text = '<tool_call>\n{"name": "get_weather\\udfff", "arguments": {"city": "Par\\ud800is"}}\n</tool_call>'
+    (call,) = parse_reply(ToolFormat.HERMES, text).tool_calls
+    assert call.name == "get_weather\ufffd"
+    assert json.loads(call.arguments) == {"city": "Par\ufffdis"}
+    call.arguments.encode("utf-8")
+    (pair,) = parse_reply(ToolFormat.HERMES, '<tool_call>{"name": "add", "arguments": {"a": "\\ud83d\\ude00"}}'
+                                             '</tool_call>').tool_calls
+    assert json.loads(pair.arguments) == {"a": "\U0001F600"}  # a surrogate pair is one character, kept

@@ -97,3 +97,25 @@ def test_migration_7_widens_the_role_check_of_an_existing_file(tmp_path: Path, m
         with pytest.raises(sqlite3.IntegrityError):
             conn.execute("INSERT INTO messages (conversation_id, role, content, created_at) VALUES (?, 'robot', '', 0)",
                          (c.id,))
+
+
+def test_a_lone_surrogate_in_a_tool_step_is_refused_by_the_store(store: ChatStore) -> None:
+    c = store.create_conversation(title="Echo")
+    q = store.add_message(c.id, None, "user", "Echo hi.")
+    with pytest.raises(ValueError, match=r"The tool step's 'arguments' holds a lone UTF-16 surrogate \(\\ud800\)"):
+        store.add_message(c.id, q.id, "tool", "echo", tool={**RESULT, "arguments": '{"text": "\ud800"}'})
+    assert [m.id for m in store.tree(c.id)] == [q.id]  # nothing stored
+    a = store.add_message(c.id, q.id, "assistant", "", tool={"tool_calls": [CALL]})
+    bad = {**CALL, "function": {"name": "echo\udc00", "arguments": "{}"}}
+    with pytest.raises(ValueError, match="'tool_calls' holds a lone UTF-16 surrogate"):
+        store.update_message(a.id, tool={"tool_calls": [bad]})
+    assert store.get_message(a.id).tool == {"tool_calls": [CALL]}
+
+
+def test_a_tool_result_with_a_lone_surrogate_reaches_the_model_as_text() -> None:
+    from types import SimpleNamespace
+
+    from app.session.mcp_servers import result_text
+
+    result = SimpleNamespace(content=[SimpleNamespace(type="text", text="ok \ud800 done")])
+    assert result_text(result) == "ok \ufffd done"

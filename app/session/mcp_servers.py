@@ -140,8 +140,11 @@ def bounded_text(text: str, limit: int = MAX_RESULT_BYTES) -> tuple[str, int]:
     return f"{kept}\n[The result was cut to {limit // 1024} KB; {cut} more bytes were left out.]", cut
 
 
-def _result_text(result) -> str:
-    """The text of a ``CallToolResult``: text parts joined; other parts named."""
+def result_text(result) -> str:
+    """The text of a ``CallToolResult``: text parts joined, other parts named; a lone UTF-16
+    surrogate a server sent (JSON's ``"\\ud800"``) becomes U+FFFD (``engine.tool_calls.as_text``)."""
+    from engine.tool_calls import as_text
+
     parts = []
     for item in getattr(result, "content", None) or []:
         kind = getattr(item, "type", "")
@@ -149,7 +152,7 @@ def _result_text(result) -> str:
             parts.append(item.text)
         else:
             parts.append(f"[{kind} content: {getattr(item, 'mime_type', None) or getattr(item, 'uri', '')}]")
-    return "\n".join(parts)
+    return as_text("\n".join(parts))
 
 
 def _leaf_errors(exc: BaseException) -> list[BaseException]:
@@ -244,7 +247,7 @@ class McpHub:
         except BaseException as exc:  # noqa: BLE001 - the model gets the sentence
             error = self._failure(server, f"the call to {name}", exc)
             return ToolOutcome(error, error, (time.perf_counter() - t0) * 1000)
-        text, cut = bounded_text(_result_text(result))
+        text, cut = bounded_text(result_text(result))
         ms = (time.perf_counter() - t0) * 1000
         error = f"The tool {name} of '{server.name}' returned an error." if getattr(result, "is_error", False) else None
         return ToolOutcome(text, error, ms, cut)

@@ -143,7 +143,7 @@ def copy_messages(
                 m.model,
                 m.created_at,
                 m.reasoning,
-                dumps(m.tool),
+                dumps(m.tool),  # as stored (an older row is copied, not refused)
             ),
         )
         new_ids[m.id] = cur.lastrowid
@@ -167,6 +167,25 @@ def delete_leaves_first(conn: sqlite3.Connection, ids: list[int]) -> None:
 
 def dumps(value: dict[str, Any] | None) -> str | None:
     return None if value is None else json.dumps(value)
+
+
+def tool_dumps(tool: dict[str, Any] | None) -> str | None:
+    """A tool step's fields (``Message.tool``) as JSON for ``tool_json``.
+
+    Raises:
+        ValueError: a field holds a lone UTF-16 surrogate (``"\\ud800"`` without its pair): no
+            character, which no export or prompt could carry; the message names the field.
+    """
+    if tool is None:
+        return None
+    for key, value in tool.items():
+        try:
+            json.dumps({key: value}, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = exc.object[exc.start:exc.end]
+            raise ValueError(f"The tool step's '{key}' holds a lone UTF-16 surrogate (\\u{ord(bad[0]):04x}), "
+                             "which is not text; replace it (U+FFFD) before storing the step.") from None
+    return json.dumps(tool)
 
 
 def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -201,7 +201,7 @@ class ChatStore(Part):
         Raises:
             NotFoundError: unknown conversation or parent message.
             ValueError: the parent belongs to another conversation, a bad role
-                or status, or a token id outside int32.
+                or status, a token id outside int32, or a lone surrogate in ``tool``.
         """
         queries.check_choice("role", role, ROLES)
         queries.check_choice("status", status, STATUSES)
@@ -216,7 +216,7 @@ class ChatStore(Part):
                 " stats_json, status, model, created_at, reasoning, tool_json)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (conversation_id, parent_id, role, content, blob, queries.dumps(stats), status, model,
-                 now, reasoning, queries.dumps(tool)),
+                 now, reasoning, queries.tool_dumps(tool)),
             )
             message_id = cur.lastrowid
             title = conversation.title
@@ -251,7 +251,7 @@ class ChatStore(Part):
 
         Raises:
             NotFoundError: unknown message.
-            ValueError: a bad status or a token id outside int32.
+            ValueError: a bad status, a token id outside int32, or a lone surrogate in ``tool``.
         """
         fields: dict[str, Any] = {}
         if content is not _UNSET:
@@ -266,7 +266,7 @@ class ChatStore(Part):
         if reasoning is not _UNSET:
             fields["reasoning"] = reasoning
         if tool is not _UNSET:
-            fields["tool_json"] = queries.dumps(tool)
+            fields["tool_json"] = queries.tool_dumps(tool)
         if not fields:
             return
         assignments = ", ".join(f"{name} = ?" for name in fields)
