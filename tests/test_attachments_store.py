@@ -116,7 +116,7 @@ def test_export_holds_the_text_and_import_restores_it(tmp_path):
     from app.session.markdown_export import conversation_markdown
 
     md = conversation_markdown(data)
-    assert "## User · message 1\n\n*Attached: charter\\.pdf (PDF\\, 3 pages)*\n\n```text\nWho keeps" in md
+    assert "## User · message 1\n\n*Attached: charter.pdf (PDF, 3 pages)*\n\n```text\nWho keeps" in md
     before = ConversationSession(chats).prompt(user.id)
     out = tmp_path / "export.json"
     out.write_text(json.dumps(data))

@@ -183,3 +183,25 @@ def test_streamed_chat_reply_is_escaped_on_a_terminal(tmp_path, monkeypatch, mod
     text = out.getvalue()
     assert "\x1b" not in text and "\x07" not in text
     assert text.startswith("\\x1b]52;c;SGVsbG8gd29ybGQ=\\x07\\x1b[8m")
+
+
+TITLES = ["Why is the sky blue?", "Q&A: C++ (part 1), 50% done! #5 - ok.", "snake_case and 2*3=6 <b>x</b>",
+          "a *b* _c_ `d` [e](f) ![g](h) <http://x> &amp; &#35; ~~s~~ \\* x", "C# #", "#", "ends in ## ",
+          "1. not a list", "- nor this", "> nor a quote", "a\\", "**", "[x]: /url", "&copy;"]
+
+
+@pytest.mark.parametrize("title", TITLES)
+def test_a_title_renders_as_its_own_text_with_only_the_escapes_it_needs(title):
+    """The heading shows the title as typed: a literal text node, nothing interpreted."""
+    md = "# " + inline_literal(title)
+    tokens = MarkdownIt("commonmark").enable("strikethrough").parse(md + "\n\nafter")
+    assert [t.type for t in tokens[:3]] == ["heading_open", "inline", "heading_close"]
+    children = tokens[1].children
+    assert [c.type for c in children] in ([], ["text"]), children
+    assert "".join(c.content for c in children) == " ".join(title.split())
+
+
+def test_a_title_keeps_plain_punctuation_unescaped():
+    for plain in ["Why is the sky blue?", "Q&A: C++ (part 1), 50% done! #5 - ok.", "Hello, world.", "1. one"]:
+        assert inline_literal(plain) == plain
+    assert inline_literal("a *b* [c] `d` <e> ~f~ \\ &amp; C #") == "a \\*b\\* \\[c\\] \\`d\\` \\<e> \\~f\\~ \\\\ \\&amp; C \\#"

@@ -10,7 +10,9 @@ verbatim, in a code fence longer than any run of backticks inside it, so no mess
 close its fence, pose as a turn heading (``## Assistant · message 2``), leave a quote
 block or inject HTML (CommonMark 0.31, "Fenced code blocks": a fence closes only on a
 line of at least as many backticks). The title, which sits in a heading, is put
-on one line with every ASCII punctuation character backslash-escaped ("Backslash escapes").
+on one line with a backslash before only the characters that could start markup there
+("Backslash escapes"): ``\\ ` * _ [ ] < ~``, an ``&`` that begins an entity (``&amp;``),
+and a ``#`` run that would close the heading; a ``?``, ``.`` or ``(`` stays as typed.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import re
 
 _BACKTICKS = re.compile("`+")
-_ASCII_PUNCT = re.compile(r"""([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~])""")
+_INLINE_MARKUP = re.compile(r"""([\\`*_\[\]<~])|(&)(?=#?[A-Za-z0-9]+;)|(?:(?<=\s)|^)(#)(?=#*\s*$)""")
 
 
 def fenced(text: str, info: str = "") -> str:
@@ -30,9 +32,10 @@ def fenced(text: str, info: str = "") -> str:
 
 
 def inline_literal(text: str) -> str:
-    """``text`` as literal inline Markdown on one line: line breaks become spaces and
-    ASCII punctuation is backslash-escaped (no emphasis, link, HTML or heading)."""
-    return _ASCII_PUNCT.sub(r"\\\1", " ".join(text.split()))
+    """``text`` as literal inline Markdown on one line: line breaks become spaces, and the
+    characters that could start markup there are backslash-escaped (no code, emphasis,
+    link, HTML, entity or closing ``#``; see the module docstring); other punctuation stays."""
+    return _INLINE_MARKUP.sub(lambda m: "\\" + m.group(0), " ".join(text.split()))
 
 
 def quoted_lines(text: str) -> list[str]:
