@@ -237,3 +237,35 @@ def test_the_stats_line_words_a_first_turn_as_the_window_does(tmp_path):
     later = bw(tmp_path, "chat", "--conversation", "1", "--temperature", "0", "--max-tokens", "4",
                "And again.").stderr.strip().splitlines()[-1]
     assert " · restored " in later and "reused" not in later
+
+
+def test_a_conversation_continues_on_its_own_model_when_the_file_is_there(tmp_path, model_path):
+    """`chat --conversation N` without --model loads the model N last ran on (schema 6's
+    conversations.model_path) and says so in one line; a file that is gone is said too."""
+    import shutil
+
+    from storage.chats import ChatStore
+
+    mine = tmp_path / "models" / "mine.gguf"
+    mine.parent.mkdir()
+    shutil.copyfile(model_path, mine)
+    d = tmp_path / "data"
+
+    def ran_on(cid):
+        with ChatStore(d / "chats.sqlite3") as chats:
+            return chats.models.of(cid).path
+
+    cid = chat_json(d, "--model", mine, "--max-tokens", "4", "Hello.")["conversation_id"]
+    assert ran_on(cid) == str(mine)
+    again = bw(d, "chat", "--max-tokens", "4", "--conversation", cid, "And then?")
+    assert again.stderr.splitlines()[0] == f"branchwise: conversation {cid} runs on mine ({mine}); loading it."
+    assert ran_on(cid) == str(mine)  # the reply was made by mine.gguf, not the default
+    other = bw(d, "chat", "--max-tokens", "4", "--model", model_path, "--conversation", cid, "More?")
+    assert "runs on" not in other.stderr and ran_on(cid) == str(model_path)  # --model wins, nothing said
+    with ChatStore(d / "chats.sqlite3") as chats:
+        chats.models.remember(cid, str(mine), "mine")
+    mine.unlink()
+    gone = bw(d, "chat", "--max-tokens", "4", "--conversation", cid, "Still there?")
+    assert gone.stderr.splitlines()[0] == (f"branchwise: conversation {cid} last ran on mine ({mine}), which is "
+                                           "not there any more; using the default model.")
+    assert ran_on(cid) == str(model_path)

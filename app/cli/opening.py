@@ -109,6 +109,34 @@ def open_engine(args):
     return engine
 
 
+def chat_model(args, chats, conversation_id: int) -> None:
+    """Without ``--model`` (and ``--engine-url``), point ``args.model`` at the model file
+    ``conversation_id`` last ran on (``ChatStore.models``) when that file exists, saying so
+    in one line on stderr; when it is gone, say that the default model is used instead.
+    A chat with no recorded file (the default model, a server) is left to the default."""
+    if args.model or getattr(args, "engine_url", None):
+        return
+    from storage.errors import NotFoundError
+
+    try:
+        recorded = chats.models.of(conversation_id)
+    except NotFoundError:
+        return
+    if recorded is None or not recorded.path:
+        return
+    from engine.model_file import default_model_path
+
+    if Path(recorded.path) == Path(default_model_path()):
+        return
+    if Path(recorded.path).is_file():
+        args.model = recorded.path
+        print(f"branchwise: conversation {conversation_id} runs on {recorded.name} ({recorded.path}); loading it.",
+              file=sys.stderr)
+    else:
+        print(f"branchwise: conversation {conversation_id} last ran on {recorded.name} ({recorded.path}), which is "
+              "not there any more; using the default model.", file=sys.stderr)
+
+
 def sampling(args, conversation):
     """The ``SamplingParams`` of a turn: ``conversation.sampling`` (a dict, or None)
     overridden by the sampling flags given on the command line."""

@@ -40,6 +40,9 @@ def run(args) -> int:
 
     docs = attach_commands.read_attachments(args)  # before anything loads or is stored
     chats = opening.open_chats(args)
+    if args.parent is not None or args.conversation is not None:  # without --model: the chat's own model
+        opening.chat_model(args, chats, chats.get_message(args.parent).conversation_id
+                           if args.parent is not None else args.conversation)
     # Load the model first, so a bad model file leaves no trace in the conversations.
     engine = opening.open_engine(args)
     if args.parent is not None:
