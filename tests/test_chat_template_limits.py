@@ -15,7 +15,6 @@ from engine.chat_template import (
     PromptBuilder,
     PromptFormat,
     StopMatcher,
-    TemplateLimitError,
     TemplateLoadError,
     template_from_metadata,
 )

@@ -4,7 +4,6 @@ Every file is made in the test's own scratch folder (tmp_path)."""
 
 from __future__ import annotations
 
-import io
 import os
 import sys
 import time

@@ -4,7 +4,6 @@ and fits its schema."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
