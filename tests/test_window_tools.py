@@ -354,7 +354,7 @@ def test_a_mistral_call_whose_marker_is_a_control_token_runs(qtbot, tool_window,
     new_chat(w, SAMPLING)
     asked = answer_with(w.chat.tools, Approval.ONCE)
     texts = []  # each saved reply's text as the engine sent it, and with control tokens shown
-    w.chat.reply_finished.connect(lambda _mid: texts.append((w.chat.last_done[1].text, w.chat.last_done[1].tool_text)))
+    w.chat.reply_finished.connect(lambda _mid: texts.append((w.chat.last_done.text, w.chat.last_done.tool_text)))
     send(qtbot, w, "Echo the word hello.")
     loop_over(qtbot, w)
     assert len(asked) == 1 and asked[0].question.text().startswith("The model wants to call the tool “echo”")

@@ -176,7 +176,7 @@ class ToolFlow(QObject):
         m = self.chat.store.get_message(message_id)
         if m.role != "assistant" or m.status != "complete" or m.tool:
             return False
-        parsed = parse_reply(self.format(), self._reply_text(message_id, m.content))
+        parsed = parse_reply(self.format(), self._reply_text(m))
         if not parsed.tool_calls:
             return False
         calls = [c.to_openai() for c in parsed.tool_calls]
@@ -187,13 +187,14 @@ class ToolFlow(QObject):
         self._next_call()
         return True
 
-    def _reply_text(self, message_id: int, content: str) -> str:
-        """The reply's text with control tokens shown when the engine sent it for this
-        reply (``ChatController.last_done``), else its stored content."""
+    def _reply_text(self, m) -> str:
+        """The reply ``m`` (a stored message) with control tokens shown when the engine sent
+        that text for it (``ChatController.last_done``: the DoneEvent of the same token ids),
+        else its stored content."""
         done = getattr(self.chat, "last_done", None)
-        if done is not None and done[0] == message_id and getattr(done[1], "tool_text", None):
-            return done[1].tool_text
-        return content
+        if done is not None and done.tool_text and list(done.token_ids) == list(m.token_ids or []):
+            return done.tool_text
+        return m.content
 
     def _server_of(self, name: str) -> tuple[McpServerConfig, McpTool] | None:
         tools = {t.name: t for t in self.tools()}

@@ -96,7 +96,6 @@ class ChatController(QObject):
         self._stopping = False
         self.shown_leaf: tuple[int, int | None] | None = None  # (chat, last message) as last drawn
         self._new_chat: tuple[str, dict] | None = None  # set in Settings before a new chat's first message
-        self.last_done: tuple[int, DoneEvent] | None = None  # (message id, event) of the last reply saved
         self.unanswered_box: QMessageBox | None = None  # "Your last message has no reply" while it is shown
         self.figures = PathFigures(self, reader)  # the context figure and the tree's coverage
         self.view = ReplyView(self)
@@ -402,7 +401,7 @@ class ChatController(QObject):
         if reply is not self.reply:
             return
         self._end()
-        mid = None
+        mid, self.last_done = None, event  # the tool loop reads the calls from its tool_text
         try:
             mid = reply.complete(event.text, event.token_ids, event.stats, event.reasoning)
         except NotFoundError:  # the chat was deleted meanwhile: nothing of it is kept
@@ -415,7 +414,6 @@ class ChatController(QObject):
         self.figures.update_context_label(event.stats)
         self.chats_changed.emit()
         log.debug("send timeline: %s", self.timeline.describe(event.stats))
-        self.last_done = (mid or 0, event)  # the tool loop reads the calls from its tool_text
         self.reply_finished.emit(mid or 0)
 
     def _snapshot(self, reply: ReplyRecorder, event: SnapshotEvent) -> None:
