@@ -134,7 +134,8 @@ def test_a_server_that_cannot_start_is_named(hub):
     with pytest.raises(RuntimeError, match="^The MCP server 'nothing-here' failed during the list of its tools") as e:
         hub.list_tools(bad).result(WAIT)
     assert str(e.value) == ("The MCP server 'nothing-here' failed during the list of its tools: it could not start "
-                            f"([Errno 2] No such file or directory: '/nonexistent/mcp-server'); see its log {hub.errlog}.")
+                            "([Errno 2] No such file or directory: '/nonexistent/mcp-server'); "
+                            f"see its log {hub.errlog}.")
     out = hub.call_tool(bad, "echo", {}).result(WAIT)
     assert out.error.startswith("The MCP server 'nothing-here' failed during the call to echo: it could not start")
 

@@ -314,7 +314,8 @@ def test_settings_show_the_tools_always_allowed_and_revoke_one(qtbot, open_windo
     tab = dlg.tools_tab
     assert tab.hub is w.chat.tools.hub  # one set of connections for the window
     shown = [tab.allowed.item(i).text() for i in range(tab.allowed.count())]
-    assert shown == [f"echo · testing · {where()}", "hang · testing · /old/command (asks again: its command line changed)"]
+    assert shown == [f"echo · testing · {where()}",
+                     "hang · testing · /old/command (asks again: its command line changed)"]
     tab.allowed.setCurrentRow(0)
     tab.revoke_button.click()
     assert [tab.allowed.item(i).text() for i in range(tab.allowed.count())] == [shown[1]]
