@@ -232,6 +232,7 @@ class DoneEvent:
     token_ids: list[int]
     stats: dict
     reasoning: str | None = None  # the thinking before the answer ``text`` (engine/reasoning.py)
+    tool_text: str | None = None  # with tools: the reply's ids as text with control tokens shown (engine.tool_calls)
 
     @property
     def finish_reason(self) -> FinishReason | None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 __all__ = ["NO_TOOL_SUPPORT", "ParsedReply", "ToolCall", "ToolFormat", "detect_format", "generic_chat_messages",
-           "new_call_id", "parse_reply", "template_message"]
+           "new_call_id", "parse_reply", "reply_text_with_controls", "template_message"]
 
 
 class ToolFormat(StrEnum):
@@ -268,6 +268,13 @@ def parse_reply(fmt: ToolFormat, text: str) -> ParsedReply:
     """Split a reply ``text`` (detokenized with control tokens shown) into content and
     tool calls in syntax ``fmt``. Never raises: what is not a well-formed call is content."""
     return _PARSERS[fmt](text)
+
+
+def reply_text_with_controls(model, token_ids: list[int]) -> str:
+    """The text of a reply's ``token_ids`` with control tokens shown (``[TOOL_CALLS]``,
+    ``<|python_tag|>``, gpt-oss's channels), what :func:`parse_reply` reads: the engine's
+    streamed text leaves them out. ``model``: an ``engine.model.Model`` (``token_bytes``)."""
+    return b"".join(model.token_bytes(t, special=True) for t in token_ids).decode("utf-8", "replace")
 
 
 # -- templates without tool support ------------------------------------------------------

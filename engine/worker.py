@@ -177,6 +177,17 @@ def _child_main(conn, data_dir: str, log_file: str) -> None:
     server.run()
 
 
+def _tool_text(engine, msg: GenerateRequest, result) -> str | None:
+    """With tools, the reply's token ids (``result`` of the local ``engine``) as text with
+    control tokens shown, where the calls are read (as ``branchwise serve`` reads them);
+    None without tools or with reasoning apart."""
+    if not msg.tools or getattr(result, "reasoning", None) is not None or not result.token_ids:
+        return None
+    from engine.tool_calls import reply_text_with_controls
+
+    return reply_text_with_controls(engine.model, result.token_ids)
+
+
 class _Server:
     def __init__(self, conn, data_dir: Path):
         self.conn = conn
@@ -381,7 +392,9 @@ class _Server:
             self.cancels.pop(rid, None)
             ready = self._account_prewarm(result)
         stats = {**result.stats.to_dict(), **ready, "queued_ms": queued_ms}
-        self.send(DoneEvent(rid, result.text, list(result.token_ids), stats, getattr(result, "reasoning", None)))
+        reasoning = getattr(result, "reasoning", None)
+        self.send(DoneEvent(rid, result.text, list(result.token_ids), stats, reasoning,
+                            None if self._remote else _tool_text(self.engine, msg, result)))
         if msg.use_cache:  # a remote engine stores nothing (0 bytes); the window still expects the event
             self.engine.snapshot(result.stats)
             self.send(SnapshotEvent(rid, round(result.stats.snapshot_ms, 2), result.stats.snapshot_bytes_written))

@@ -45,13 +45,32 @@ def servers(*enabled: str) -> dict:
 
 @pytest.fixture
 def tool_window(open_window, data_dir, tool_model):
-    def _open(*enabled: str):
+    def _open(*enabled: str, model: Path = tool_model, fmt: str = "hermes", **settings):
         (data_dir / "settings.json").write_text(json.dumps(
-            {"mcp_servers": servers(*enabled), "mcp_first_call_required": True}))
-        w = open_window(data_dir, model_path=str(tool_model))
-        assert w.model.facts["tool_format"] == "hermes"
+            {"mcp_servers": servers(*enabled), "mcp_first_call_required": True, **settings}))
+        w = open_window(data_dir, model_path=str(model))
+        assert w.model.facts["tool_format"] == fmt
         return w
     return _open
+
+
+def where() -> str:
+    """The test server's command line as Settings and the question show it."""
+    return f"{sys.executable} {SERVER_SCRIPT}"
+
+
+def server_pids() -> list[int]:
+    """This process's children that run the test server (alive)."""
+    import psutil
+
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if SERVER_SCRIPT in p.cmdline() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except psutil.Error:
+            continue
+    return out
 
 
 def answer_with(flow, first: Approval, later: Approval = Approval.DENY) -> list:
@@ -169,12 +188,15 @@ def test_esc_in_the_question_stops_the_loop(qtbot, tool_window):
 
 
 @pytest.mark.parametrize(("tool", "error"), [
-    ("hang", "The MCP server 'testing' did not answer the call to hang within 3 s."),
-    ("crash", "The MCP server 'testing' ended during the call to crash (its connection closed)."),
+    ("hang", "The MCP server 'testing' did not answer the call to hang within 3 s; see its log {log}."),
+    ("crash", "The MCP server 'testing' ended during the call to crash (its connection closed); see its log {log}."),
 ])
 def test_a_server_that_hangs_or_dies_is_named_and_the_model_gets_the_error(qtbot, tool_window, tool, error):
     w = tool_window(tool)
-    w.chat.tools.hub = McpHub(call_timeout_s=3)
+    log = w.chat.tools.log_path
+    assert log == w.data_dir / "logs" / "mcp-servers.log"
+    error = error.format(log=log)
+    w.chat.tools.hub = McpHub(call_timeout_s=3, errlog=log)
     new_chat(w, SAMPLING)
     answer_with(w.chat.tools, Approval.ONCE)
     send(qtbot, w, "Use the tool.")
@@ -242,3 +264,109 @@ def test_always_for_this_tool_asks_no_more_for_it(qtbot, tool_window):
     results = [m for m in active_path(w) if m.role == "tool"]
     assert len(asked) == 1 and len(results) > len(first_results)  # it ran without asking
     assert results[-1].content.startswith("echo: ") and results[-1].tool["error"] is None
+    # kept in settings.json with the command line it was allowed for
+    saved = json.loads((w.data_dir / "settings.json").read_text())
+    assert saved["mcp_always_allow"] == {"testing": {"echo": where()}}
+    # one server process answered both loops, the later call over its open connection
+    assert len(server_pids()) == 1
+    assert results[-1].tool["duration_ms"] < 1000, [r.tool["duration_ms"] for r in results]
+
+
+def test_always_allow_survives_a_restart_and_a_changed_command_line_asks_again(qtbot, tool_window, data_dir):
+    w = tool_window("echo")
+    new_chat(w, SAMPLING)
+    asked = answer_with(w.chat.tools, Approval.ALWAYS)
+    send(qtbot, w, "Echo the word hello.")
+    loop_over(qtbot, w)
+    assert len(asked) == 1
+    w.close()  # the window's end: its server ends too, within the bound
+    qtbot.waitUntil(lambda: not server_pids(), timeout=10_000)
+
+    settings = json.loads((data_dir / "settings.json").read_text())
+    w2 = tool_window("echo", mcp_always_allow=settings["mcp_always_allow"])
+    assert w2.chat.tools.always == {("testing", "echo")}
+    new_chat(w2, SAMPLING)
+    asked2 = answer_with(w2.chat.tools, Approval.DENY)
+    send(qtbot, w2, "Echo the word again.")
+    loop_over(qtbot, w2)
+    results = [m for m in active_path(w2) if m.role == "tool"]
+    assert asked2 == [] and results and results[0].content.startswith("echo: ")
+    w2.close()
+
+    w3 = tool_window("echo", mcp_always_allow={"testing": {"echo": f"{sys.executable} /elsewhere/server.py"}})
+    assert w3.chat.tools.always == set()
+    new_chat(w3, SAMPLING)
+    asked3 = answer_with(w3.chat.tools, Approval.DENY)
+    send(qtbot, w3, "Echo the word once more.")
+    loop_over(qtbot, w3)
+    assert len(asked3) == 1  # the command line changed: it asks again
+
+
+def test_settings_show_the_tools_always_allowed_and_revoke_one(qtbot, open_window, data_dir):
+    from PySide6.QtWidgets import QDialogButtonBox
+
+    (data_dir / "settings.json").write_text(json.dumps({
+        "mcp_servers": servers("echo"),
+        "mcp_always_allow": {"testing": {"echo": where(), "hang": "/old/command"}}}))
+    w = open_window(data_dir)
+    w.open_settings()
+    dlg = w.settings_flow.dialog
+    tab = dlg.tools_tab
+    assert tab.hub is w.chat.tools.hub  # one set of connections for the window
+    shown = [tab.allowed.item(i).text() for i in range(tab.allowed.count())]
+    assert shown == [f"echo · testing · {where()}",
+                     "hang · testing · /old/command (asks again: its command line changed)"]
+    tab.allowed.setCurrentRow(0)
+    tab.revoke_button.click()
+    assert [tab.allowed.item(i).text() for i in range(tab.allowed.count())] == [shown[1]]
+    dlg.findChild(QDialogButtonBox).button(QDialogButtonBox.StandardButton.Ok).click()
+    saved = json.loads((data_dir / "settings.json").read_text())
+    assert saved["mcp_always_allow"] == {"testing": {"hang": "/old/command"}}
+    assert w.chat.tools.always == set()
+
+
+MISTRAL_TEMPLATE = Path(__file__).parent / "data" / "tool_templates" / "mistralai-Mistral-Nemo-Instruct-2407.jinja"
+TOOL_CALLS_ID = 16  # SmolLM2's unused control token <empty_output>, renamed [TOOL_CALLS] in the copy
+
+
+@pytest.fixture(scope="module")
+def mistral_model(tmp_path_factory, model_path) -> Path:
+    """The default model with Mistral Nemo's template, ``[TOOL_CALLS]`` one control token (as
+    in Mistral's own vocabularies): the reply's text leaves it out."""
+    from tools.tool_loop_bench import tool_model as template_copy
+
+    return template_copy(tmp_path_factory.mktemp("mistral-model"), model_path, MISTRAL_TEMPLATE,
+                         {TOOL_CALLS_ID: "[TOOL_CALLS]"})
+
+
+def test_a_mistral_call_whose_marker_is_a_control_token_runs(qtbot, tool_window, mistral_model, monkeypatch):
+    """The calls are read from the reply's token ids with control tokens shown (as serve
+    reads them); the reply's text alone holds no ``[TOOL_CALLS]``."""
+    import engine.tool_grammar
+
+    made = engine.tool_grammar.tool_call_grammar
+
+    def forcing_the_token(*args, **kwargs):  # the grammar's literal as the control token itself
+        grammar = made(*args, **kwargs)
+        assert '"[TOOL_CALLS]["' in grammar
+        return grammar.replace('"[TOOL_CALLS]["', f'<[{TOOL_CALLS_ID}]> "["')
+    monkeypatch.setattr(engine.tool_grammar, "tool_call_grammar", forcing_the_token)
+    w = tool_window("echo", model=mistral_model, fmt="mistral")
+    new_chat(w, SAMPLING)
+    asked = answer_with(w.chat.tools, Approval.ONCE)
+    texts = []  # each saved reply's text as the engine sent it, and with control tokens shown
+    w.chat.reply_finished.connect(lambda _mid: texts.append((w.chat.last_done.text, w.chat.last_done.tool_text)))
+    send(qtbot, w, "Echo the word hello.")
+    loop_over(qtbot, w)
+    assert len(asked) == 1 and asked[0].question.text().startswith("The model wants to call the tool “echo”")
+    path = active_path(w)
+    call, result = path[1], path[2]
+    assert [m.role for m in path[:3]] == ["user", "assistant", "tool"]
+    assert call.token_ids[0] == TOOL_CALLS_ID  # the grammar made the marker the control token
+    shown, with_controls = texts[0]
+    assert shown.startswith("[{") and "[TOOL_CALLS]" not in shown and with_controls == "[TOOL_CALLS]" + shown
+    (tc,) = call.tool["tool_calls"]
+    said = json.loads(tc["function"]["arguments"])["text"]
+    assert tc["function"]["name"] == "echo" and call.content == ""
+    assert result.content == f"echo: {said}" and result.tool["tool_call_id"] == tc["id"]
+    assert path[-1].role == "assistant" and path[-1].id != call.id

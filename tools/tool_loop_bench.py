@@ -46,9 +46,13 @@ QUESTION = ("I am planning a trip through Norway. Check the weather in Oslo, Ber
             "and add up the days I will spend there (4 and 7), then tell me where to go first.")
 
 
-def tool_model(folder: Path, source: Path | None = None) -> Path:
-    """A copy of ``source`` (default: the embedded model) in ``folder`` with Qwen3's chat
-    template (``TEMPLATE``, which has tool support), written by gguf's ``gguf_new_metadata``.
+def tool_model(folder: Path, source: Path | None = None, template: Path = TEMPLATE,
+               control_tokens: dict[int, str] | None = None) -> Path:
+    """A copy of ``source`` (default: the embedded model) in ``folder`` with the chat
+    template ``template`` (default Qwen3's, ``TEMPLATE``, which has tool support), written by
+    gguf's ``gguf_new_metadata``. ``control_tokens`` renames vocabulary entries (id -> text;
+    SmolLM2's ids 3-16 are unused control tokens), so a template's markers such as Mistral's
+    ``[TOOL_CALLS]`` are one control token, as in the models that template belongs to.
     Used by this bench and the tool tests.
 
     Raises:
@@ -56,13 +60,40 @@ def tool_model(folder: Path, source: Path | None = None) -> Path:
     """
     from engine.model_file import default_model_path
 
-    out = folder / "smollm2-qwen3-template.gguf"
+    out = folder / f"smollm2-{Path(template).stem}.gguf"
+    if control_tokens:
+        _copy_with_tokens(Path(source or default_model_path()), out, Path(template), control_tokens)
+        return out
     r = subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(source or default_model_path()),
-                        str(out), "--chat-template-file", str(TEMPLATE), "--force"],
+                        str(out), "--chat-template-file", str(template), "--force"],
                        capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
         raise RuntimeError(f"gguf_new_metadata failed: {r.stderr.strip()}")
     return out
+
+
+def _copy_with_tokens(source: Path, out: Path, template: Path, control_tokens: dict[int, str]) -> None:
+    """``source`` to ``out`` with ``template`` and the vocabulary entries ``control_tokens``
+    renamed (their type set to control), through gguf_new_metadata's own copy."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+
+    reader = gguf.GGUFReader(str(source), "r")
+    tokens = list(reader.get_field(gguf.Keys.Tokenizer.LIST).contents())
+    types = list(reader.get_field(gguf.Keys.Tokenizer.TOKEN_TYPE).contents())
+    for tid, text in control_tokens.items():
+        tokens[tid], types[tid] = text, int(gguf.TokenType.CONTROL)
+    arch = reader.get_field(gguf.Keys.General.ARCHITECTURE).contents()
+    writer = gguf.GGUFWriter(str(out), arch=arch, endianess=reader.endianess)
+    alignment = reader.get_field(gguf.Keys.General.ALIGNMENT)
+    if alignment is not None:
+        writer.data_alignment = alignment.contents()
+    copy_with_new_metadata(reader, writer, {
+        gguf.Keys.Tokenizer.CHAT_TEMPLATE: MetadataDetails(gguf.GGUFValueType.STRING, template.read_text("utf-8")),
+        gguf.Keys.Tokenizer.LIST: MetadataDetails(gguf.GGUFValueType.ARRAY, tokens, sub_type=gguf.GGUFValueType.STRING),
+        gguf.Keys.Tokenizer.TOKEN_TYPE: MetadataDetails(gguf.GGUFValueType.ARRAY, types,
+                                                        sub_type=gguf.GGUFValueType.INT32),
+    }, [])
 
 
 def run(threads: int, max_tokens: int) -> dict:

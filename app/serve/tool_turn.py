@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from app.serve.tool_protocol import ToolRequest, calls_key
 from app.serve.tool_stream import Delta, ToolStream
-from engine.tool_calls import ToolFormat
+from engine.tool_calls import ToolFormat, reply_text_with_controls
 
 __all__ = ["NO_TOOLS_IN_TEMPLATE", "ToolTurn"]
 
@@ -88,8 +88,7 @@ class ToolTurn:
             return []
         full = None
         if result.reasoning is None and result.token_ids:
-            data = b"".join(self.model.token_bytes(t, special=True) for t in result.token_ids)
-            full = data.decode("utf-8", "replace")
+            full = reply_text_with_controls(self.model, result.token_ids)
         _content, calls, out = self.stream.finish(full)
         self._send(out)
         return [c.to_openai() for c in calls] if not self.scanner.stopped else []

@@ -7,14 +7,18 @@
 * :class:`McpHub` runs one asyncio loop on a daemon thread of its own; every operation
   returns a ``concurrent.futures.Future`` at once, so the UI thread never waits on a
   server. Cancelling the future (Stop) cancels the call.
-* Each operation opens its own connection (a stdio server is started, initialized, asked,
-  and ended), so a server that hung or died in one call cannot wedge the next one; the
-  price is the server's start-up per call.
+* One connection per server is kept for the hub's life (``app.session.mcp_sessions``):
+  a stdio server is started at its first use (on the hub's thread) and every later call
+  reuses it (a call costs milliseconds, not the seconds of a Python server's start-up).
+  A server that ended by itself is started again, once, at the next call; one whose call
+  timed out or failed is dropped (it may be stuck) and started again at the next call;
+  a changed command line starts a new one. :meth:`McpHub.close` ends them all within
+  :data:`CLOSE_BOUND_S` (2 s), then kills what is left with its process group.
 * Bounds: a call gets :data:`CALL_TIMEOUT_S` (30 s) after the connection is up, the
   connection :data:`CONNECT_TIMEOUT_S` (30 s). A result enters the prompt cut to
   :data:`MAX_RESULT_BYTES` (32 KB of UTF-8), with a note saying so. A server that hangs,
   dies or cannot start is named in the :class:`ToolOutcome` error, which is the text the
-  model gets back.
+  model gets back, with the log its stderr goes to.
 
 Tool results are hostile text: they are returned as plain strings, bounded, never parsed.
 """
@@ -24,18 +28,25 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import os
 import threading
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["CALL_TIMEOUT_S", "CONNECT_TIMEOUT_S", "MAX_RESULT_BYTES", "McpHub", "McpServerConfig", "McpTool",
-           "ToolOutcome", "bounded_text", "servers_from_mcp_json"]
+from app.session.mcp_sessions import ConnectionState, ServerConnection
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CALL_TIMEOUT_S", "CLOSE_BOUND_S", "CONNECT_TIMEOUT_S", "MAX_RESULT_BYTES", "McpHub", "McpServerConfig",
+           "McpTool", "ToolOutcome", "bounded_text", "servers_from_mcp_json"]
 
 CALL_TIMEOUT_S = 30.0
 """Seconds a tool call may take once its server is connected."""
 CONNECT_TIMEOUT_S = 30.0
 """Seconds a server may take to start and answer ``initialize``."""
+CLOSE_BOUND_S = 2.0
+"""Seconds the servers get to end after their stdin closed, when the hub closes; then killed."""
 MAX_RESULT_BYTES = 32 * 1024
 """Bytes of UTF-8 of a tool's result that enter the prompt; the rest is cut, with a note."""
 
@@ -169,21 +180,43 @@ def _leaf_errors(exc: BaseException) -> list[BaseException]:
 
 class McpHub:
     """The MCP servers' client side, on an asyncio loop of its own thread (see the module
-    docstring). ``errlog``: where stdio servers' stderr goes (a path; None: discarded)."""
+    docstring). ``errlog``: the file stdio servers' stderr is appended to (a path; None:
+    discarded), named in the sentences about a server that hangs, dies or cannot start."""
 
     def __init__(self, call_timeout_s: float = CALL_TIMEOUT_S, connect_timeout_s: float = CONNECT_TIMEOUT_S,
-                 errlog: str | None = None):
+                 errlog: str | os.PathLike | None = None):
         self.call_timeout_s, self.connect_timeout_s = call_timeout_s, connect_timeout_s
-        self._errlog = errlog or os.devnull
+        self.errlog = str(errlog) if errlog else None
+        self._live: dict[str, ServerConnection] = {}  # by server name; only the loop touches it
+        self._ending: set[ServerConnection] = set()  # dropped connections whose shutdown runs
+        self._lock: asyncio.Lock | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="mcp-servers", daemon=True)
         self._thread.start()
 
-    def close(self) -> None:
-        """Stop the loop (calls still under way are cancelled with it)."""
-        if self._loop.is_running():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(5)
+    # -- the caller's side (any thread) --------------------------------------------------
+
+    def close(self, bound_s: float = CLOSE_BOUND_S) -> None:
+        """Cancel the calls under way, close every connection and stop the loop. A server
+        that has not ended ``bound_s`` seconds after its stdin closed is killed (with its
+        process group), so this returns within about ``bound_s`` + 1 s. Safe to call twice."""
+        if not self._loop.is_running():
+            return
+        done = asyncio.run_coroutine_threadsafe(self._close_all(), self._loop)
+        try:
+            done.result(bound_s)
+        except BaseException:  # noqa: BLE001 - past the bound (or the loop broke): kill what is left
+            for p in self.processes():
+                _kill_tree(p)
+            with contextlib.suppress(BaseException):
+                done.result(1.0)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(1.0)
+
+    def processes(self) -> list:
+        """The psutil ``Process`` objects of the stdio servers running now (alive ones)."""
+        conns = list(self._live.values()) + list(self._ending)
+        return [p for c in conns for p in c.processes if _alive(p)]
 
     def list_tools(self, server: McpServerConfig) -> concurrent.futures.Future:
         """The server's tools: a future of ``list[McpTool]``; it raises ``RuntimeError``
@@ -195,59 +228,127 @@ class McpHub:
         but for cancellation; a hang, a death or a tool error is in ``ToolOutcome.error``)."""
         return asyncio.run_coroutine_threadsafe(self._call(server, name, arguments), self._loop)
 
-    @contextlib.asynccontextmanager
-    async def _session(self, server: McpServerConfig):
-        from mcp.client.session import ClientSession  # noqa: PLC0415 - the SDK loads only when a server is used
+    # -- on the loop ---------------------------------------------------------------------
 
-        async with contextlib.AsyncExitStack() as stack:
-            if server.url:
-                from mcp.client.streamable_http import streamable_http_client  # noqa: PLC0415
+    def _log_note(self, server: McpServerConfig) -> str:
+        return f"; see its log {self.errlog}" if self.errlog and not server.url else ""
 
-                streams = await stack.enter_async_context(streamable_http_client(server.url))
-            else:
-                from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: PLC0415
+    async def _connection(self, server: McpServerConfig, what: str) -> ServerConnection:
+        """The live connection to ``server``, started at its first use and again (once) when
+        its server ended; one for a changed command line replaces the old one.
 
-                errlog = stack.enter_context(open(self._errlog, "a", encoding="utf-8"))  # noqa: SIM115
-                params = StdioServerParameters(command=server.command, args=list(server.args),
-                                               env=dict(server.env) or None)
-                streams = await stack.enter_async_context(stdio_client(params, errlog=errlog))
-            session = await stack.enter_async_context(ClientSession(*streams[:2]))
-            async with asyncio.timeout(self.connect_timeout_s):
-                await session.initialize()
-            yield session
+        Raises:
+            RuntimeError: the server cannot start (the sentence names it and its log).
+        """
+        conn = self._live.get(server.name)
+        if conn is not None and (conn.server != server or not (conn.usable or conn.state is ConnectionState.STARTING)):
+            again = conn.died and conn.server == server
+            self._drop(conn)
+            conn = None
+        else:
+            again = False
+        if conn is None:
+            if self._lock is None:
+                self._lock = asyncio.Lock()
+            conn = ServerConnection(server, self.errlog or os.devnull, self.connect_timeout_s, self._lock)
+            self._live[server.name] = conn
+            if again:
+                log.info("MCP server %r ended; starting it again", server.name)
+        try:
+            await conn.start()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - named for the user
+            if self._live.get(server.name) is conn:
+                self._live.pop(server.name)
+            raise RuntimeError(self._start_failure(server, what, exc, again)) from None
+        return conn
+
+    def _drop(self, conn: ServerConnection) -> None:
+        """Forget ``conn`` and close it in the background (``close`` waits for it)."""
+        if self._live.get(conn.server.name) is conn:
+            self._live.pop(conn.server.name)
+        self._ending.add(conn)
+        task = self._loop.create_task(conn.close())
+        task.add_done_callback(lambda _t, c=conn: self._ending.discard(c))
+
+    async def _close_all(self) -> None:
+        current = asyncio.current_task()
+        owners = {c.task for c in [*self._live.values(), *self._ending]}
+        for task in asyncio.all_tasks():
+            if task is not current and task not in owners:
+                task.cancel()  # calls and listings under way
+        for conn in list(self._live.values()):
+            self._drop(conn)
+        await asyncio.gather(*(c.close() for c in list(self._ending)), return_exceptions=True)
+
+    def _start_failure(self, server: McpServerConfig, what: str, exc: BaseException, again: bool) -> str:
+        leaves = _leaf_errors(exc)
+        if any(isinstance(e, TimeoutError) for e in leaves):
+            why = f"it did not answer initialize within {self.connect_timeout_s:g} s"
+        else:
+            why = "; ".join(str(e) or type(e).__name__ for e in leaves)
+        head = "it had ended and could not be started again" if again else "it could not start"
+        return f"The MCP server '{server.name}' failed during {what}: {head} ({why}){self._log_note(server)}."
 
     def _failure(self, server: McpServerConfig, what: str, exc: BaseException) -> str:
         leaves = _leaf_errors(exc)
+        note = self._log_note(server)
         if any(isinstance(e, TimeoutError) for e in leaves):
-            return f"The MCP server '{server.name}' did not answer {what} within {self.call_timeout_s:g} s."
+            return f"The MCP server '{server.name}' did not answer {what} within {self.call_timeout_s:g} s{note}."
         text = "; ".join(str(e) or type(e).__name__ for e in leaves)
-        if "Connection closed" in text or any(isinstance(e, (EOFError, BrokenPipeError)) for e in leaves):
-            return f"The MCP server '{server.name}' ended during {what} (its connection closed)."
+        if "Connection closed" in text or any(isinstance(e, (EOFError, BrokenPipeError, ConnectionError))
+                                              for e in leaves):
+            return f"The MCP server '{server.name}' ended during {what} (its connection closed){note}."
         return f"The MCP server '{server.name}' failed during {what}: {text}"
 
-    async def _list(self, server: McpServerConfig) -> list[McpTool]:
+    async def _request(self, server: McpServerConfig, what: str, send):
+        """``await send(session)`` on the server's live connection within the call bound.
+        A connection whose request timed out or failed is dropped (the server may be stuck):
+        the next request starts it again.
+
+        Raises:
+            RuntimeError: the server could not start, hung, died or failed (the sentence).
+        """
+        conn = await self._connection(server, what)
         try:
-            async with self._session(server) as session:
-                async with asyncio.timeout(self.call_timeout_s):
-                    listed = await session.list_tools()
+            async with asyncio.timeout(self.call_timeout_s):
+                return await send(conn.session)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001 - named for the user below
-            raise RuntimeError(self._failure(server, "the list of its tools", exc)) from None
+            self._drop(conn)
+            raise RuntimeError(self._failure(server, what, exc)) from None
+
+    async def _list(self, server: McpServerConfig) -> list[McpTool]:
+        listed = await self._request(server, "the list of its tools", lambda s: s.list_tools())
         return [McpTool(server.name, t.name, t.description or "", dict(t.input_schema or {})) for t in listed.tools]
 
     async def _call(self, server: McpServerConfig, name: str, arguments: dict) -> ToolOutcome:
         t0 = time.perf_counter()
         try:
-            async with self._session(server) as session:
-                async with asyncio.timeout(self.call_timeout_s):
-                    result = await session.call_tool(name, arguments)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # noqa: BLE001 - the model gets the sentence
-            error = self._failure(server, f"the call to {name}", exc)
-            return ToolOutcome(error, error, (time.perf_counter() - t0) * 1000)
+            result = await self._request(server, f"the call to {name}", lambda s: s.call_tool(name, arguments))
+        except RuntimeError as exc:
+            return ToolOutcome(str(exc), str(exc), (time.perf_counter() - t0) * 1000)
         text, cut = bounded_text(result_text(result))
         ms = (time.perf_counter() - t0) * 1000
         error = f"The tool {name} of '{server.name}' returned an error." if getattr(result, "is_error", False) else None
         return ToolOutcome(text, error, ms, cut)
+
+
+def _alive(process) -> bool:
+    try:
+        return process.is_running() and process.status() != "zombie"
+    except Exception:  # noqa: BLE001 - psutil.NoSuchProcess, AccessDenied: not ours to kill
+        return False
+
+
+def _kill_tree(process) -> None:
+    """Kill ``process`` (psutil) and its descendants; what is gone already is skipped."""
+    try:
+        victims = [*process.children(recursive=True), process]
+    except Exception:  # noqa: BLE001 - it ended meanwhile
+        return
+    for p in victims:
+        with contextlib.suppress(Exception):
+            p.kill()

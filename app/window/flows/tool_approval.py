@@ -24,7 +24,7 @@ class Approval(StrEnum):
     """The answer to one call's question."""
 
     ONCE = "once"
-    ALWAYS = "always"  # this tool of this server, until the window closes
+    ALWAYS = "always"  # this tool of this server, kept in settings.json until revoked or its command line changes
     DENY = "deny"
     STOP = "stop"  # the dialog was closed: the loop stops
 

@@ -3,14 +3,22 @@
 When tools are on (Settings → Tools), some tool of a server is switched on, and the model's
 template supports tools (``ModelFacts.tool_format`` is not "generic"), every reply's request
 carries the enabled tools (``request_args``), rendered by the model's own chat template.
-A saved reply is read for calls (``engine.tool_calls.parse_reply``); when it has some:
+A saved reply is read for calls (``engine.tool_calls.parse_reply`` on the reply's token ids
+as text with control tokens shown, ``DoneEvent.tool_text``, as ``branchwise serve`` reads
+them: Mistral's ``[TOOL_CALLS]``, Llama 3's ``<|python_tag|>`` and gpt-oss's channels are
+control tokens the reply's text leaves out); when it has some:
 
 1. the reply is stored as an assistant message with ``tool_calls`` (its text without them);
 2. each call asks first (``ToolApprovalDialog``: tool, server, arguments): Allow once,
-   Always for this tool (until the window closes), or Deny. Nothing runs before that.
+   Always for this tool, or Deny. Nothing runs before that. "Always" is kept in
+   settings.json (``mcp_always_allow``: server → tool → the server's command line or URL
+   when it was given), shown and revoked in Settings → Tools; a server whose command line
+   changed since asks again.
    A denied call's result is :data:`DENIED`; a call of a tool that is not offered, or with
    arguments that are not a JSON object, gets an error without asking;
-3. an allowed call runs on the ``McpHub`` thread (``app.session.mcp_servers``: 30 s, 32 KB);
+3. an allowed call runs on the ``McpHub`` thread (``app.session.mcp_servers``: 30 s, 32 KB;
+   one live connection per server for the window's life, its stderr in
+   ``<data dir>/logs/mcp-servers.log``);
    its result is stored as a ``role: "tool"`` message under the call (the tree keeps every
    step, so a branch can start at any of them);
 4. the next reply starts under the last result, until a reply has no calls or
@@ -26,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
@@ -58,7 +67,6 @@ class ToolFlow(QObject):
         super().__init__(chat)
         self.chat, self.settings, self.facts, self.parent_widget = chat, settings, facts, parent
         self._hub = hub
-        self.always: set[tuple[str, str]] = set()  # (server, tool) allowed for the window's life
         self.steps = 0  # replies in the current loop
         self.dialog: ToolApprovalDialog | None = None
         self._future = None
@@ -71,10 +79,34 @@ class ToolFlow(QObject):
 
     @property
     def hub(self) -> McpHub:
-        """The MCP client (made at the first call: ``McpHub`` with its default bounds)."""
+        """The MCP client (made at first use: ``McpHub`` with its default bounds, the
+        servers' stderr in :attr:`log_path`). Settings → Tools lists tools through it too."""
         if self._hub is None:
-            self._hub = McpHub()
+            self._hub = McpHub(errlog=self.log_path)
         return self._hub
+
+    @property
+    def log_path(self) -> Path | None:
+        """``<data dir>/logs/mcp-servers.log`` (None when the settings have no data folder)."""
+        data_dir = getattr(self.settings, "data_dir", None)
+        if data_dir is None:
+            return None
+        logs = Path(data_dir) / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        return logs / "mcp-servers.log"
+
+    @property
+    def always(self) -> set[tuple[str, str]]:
+        """(server, tool) pairs allowed always whose server's command line is unchanged."""
+        where = {s.name: s.where for s in self.servers()}
+        return {(server, tool) for server, tools in (self.settings.mcp_always_allow or {}).items()
+                for tool, was in tools.items() if where.get(server) == was}
+
+    def allow_always(self, server: McpServerConfig, tool: str) -> None:
+        """Keep "always allow ``tool`` of ``server``" in settings.json, with its command line."""
+        kept = {k: dict(v) for k, v in (self.settings.mcp_always_allow or {}).items()}
+        kept.setdefault(server.name, {})[tool] = server.where
+        self.settings.update(mcp_always_allow=kept)
 
     @hub.setter
     def hub(self, hub: McpHub) -> None:
@@ -144,7 +176,7 @@ class ToolFlow(QObject):
         m = self.chat.store.get_message(message_id)
         if m.role != "assistant" or m.status != "complete" or m.tool:
             return False
-        parsed = parse_reply(self.format(), m.content)
+        parsed = parse_reply(self.format(), self._reply_text(m))
         if not parsed.tool_calls:
             return False
         calls = [c.to_openai() for c in parsed.tool_calls]
@@ -154,6 +186,15 @@ class ToolFlow(QObject):
         self.chat.render()
         self._next_call()
         return True
+
+    def _reply_text(self, m) -> str:
+        """The reply ``m`` (a stored message) with control tokens shown when the engine sent
+        that text for it (``ChatController.last_done``: the DoneEvent of the same token ids),
+        else its stored content."""
+        done = getattr(self.chat, "last_done", None)
+        if done is not None and done.tool_text and list(done.token_ids) == list(m.token_ids or []):
+            return done.tool_text
+        return m.content
 
     def _server_of(self, name: str) -> tuple[McpServerConfig, McpTool] | None:
         tools = {t.name: t for t in self.tools()}
@@ -194,7 +235,7 @@ class ToolFlow(QObject):
             self._store_result(call, server, ToolOutcome(DENIED, DENIED, 0.0), args)
         else:
             if answer is Approval.ALWAYS:
-                self.always.add((server.name, call.name))
+                self.allow_always(server, call.name)
             self._run(call, server, args)
 
     def _run(self, call: ToolCall, server: McpServerConfig, args: dict) -> None:

@@ -40,6 +40,9 @@ def _valid_value(name: str, value) -> bool:
         return all(isinstance(v, str) for v in value.values())
     if name == "window_layout":
         return window_layout_ok(value)
+    if name == "mcp_always_allow":
+        return all(isinstance(tools, dict) and all(isinstance(t, str) and isinstance(w, str) for t, w in tools.items())
+                   for tools in value.values())
     if name == "mcp_servers":
         from app.session.mcp_servers import McpServerConfig  # noqa: PLC0415 - read only when the file has servers
 
@@ -117,6 +120,8 @@ class AppSettings:
     mcp_tools_on: replies may call the enabled tools (the template must support tools).
     mcp_first_call_required: each reply's first step must be a tool call (sampled under the
         schema grammar, ``tool_choice: "required"``); later steps are free.
+    mcp_always_allow: the tool calls answered "Always for this tool": server name -> tool
+        name -> the server's command line (or URL) then; a changed one asks again.
     """
 
     n_ctx: int = _ENGINE.n_ctx
@@ -147,6 +152,7 @@ class AppSettings:
     mcp_servers: dict = field(default_factory=dict)
     mcp_tools_on: bool = True
     mcp_first_call_required: bool = False
+    mcp_always_allow: dict = field(default_factory=dict)
 
     def engine_settings(self) -> EngineSettings:
         """The EngineSettings these settings describe, built by the engine's own rule

@@ -6,7 +6,9 @@ Cursor's shape: ``{"mcpServers": {name: {"command", "args", "env"} | {"url"}}}``
 tools" asks every server for its tools on the ``McpHub`` thread (the window never waits);
 a server that cannot be reached is named below the list. What is shown is saved in
 settings.json (``AppSettings.mcp_servers``): the entry, the tools last listed, and the tools
-switched off. Server names, tool names and descriptions are plain text.
+switched off. Below, the tools answered "Always for this tool" (``mcp_always_allow``), each
+with the command line it was allowed for; Revoke makes it ask again. Server names, tool
+names and descriptions are plain text.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
+    QListWidget,
+    QListWidgetItem,
     QPushButton,
     QTreeWidget,
     QTreeWidgetItem,
@@ -42,10 +46,13 @@ class McpSettingsTab(QWidget):
     listed = Signal(str)
     _arrived = Signal(str, object)  # (server name, list[McpTool] or an error sentence), to the UI thread
 
-    def __init__(self, servers: dict, tools_on: bool, first_call_required: bool, parent: QWidget | None = None):
+    def __init__(self, servers: dict, tools_on: bool, first_call_required: bool, parent: QWidget | None = None,
+                 always_allow: dict | None = None):
         super().__init__(parent)
         self.entries: dict[str, dict] = {n: dict(e) for n, e in (servers or {}).items()}
+        self.always_allow: dict[str, dict[str, str]] = {n: dict(t) for n, t in (always_allow or {}).items()}
         self.hub: McpHub | None = None
+        self._own_hub = False  # made here (closed with the dialog), not the window's
         self._arrived.connect(self._tools_arrived)
         lay = QVBoxLayout(self)
         self.tools_on = QCheckBox("Replies may call the tools switched on below")
@@ -74,6 +81,15 @@ class McpSettingsTab(QWidget):
         for w in (self.import_button, self.list_button, self.remove_button):
             row.addWidget(w)
         row.addStretch(1)
+        self.allowed = QListWidget()
+        self.allowed.setAccessibleName("Tools allowed without asking")
+        self.allowed.setMaximumHeight(90)
+        self.revoke_button = QPushButton("Revoke")
+        self.revoke_button.setToolTip("Ask again before this tool runs")
+        self.revoke_button.clicked.connect(self._revoke_selected)
+        allowed_row = QHBoxLayout()
+        allowed_row.addWidget(self.allowed, 1)
+        allowed_row.addWidget(self.revoke_button, 0, Qt.AlignmentFlag.AlignTop)
         self.status = QLabel()
         self.status.setTextFormat(Qt.TextFormat.PlainText)
         self.status.setWordWrap(True)
@@ -85,9 +101,16 @@ class McpSettingsTab(QWidget):
             lay.addWidget(w)
         lay.addLayout(add_row)
         lay.addLayout(row)
+        lay.addWidget(QLabel("Allowed without asking (“Always for this tool”):"))
+        lay.addLayout(allowed_row)
         lay.addWidget(self.status)
         lay.addWidget(note)
         self._fill()
+        self._fill_allowed()
+
+    def use_hub(self, hub: McpHub) -> None:
+        """List tools through ``hub`` (the window's: its connections stay up for the calls)."""
+        self.hub, self._own_hub = hub, False
 
     # -- what is shown -------------------------------------------------------------------
 
@@ -105,6 +128,35 @@ class McpSettingsTab(QWidget):
             self.tree.addTopLevelItem(top)
             top.setExpanded(True)
 
+    def _fill_allowed(self) -> None:
+        self.allowed.clear()
+        for server, tools in self.always_allow.items():
+            entry = self.entries.get(server)
+            now = McpServerConfig.from_dict(server, entry).where if entry is not None else None
+            for tool, where in tools.items():
+                state = "" if now == where else (" (asks again: the server was removed)" if now is None
+                                                  else " (asks again: its command line changed)")
+                item = QListWidgetItem(f"{tool} · {server} · {where}{state}")
+                item.setData(Qt.ItemDataRole.UserRole, (server, tool))
+                self.allowed.addItem(item)
+        self.revoke_button.setEnabled(self.allowed.count() > 0)
+
+    def _revoke_selected(self) -> None:
+        item = self.allowed.currentItem() or (self.allowed.item(0) if self.allowed.count() == 1 else None)
+        if item is None:
+            self.status.setText("Choose the tool to revoke in the list.")
+            return
+        self.revoke(*item.data(Qt.ItemDataRole.UserRole))
+
+    def revoke(self, server: str, tool: str) -> None:
+        """Forget "always allow ``tool`` of ``server``" (saved on OK): it asks again."""
+        tools = self.always_allow.get(server, {})
+        tools.pop(tool, None)
+        if not tools:
+            self.always_allow.pop(server, None)
+        self._fill_allowed()
+        self.status.setText(f"{tool} of {server} will ask again before it runs.")
+
     def _read_switches(self) -> None:
         """The tools' check boxes into ``entries[..]["disabled_tools"]``."""
         for i in range(self.tree.topLevelItemCount()):
@@ -117,9 +169,11 @@ class McpSettingsTab(QWidget):
             entry["disabled_tools"] = off
 
     def values(self) -> dict:
-        """``mcp_servers``, ``mcp_tools_on`` and ``mcp_first_call_required`` as shown."""
+        """``mcp_servers``, ``mcp_tools_on``, ``mcp_first_call_required`` and
+        ``mcp_always_allow`` as shown."""
         self._read_switches()
         return {"mcp_servers": {n: dict(e) for n, e in self.entries.items()},
+                "mcp_always_allow": {n: dict(t) for n, t in self.always_allow.items()},
                 "mcp_tools_on": self.tools_on.isChecked(), "mcp_first_call_required": self.first_call.isChecked()}
 
     # -- adding and removing -------------------------------------------------------------
@@ -184,7 +238,7 @@ class McpSettingsTab(QWidget):
     def list_server(self, name: str) -> None:
         """Ask server ``name`` for its tools; ``listed(name)`` when they (or its failure) arrive."""
         if self.hub is None:
-            self.hub = McpHub()
+            self.hub, self._own_hub = McpHub(), True
         self.status.setText(f"Listing the tools of {name}…")
         future = self.hub.list_tools(McpServerConfig.from_dict(name, self.entries[name]))
         future.add_done_callback(lambda f, n=name: self._arrived.emit(
@@ -202,7 +256,7 @@ class McpSettingsTab(QWidget):
         self.listed.emit(name)
 
     def shutdown(self) -> None:
-        """The dialog closed: stop the hub's thread."""
-        if self.hub is not None:
+        """The dialog closed: stop the hub's thread (a hub of its own; the window's stays)."""
+        if self.hub is not None and self._own_hub:
             self.hub.close()
-            self.hub = None
+        self.hub = None

@@ -208,7 +208,8 @@ class SettingsDialog(QDialog):
         api_note.setWordWrap(True)
         form3.addRow(api_note)
         tabs.addTab(api_tab, "API server")
-        self.tools_tab = McpSettingsTab(settings.mcp_servers, settings.mcp_tools_on, settings.mcp_first_call_required)
+        self.tools_tab = McpSettingsTab(settings.mcp_servers, settings.mcp_tools_on, settings.mcp_first_call_required,
+                                        always_allow=settings.mcp_always_allow)
         tabs.addTab(self.tools_tab, "Tools")  # MCP servers for the tool loop
 
         self.error = QLabel()

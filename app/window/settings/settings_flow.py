@@ -72,6 +72,7 @@ class SettingsFlow(QObject):
                              chat_tokens=used if cid and used else None,
                              prefill_rate=self.prefill.rate)
         self.dialog = dlg
+        dlg.tools_tab.use_hub(chat.tools.hub)  # listing tools starts the servers the calls then reuse
         name_controls(dlg)
         dlg.finished.connect(lambda result: self._done(dlg, conv, result))
         dlg.open()

@@ -401,7 +401,7 @@ class ChatController(QObject):
         if reply is not self.reply:
             return
         self._end()
-        mid = None
+        mid, self.last_done = None, event  # the tool loop reads the calls from its tool_text
         try:
             mid = reply.complete(event.text, event.token_ids, event.stats, event.reasoning)
         except NotFoundError:  # the chat was deleted meanwhile: nothing of it is kept
