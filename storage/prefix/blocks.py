@@ -23,7 +23,7 @@ from storage.block_hash import block_key, chain_keys, tokens_to_bytes
 from storage.parallel import in_halves
 from storage.prefix.checkpoints import Checkpoints
 from storage.prefix.index import Index
-from storage.prefix.records import BlockRef, NewBlock, PrefixMatch, checksum
+from storage.prefix.records import BlockRef, MappedBlocks, NewBlock, PrefixMatch, checksum
 
 log = logging.getLogger("storage.prefix_store")
 
@@ -91,22 +91,41 @@ class Blocks:
         """How many leading ``tokens`` the store could restore (no statistics counted)."""
         return self.lookup(fingerprint, tokens, count=False).n_tokens
 
-    def read(self, match: PrefixMatch) -> tuple[list[tuple[bytes, int, int]], int]:
+    def read(self, match: PrefixMatch) -> tuple[list[tuple[memoryview, int, int]], int]:
         """Fetch and verify the payloads of ``match``.
 
         Returns ``(payloads, n_bad)``: ``payloads`` is ``[(payload, n_tokens, use)]``
         (``payload`` a read-only memoryview over the mapped block file) for
         the verified leading blocks, ready for ``engine.kv_codec.join``; reading stops at
         the first block that is missing or fails its checksum, and such a block is deleted
-        with its descendants (``n_bad`` counts them).
+        with its descendants (``n_bad`` counts them). A restore does better with
+        :meth:`map_match` and a checked copy (each block verified just before it is copied,
+        while it is in the CPU cache); this checks every file first, on two threads.
         """
-        out: list[tuple[memoryview, int, int]] = []
-        bad = 0
+        mapped = self.map_match(match)
+        ok = in_halves(lambda part: [mapped.check(i, d) for i, (d, _, _) in part],
+                       list(enumerate(mapped.payloads)), mapped.nbytes)
+        good = ok.index(False) if False in ok else len(ok)
+        bad = mapped.n_bad
+        if good < len(ok):
+            bad += self.reject(mapped, good)
+        return mapped.payloads[:good], bad
+
+    def map_match(self, match: PrefixMatch) -> MappedBlocks:
+        """Map the payload files of ``match`` without reading them (no checksum yet).
+
+        The files not mapped already are first given to the kernel's read-ahead
+        (``BlockFiles.prefetch``), so on a cold page cache they are read in parallel while
+        the first ones are mapped. Mapping stops at the first block whose row or file is
+        missing or whose file has the wrong size; such a block is deleted with its
+        descendants (``n_bad``). The caller checks every payload with
+        :meth:`MappedBlocks.check` before llama.cpp may see it, and gives a failed one to
+        :meth:`reject`.
+        """
+        out = MappedBlocks()
         with self.ix.guard():
             rows = self.rows([b.key for b in match.blocks])
-            # No copy: the checksum runs over the mapped file, and the caller copies the
-            # bytes once, into the state blob. The files are checked on two threads.
-            mapped: list[tuple[BlockRef, memoryview, int]] = []
+            self.ix.files.prefetch([b.key for b in match.blocks if b.key in rows])
             broken = None  # a block whose file is missing or of the wrong size
             for ref in match.blocks:
                 row = rows.get(ref.key)
@@ -116,18 +135,21 @@ class Blocks:
                 if data is None or len(data) != row[1] or len(data) % ref.n_tokens:
                     broken = ref
                     break
-                mapped.append((ref, data, row[0]))
-            sums = in_halves(lambda part: [checksum(d) for _, d, _ in part], mapped,
-                             sum(len(d) for _, d, _ in mapped))
-            for (ref, data, want), got in zip(mapped, sums):
-                if got != want:
-                    broken = ref
-                    break
-                out.append((data, ref.n_tokens, ref.use))
+                out.refs.append(ref)
+                out.payloads.append((data, ref.n_tokens, ref.use))
+                out.checksums.append(row[0])
             if broken is not None:
-                log.warning("KV block %s failed its checksum; dropping it", broken.key.hex()[:12])
-                bad += self.delete_subtree(broken.key)
-        return out, bad
+                log.warning("KV block %s is missing or truncated; dropping it", broken.key.hex()[:12])
+                out.n_bad += self.delete_subtree(broken.key)
+        return out
+
+    def reject(self, mapped: MappedBlocks, i: int) -> int:
+        """Block ``i`` of ``mapped`` failed its checksum: delete it with its descendants;
+        returns how many blocks went."""
+        key = mapped.refs[i].key
+        log.warning("KV block %s failed its checksum; dropping it", key.hex()[:12])
+        with self.ix.guard():
+            return self.delete_subtree(key)
 
     def rows(self, keys: Sequence[bytes]) -> dict[bytes, tuple[int, int]]:
         """``{key: (checksum, nbytes)}`` of the stored ``keys`` (queried 500 at a time)."""
