@@ -81,6 +81,7 @@ class BlockFiles:
         self._maps: OrderedDict[bytes, tuple[tuple[int, int, int], memoryview]] = OrderedDict()
         self._mapped = 0  # bytes in _maps
         self._warned = False  # a foreign entry in the folder was logged
+        self._made = False  # the folder was made (or found) by a write of this object
 
     def path(self, key: bytes) -> Path:
         return self.folder / key.hex()
@@ -88,12 +89,17 @@ class BlockFiles:
     def write(self, key: bytes, data) -> None:
         """Write ``data`` (a contiguous buffer) as the payload of ``key``: temporary file,
         then rename."""
-        self.folder.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        if not self._made:  # once, not a mkdir and a stat per block
+            self.folder.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+            self._made = True
         final = self.path(key)
         tmp = self.folder / f"{key.hex()}.{os.getpid()}{_TMP}"
         view = memoryview(data).cast("B")
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY  # never through a link
         try:
+            fd = os.open(tmp, flags, FILE_MODE)
+        except FileNotFoundError:  # the folder went (a reset by another process): make it again
+            self.folder.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
             fd = os.open(tmp, flags, FILE_MODE)
         except FileExistsError:  # left by a killed process of the same id (or planted): unlink it
             os.remove(tmp)
@@ -291,6 +297,7 @@ class BlockFiles:
         files and orphans of a write that never committed. Files of other names are not
         touched. Call it holding the index's write lock. Returns how many files went."""
         gone = 0
+        self._made = False
         self._maps.clear()
         self._mapped = 0
         with self._open_dir() as dir_fd:
@@ -313,6 +320,7 @@ class BlockFiles:
     def remove_all(self) -> None:
         """Unlink every block file, then the folder if that leaves it empty (a reset of
         the store). Other entries, and a symlinked folder's link, stay."""
+        self._made = False
         self._maps.clear()
         self._mapped = 0
         with self._open_dir() as dir_fd:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -200,7 +201,8 @@ class Blocks:
         Each block the store lacks is made ready on one of two threads (storage.parallel):
         its payload is produced (when it is a callable, see :class:`NewBlock`),
         checksummed and written to its file while it is still in the CPU cache; the
-        SQLite work stays on this thread. The files are written inside the transaction
+        SQLite work stays on this thread, the rows inserted with one ``executemany``. The
+        files are written inside the transaction
         that inserts their rows, before it commits: a process killed before the commit
         leaves orphans (reclaimed at open), never a row without its payload.
 
@@ -220,19 +222,25 @@ class Blocks:
                     todo = [b for b in blocks if b.key not in present]
                     size = sum(b.nbytes if callable(b.payload) else memoryview(b.payload).nbytes for b in todo)
                     ready = in_halves(lambda part: [self._write_block(b) for b in part], todo, size)
-                    for b, (nbytes, value) in zip(todo, ready):
-                        self.ix.db.execute(
-                            "INSERT INTO blocks(key, parent, fingerprint, start, n_tokens,"
-                            " tokens, nbytes, checksum, n_children, last_access)"
-                            " VALUES (?,?,?,?,?,?,?,?,0,?)",
-                            (b.key, b.parent, fingerprint, b.start, b.n_tokens,
-                             tokens_to_bytes(b.tokens), nbytes, value, now),
-                        )
-                        self.ix.db.execute(
-                            "UPDATE blocks SET n_children = n_children + 1 WHERE key=?", (b.parent,)
-                        )
-                        written += nbytes
-                        dropped += self._drop_covered_tails(b)
+                    self.ix.db.executemany(
+                        "INSERT INTO blocks(key, parent, fingerprint, start, n_tokens,"
+                        " tokens, nbytes, checksum, n_children, last_access)"
+                        " VALUES (?,?,?,?,?,?,?,?,0,?)",
+                        [(b.key, b.parent, fingerprint, b.start, b.n_tokens, tokens_to_bytes(b.tokens),
+                          nbytes, value, now) for b, (nbytes, value) in zip(todo, ready)],
+                    )
+                    children = Counter(b.parent for b in todo)
+                    self.ix.db.executemany(
+                        "UPDATE blocks SET n_children = n_children + ? WHERE key=?",
+                        [(count, parent) for parent, count in children.items()],
+                    )
+                    written = sum(nbytes for nbytes, _ in ready)
+                    new = {b.key for b in todo}
+                    for b in todo:
+                        # A parent inserted by this very call has no other children, so no
+                        # tail of its can be covered (a chain: one query, not one per block).
+                        if b.parent not in new or children[b.parent] > 1:
+                            dropped += self._drop_covered_tails(b)
                     self.touch(active_path, now)
             except BaseException:
                 self.ix.files.scrub(b.key for b in todo)  # rolled back: their rows are gone, so are they
