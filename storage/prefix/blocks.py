@@ -6,8 +6,9 @@ Keys chain from the model fingerprint (:mod:`storage.block_hash`), so blocks are
 every branch with the same token prefix and never across models. A lookup walks the chain
 of full blocks, then takes the longest common prefix among the children of the last match
 (full blocks and tails), so a match is token-granular. Every payload carries an xxh3-64
-checksum that :meth:`Blocks.read` verifies over the mapped file (no copy); a bad or missing
-block is deleted with its descendants and the match stops before it.
+checksum, verified over the mapped file (no copy): by :meth:`Blocks.read`, or for a
+restore by the copy into the state, block by block (:meth:`Blocks.map_match`); a bad or
+missing block is deleted with its descendants and the match stops before it.
 """
 
 from __future__ import annotations
