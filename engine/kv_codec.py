@@ -41,14 +41,14 @@ to prefill.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 import numpy as np
 
-from storage.parallel import in_halves
+from engine.kv_gather import DamagedPayloadError, block_into, cut_into, scatter  # noqa: F401 - part of this API
 
 STATE_MAGIC = 0xAF143CD8
 _CELL_RECORD = np.dtype([("pos", "<i4"), ("n_seq_id", "<u4"), ("seq_id", "<i4")])
@@ -97,7 +97,8 @@ class KvLayout:
     def from_json(cls, data: dict) -> "KvLayout":
         return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items()})
 
-    def _uniform(self) -> bool:
+    @property
+    def uniform(self) -> bool:
         """True when every layer has the same sizes (then numpy can move all layers at once)."""
         same = lambda xs: len(set(xs)) <= 1  # noqa: E731
         if self.v_trans == 0:
@@ -311,51 +312,12 @@ def block_payload(state: ParsedState, start: int, stop: int) -> bytes:
     return block_into(state, start, stop, np.empty((stop - start) * state.layout.bytes_per_token, np.uint8)).tobytes()
 
 
-def block_into(state: ParsedState, start: int, stop: int, out: np.ndarray) -> np.ndarray:
-    """Write the payload of the block of tokens ``[start, stop)`` into ``out`` (a uint8
-    array of at least ``(stop - start) * state.layout.bytes_per_token`` bytes) and return
-    the part written: the K rows of each layer, then V (a transposed V, strided in the
-    state, is gathered a ``dims x (stop - start)`` box per layer).
-
-    One contiguous payload is what the store checksums and writes in one call each.
-    """
-    if not 0 <= start < stop <= state.n_tokens:
-        raise ValueError(f"block [{start}, {stop}) outside 0..{state.n_tokens}")
-    n = stop - start
-    out = out[: n * state.layout.bytes_per_token]
-    off = 0
-    for k in state.k:
-        size = n * k.shape[1]
-        out[off : off + size].reshape(n, k.shape[1])[:] = k[start:stop]
-        off += size
-    for v in state.v:
-        if state.layout.v_trans == 0:
-            size = n * v.shape[1]
-            out[off : off + size].reshape(n, v.shape[1])[:] = v[start:stop]
-        else:
-            dims, _, elem = v.shape
-            size = dims * n * elem
-            out[off : off + size].reshape(dims, n * elem)[:] = _merge_last(v[:, start:stop])
-        off += size
-    assert off == out.nbytes
-    return out
-
-
-def _merge_last(a: np.ndarray) -> np.ndarray:
-    """``a`` of shape ``(..., m, e)`` with contiguous ``(m, e)`` rows as ``(..., m * e)``: a
-    view, never a copy (setting ``shape`` raises rather than copy), so writes go through.
-    The transposed V is runs of ``m * e`` bytes; as one axis numpy copies a run at a time,
-    not ``e`` bytes at a time (measured: several times faster)."""
-    out = a.view()
-    out.shape = (*a.shape[:-2], a.shape[-2] * a.shape[-1])
-    return out
-
-
 def join(
     layout: KvLayout,
     payloads: list[tuple[bytes | memoryview | None, int, int]],
     seq_id: int = 0,
     buffer: np.ndarray | None = None,
+    check: Callable[[int, Any], bool] | None = None,
 ) -> np.ndarray:
     """Re-create a ``llama_state_seq_set_data`` blob from consecutive blocks.
 
@@ -368,12 +330,15 @@ def join(
         seq_id: the sequence id written into the cell records.
         buffer: a uint8 array to write into when it is large enough (reusing memory that
             is already paged in saves ~2 ms per 10 MB on a first restore).
+        check: ``check(i, payload) -> bool``, called for each payload just before it is
+            copied (``engine.kv_gather.scatter``); False stops the assembly.
     Returns:
         A contiguous uint8 array holding the blob (pass ``arr.ctypes.data`` to llama.cpp).
     Raises:
         ValueError: a payload's size does not match ``n_tokens * layout.bytes_per_token``.
+        DamagedPayloadError: ``check`` refused a payload (``.index``); discard the blob.
     """
-    return assemble(StateKind.DENSE, layout, payloads, None, seq_id, buffer)
+    return assemble(StateKind.DENSE, layout, payloads, None, seq_id, buffer, check)
 
 
 def kv_section_bytes(layout: KvLayout, n: int) -> int:
@@ -389,6 +354,7 @@ def assemble(
     partial: bytes | memoryview | None,
     seq_id: int = 0,
     buffer: np.ndarray | None = None,
+    check: Callable[[int, Any], bool] | None = None,
 ) -> np.ndarray:
     """A whole-state blob for ``llama_state_seq_set_data``: the blocks (as :func:`join`)
     followed by a checkpoint's partial state (:func:`partial_tokens` describes it).
@@ -399,8 +365,11 @@ def assemble(
     cells weigh exactly 0 in attention, and equal cell indices keep the summation order,
     hence the bits, of the attention output). :attr:`StateKind.RECURRENT` has no blocks.
 
+    ``check`` verifies each block payload just before it is copied (see :func:`join`).
+
     Raises:
         ValueError / UnsupportedStateError: the pieces do not fit together.
+        DamagedPayloadError: ``check`` refused a block payload; discard the blob.
     """
     n = sum(use for _, _, use in payloads)
     swa: ParsedState | None = None
@@ -429,7 +398,7 @@ def assemble(
     struct.pack_into("<Ii", out, 0, STATE_MAGIC, seq_id)
     off = 8
     if kind != StateKind.RECURRENT:
-        off = _write_kv(out, off, layout, payloads, n, seq_id)
+        off = _write_kv(out, off, layout, payloads, n, seq_id, check)
     if swa is not None:
         front = [(None, swa.pos0, swa.pos0)] if swa.pos0 else []
         body = block_payload(swa, 0, swa.n_tokens)
@@ -441,15 +410,13 @@ def assemble(
     return out
 
 
-def _write_kv(out: np.ndarray, off: int, layout: KvLayout, payloads, n: int, seq_id: int) -> int:
+def _write_kv(out: np.ndarray, off: int, layout: KvLayout, payloads, n: int, seq_id: int,
+              check: Callable[[int, Any], bool] | None = None) -> int:
     """Write one KV section of ``n`` cells (positions 0..n-1) at ``out[off:]``; returns
-    the offset after it."""
+    the offset after it. The payloads are copied by ``engine.kv_gather.scatter`` (which
+    calls ``check``)."""
     L = layout.n_layer
     k_rows = layout.k_row_bytes
-    if layout.v_trans == 0:
-        v_sizes = layout.v_row_bytes
-    else:
-        v_sizes = tuple(e * d for e, d in zip(layout.v_elem_bytes, layout.v_dims))
     start = off
     struct.pack_into("<II", out, off, 1, n)
     off += 8
@@ -484,51 +451,8 @@ def _write_kv(out: np.ndarray, off: int, layout: KvLayout, payloads, n: int, seq
             off += dims * n * elem
     assert off - start == kv_section_bytes(layout, n)
 
-    if layout._uniform():
-        # Every layer has the same size, so the per-layer sections sit at a constant
-        # stride in ``out``: one strided view per K and V moves all layers at once.
-        k_all = _stacked(out, k_dst)
-        v_all = _stacked(out, v_dst)
-
-    def copy(entries: Sequence[tuple[Any, int, int, int]]) -> list[None]:
-        for payload, count, use, pos in entries:
-            if payload is None:  # zero cells (the masked front of a sliding window)
-                for d in k_dst:
-                    d[pos : pos + use] = 0
-                for d in v_dst:
-                    if layout.v_trans == 0:
-                        d[pos : pos + use] = 0
-                    else:
-                        d[:, pos : pos + use] = 0
-                continue
-            src = np.frombuffer(payload, dtype=np.uint8)
-            k_part = count * sum(k_rows)
-            if layout._uniform():
-                k_all[:, pos : pos + use] = src[:k_part].reshape(L, count, k_rows[0])[:, :use]
-                if layout.v_trans == 0:
-                    vs = src[k_part:].reshape(L, count, v_sizes[0])
-                    v_all[:, pos : pos + use] = vs[:, :use]
-                else:
-                    vs = src[k_part:].reshape(L, layout.v_dims[0], count, layout.v_elem_bytes[0])
-                    _merge_last(v_all[:, :, pos : pos + use])[:] = _merge_last(vs[:, :, :use])
-            else:
-                o = 0
-                for i in range(L):
-                    size = count * k_rows[i]
-                    k_dst[i][pos : pos + use] = src[o : o + size].reshape(count, k_rows[i])[:use]
-                    o += size
-                for i in range(L):
-                    size = count * v_sizes[i]
-                    if layout.v_trans == 0:
-                        v_dst[i][pos : pos + use] = src[o : o + size].reshape(count, v_sizes[i])[:use]
-                    else:
-                        d, e = layout.v_dims[i], layout.v_elem_bytes[i]
-                        v_dst[i][:, pos : pos + use] = src[o : o + size].reshape(d, count, e)[:, :use]
-                    o += size
-        return []
-
-    # Check every payload first, then copy them into their disjoint ranges of ``out``,
-    # on two threads (storage.parallel) when they are large.
+    # Check every payload's size first, then copy them into their disjoint ranges of
+    # ``out`` (on two threads when they are large).
     entries = []
     pos = 0
     for payload, count, use in payloads:
@@ -539,19 +463,7 @@ def _write_kv(out: np.ndarray, off: int, layout: KvLayout, payloads, n: int, seq
             )
         entries.append((payload, count, use, pos))
         pos += use
-    in_halves(copy, entries, pos * layout.bytes_per_token)
     if pos != n:
         raise ValueError(f"payloads hold {pos} tokens, expected {n}")
+    scatter(layout, k_dst, v_dst, entries, check)
     return off
-
-
-def _stacked(out: np.ndarray, views: list[np.ndarray]) -> np.ndarray:
-    """One ``(n_layer, *view.shape)`` view over equally shaped, equally spaced layer views."""
-    base = out.ctypes.data
-    first = views[0]
-    stride = (views[1].ctypes.data - first.ctypes.data) if len(views) > 1 else first.nbytes
-    return np.lib.stride_tricks.as_strided(
-        out[first.ctypes.data - base :],
-        shape=(len(views), *first.shape),
-        strides=(stride, *first.strides),
-    )

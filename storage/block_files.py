@@ -57,6 +57,7 @@ _CACHE_MAPS = os.name == "posix"  # Windows cannot delete a file that is still m
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # Windows has none: lstat first (see _lstat)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _DIR_FD = bool(_DIRECTORY) and {os.open, os.stat, os.unlink} <= os.supports_dir_fd
+_WILLNEED = hasattr(os, "posix_fadvise") and hasattr(os, "POSIX_FADV_WILLNEED")
 _UID = os.getuid() if hasattr(os, "getuid") else None
 MAP_CACHE_BYTES = 256 * 1024**2
 """Most bytes of block files kept mapped between restores: the active conversation of a
@@ -80,6 +81,7 @@ class BlockFiles:
         self._maps: OrderedDict[bytes, tuple[tuple[int, int, int], memoryview]] = OrderedDict()
         self._mapped = 0  # bytes in _maps
         self._warned = False  # a foreign entry in the folder was logged
+        self._made = False  # the folder was made (or found) by a write of this object
 
     def path(self, key: bytes) -> Path:
         return self.folder / key.hex()
@@ -87,12 +89,17 @@ class BlockFiles:
     def write(self, key: bytes, data) -> None:
         """Write ``data`` (a contiguous buffer) as the payload of ``key``: temporary file,
         then rename."""
-        self.folder.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        if not self._made:  # once, not a mkdir and a stat per block
+            self.folder.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+            self._made = True
         final = self.path(key)
         tmp = self.folder / f"{key.hex()}.{os.getpid()}{_TMP}"
         view = memoryview(data).cast("B")
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY  # never through a link
         try:
+            fd = os.open(tmp, flags, FILE_MODE)
+        except FileNotFoundError:  # the folder went (a reset by another process): make it again
+            self.folder.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
             fd = os.open(tmp, flags, FILE_MODE)
         except FileExistsError:  # left by a killed process of the same id (or planted): unlink it
             os.remove(tmp)
@@ -140,6 +147,31 @@ class BlockFiles:
             while self._mapped > MAP_CACHE_BYTES and len(self._maps) > 1:
                 self._forget_map(next(iter(self._maps)))
         return view
+
+    def prefetch(self, keys: Iterable[bytes]) -> int:
+        """Ask the kernel to start reading the files of ``keys`` into the page cache
+        (``posix_fadvise(WILLNEED)``, asynchronous) so that a cold restore reads them in
+        parallel instead of one mapping at a time. Keys whose file is mapped already (its
+        pages are resident) are skipped; missing files are ignored. No-op where the
+        platform has no ``posix_fadvise``. Returns how many files were advised."""
+        if not _WILLNEED:
+            return 0
+        n = 0
+        for key in keys:
+            if key in self._maps:
+                continue
+            try:
+                fd = os.open(self.path(key), os.O_RDONLY | _NOFOLLOW | _BINARY)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+                n += 1
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        return n
 
     def _forget_map(self, key: bytes) -> None:
         """Drop the cached mapping of ``key``; the OS unmaps it when its last view goes."""
@@ -265,6 +297,7 @@ class BlockFiles:
         files and orphans of a write that never committed. Files of other names are not
         touched. Call it holding the index's write lock. Returns how many files went."""
         gone = 0
+        self._made = False
         self._maps.clear()
         self._mapped = 0
         with self._open_dir() as dir_fd:
@@ -287,6 +320,7 @@ class BlockFiles:
     def remove_all(self) -> None:
         """Unlink every block file, then the folder if that leaves it empty (a reset of
         the store). Other entries, and a symlinked folder's link, stay."""
+        self._made = False
         self._maps.clear()
         self._mapped = 0
         with self._open_dir() as dir_fd:

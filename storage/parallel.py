@@ -1,13 +1,13 @@
 """Memory-bound work split across two threads, and an xxh3 that lets the other one run.
 
-A restore spends its time in three copies-or-reads of the same bytes: checking each
-block's xxh3, gathering the blocks into the state blob (``engine.kv_codec``), and
-``llama_state_seq_set_data``. The first two are independent per block, run in C, and
-release the GIL (numpy's copies do; :func:`xxh3_64` does when the xxhash extension
+A restore makes one pass over the block bytes in Python: each block's xxh3 is checked
+just before the block is copied into the state blob (``engine.kv_gather.scatter``), so the
+copy reads what the checksum has just brought into the CPU cache; then
+``llama_state_seq_set_data`` reads the blob. Blocks are independent, the work runs in C
+and releases the GIL (numpy's copies do; :func:`xxh3_64` does when the xxhash extension
 exports its C function, checked at import: the Linux wheel does), so on a machine with a
-second core they run side by side. How much that saves depends on memory bandwidth: on
-this project's 2-core VM, for 48 MB, mapping and checking went from 9.2 to 5.2 ms (with
-the mappings kept between restores) and the gather from 17.7 to 15.3 ms (`branchwise bench`).
+second core two halves of the blocks run side by side. How much that saves depends on
+memory bandwidth and on what else the machine runs (measured with `branchwise bench`).
 
 :func:`in_halves` is the one way this project does that: a single long-lived helper
 thread takes the first half of the work while the calling thread does the second.

@@ -6,6 +6,7 @@ from storage.prefix import (
     DEFAULT_BUDGET_BYTES,
     BlockRef,
     CheckpointRef,
+    MappedBlocks,
     NewBlock,
     PrefixMatch,
     PrefixStore,
@@ -19,7 +20,7 @@ from storage.prefix import (
 )
 
 __all__ = [
-    "BlockRef", "CheckpointRef", "NewBlock", "PrefixMatch", "PrefixStore", "StoreError", "StoreFull", "StoreReset",
+    "BlockRef", "CheckpointRef", "MappedBlocks", "NewBlock", "PrefixMatch", "PrefixStore", "StoreError", "StoreFull", "StoreReset",
     "StoreUnavailable", "VerifyReport",
     "checksum", "tokens_from_bytes", "DEFAULT_BLOCK_SIZE", "DEFAULT_BUDGET_BYTES",
 ]

@@ -6,7 +6,7 @@ includes a checkpoint; see engine/core.py).
    continued by a *new process*, once with ``--no-cache`` (cold prefill) and once through
    the prefix store; TTFT of both, tokens restored, and whether the replies are equal.
 2. Restore throughput (MB/s of KV from the store into llama.cpp, end to end: lookup,
-   read+verify, join and ``llama_state_seq_set_data``), on a warm page cache and once
+   map (``read_verify_ms``), copy+verify (``join_ms``) and ``llama_state_seq_set_data``), on a warm page cache and once
    cold; the snapshot cost of a first turn (all blocks new: once in the resume run's new
    process, and the median of five into an empty store in this one) and of the next turn.
 3. Sharing: ten branches off one 1,500-token prefix; bytes stored against the bytes of
@@ -95,8 +95,9 @@ def bench_resume(engine, data_dir: Path, sizes: list[int], model: Path | None = 
 
 
 def bench_restore(engine, prompt: list[int], repeats: int = 7) -> dict:
-    """Restore the stored prefix of ``prompt`` repeatedly, end to end: lookup, read and
-    verify, join, ``llama_state_seq_set_data``. Medians in ms on a warm page cache, then
+    """Restore the stored prefix of ``prompt`` repeatedly, end to end: lookup, map the
+    files (``read_verify_ms``), copy each block checking it first (``join_ms``),
+    ``llama_state_seq_set_data``. Medians in ms on a warm page cache, then
     once cold (the store's files dropped from the page cache with posix_fadvise after an
     fsync; None where the OS has no posix_fadvise). MB/s of KV. For a model with
     checkpoints the restore is blocks plus the deepest checkpoint."""
@@ -111,15 +112,15 @@ def bench_restore(engine, prompt: list[int], repeats: int = 7) -> dict:
         t0 = time.perf_counter()
         match, ref = _restore_lookup(engine, prompt)
         t1 = time.perf_counter()
-        payloads, data = _restore_read(engine, match, ref)
+        mapped, data = _restore_read(engine, match, ref)
         t2 = time.perf_counter()
-        blob = _restore_join(engine, payloads, data, ref)
+        blob = _restore_join(engine, mapped, data, ref)
         t3 = time.perf_counter()
         assert engine.live.apply(blob)
         t4 = time.perf_counter()
         for name, dt in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
             parts[name].append(dt)
-        nbytes = sum(memoryview(p).nbytes * use // count for p, count, use in payloads) + (len(data) if data else 0)
+        nbytes = sum(memoryview(p).nbytes * use // count for p, count, use in mapped.payloads) + (len(data) if data else 0)
         blob_bytes = blob.nbytes
 
     match, ref = _restore_lookup(engine, prompt)
@@ -201,16 +202,21 @@ def _restore_lookup(engine, prompt: list[int]):
 
 
 def _restore_read(engine, match, ref):
-    payloads = engine.store.read(match)[0] if match is not None else []
+    """The block files mapped (not yet read: the copy checks them) and the checkpoint."""
+    from storage.prefix_store import MappedBlocks
+
+    mapped = engine.store.map_blocks(match) if match is not None else MappedBlocks()
     data = engine.store.read_checkpoint(ref) if ref is not None else None
-    return payloads, data
+    return mapped, data
 
 
-def _restore_join(engine, payloads, data, ref):
+def _restore_join(engine, mapped, data, ref):
+    """The one pass: each block checked just before it is copied into the state buffer."""
     from engine import kv_codec
 
     kind = engine.kind if ref is not None else kv_codec.StateKind.DENSE
-    return kv_codec.assemble(kind, engine.layout, payloads, data, buffer=engine.live.buffer)
+    return kv_codec.assemble(kind, engine.layout, mapped.payloads, data, buffer=engine.live.buffer,
+                             check=mapped.check)
 
 
 def _distinct_tokens(sequences: list[list[int]]) -> int:
@@ -378,8 +384,8 @@ def format_table(r: dict) -> str:
         cold = (f"; cold page cache {x['cold_ms']} ms = {x['cold_mb_per_s'] / 1000:.2f} GB/s"
                 if x.get("cold_ms") else "; cold page cache: not measured (no posix_fadvise here)")
         lines += ["", f"Restore from the store: {x['tokens']:,} tokens, {x['kv_mb']} MB of KV in {x['total_ms']} ms "
-                  f"= {x['mb_per_s'] / 1000:.2f} GB/s warm (lookup {x['lookup_ms']} ms, read+verify "
-                  f"{x['read_verify_ms']} ms, join {x['join_ms']} ms, set_data {x['set_data_ms']} ms){cold}{ckpt}"]
+                  f"= {x['mb_per_s'] / 1000:.2f} GB/s warm (lookup {x['lookup_ms']} ms, map "
+                  f"{x['read_verify_ms']} ms, copy+verify {x['join_ms']} ms, set_data {x['set_data_ms']} ms){cold}{ckpt}"]
     if r["resume"]:
         big = r["resume"][-1]
         y = r.get("snapshot") or {}

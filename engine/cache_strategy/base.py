@@ -22,7 +22,7 @@ from engine import kv_codec
 from engine.chat_engine import GenerationStats, ProgressFn
 from engine.live_context import MIN_BATCH, HeldState, LiveContext
 from storage.errors import StorageFullError
-from storage.prefix_store import CheckpointRef, NewBlock, PrefixMatch, StoreError
+from storage.prefix_store import CheckpointRef, MappedBlocks, NewBlock, PrefixMatch, StoreError
 
 if TYPE_CHECKING:
     from engine.core import Engine
@@ -157,36 +157,49 @@ class CacheStrategy:
         dropped)``; ``(0, n)`` when anything fails (the sequence is then empty). The caller
         records the tokens (``LiveContext.adopt``).
 
-        The byte path: each block file is mapped and its checksum verified in place
-        (``PrefixStore.read``), ``kv_codec.assemble`` copies the bytes once into the
-        reusable state buffer, and ``llama_state_seq_set_data`` copies them into the KV
-        cache."""
+        The byte path, one pass over the bytes: the block files are mapped
+        (``PrefixStore.map_blocks``), then ``kv_codec.assemble`` copies each block into its
+        place in the reusable state buffer, checking its xxh3 just before the copy (the
+        bytes are then in the CPU cache), and ``llama_state_seq_set_data`` reads that
+        buffer in place. A block that fails its checksum is dropped with its descendants
+        and the state is assembled again from the blocks before it: a damaged block never
+        reaches llama.cpp."""
         e, live = self.engine, self.live
         assert e.store is not None
         recurrent = e.kind == kv_codec.StateKind.RECURRENT
         try:
             data = e.store.read_checkpoint(ref) if ref is not None else None
-            payloads, dropped = ([], 0) if recurrent else e.store.read(match)
+            mapped = MappedBlocks() if recurrent else e.store.map_blocks(match)
         except StoreError:
             return 0, 0
+        dropped = mapped.n_bad
         if ref is not None and data is None:
             return 0, dropped
-        n = sum(use for _, _, use in payloads)
-        try:
-            if ref is not None:
-                if not recurrent and n != ref.n_tokens:
+        payloads, check = mapped.payloads, mapped.check
+        while True:
+            n = sum(use for _, _, use in payloads)
+            try:
+                if ref is not None:
+                    if not recurrent and n != ref.n_tokens:
+                        return 0, dropped
+                    n = ref.n_tokens
+                    if kv_codec.partial_tokens(e.kind, data) != n:
+                        raise kv_codec.UnsupportedStateError("the checkpoint is not at the position it is stored under")
+                if n < MIN_RESTORE_TOKENS:
                     return 0, dropped
-                n = ref.n_tokens
-                if kv_codec.partial_tokens(e.kind, data) != n:
-                    raise kv_codec.UnsupportedStateError("the checkpoint is not at the position it is stored under")
-            if n < MIN_RESTORE_TOKENS:
+                kind = e.kind if ref is not None else kv_codec.StateKind.DENSE
+                blob = kv_codec.assemble(kind, e.layout, payloads, data, buffer=live.buffer, check=check)
+                break
+            except kv_codec.DamagedPayloadError as bad:
+                try:
+                    dropped += e.store.reject(mapped, bad.index)
+                except StoreError:
+                    pass
+                payloads, check = payloads[: bad.index], None  # the ones before it passed
+            except (ValueError, kv_codec.UnsupportedStateError) as exc:
+                log.warning("stored KV does not fit (%s); prefilling instead", exc)
                 return 0, dropped
-            kind = e.kind if ref is not None else kv_codec.StateKind.DENSE
-            blob = kv_codec.assemble(kind, e.layout, payloads, data, buffer=live.buffer)
-        except (ValueError, kv_codec.UnsupportedStateError) as exc:
-            log.warning("stored KV does not fit (%s); prefilling instead", exc)
-            return 0, dropped
-        del payloads  # unmaps the block files
+        del payloads, mapped  # unmaps the block files
         if blob.base is not live.buffer and blob is not live.buffer:
             live.buffer = blob  # grown: keep the larger buffer for the next restore
         if not live.apply(blob):
@@ -233,25 +246,26 @@ class CacheStrategy:
 
 def cut_blocks(state: kv_codec.ParsedState, missing: list[NewBlock], buffer: np.ndarray) -> Iterator[list[NewBlock]]:
     """The ``missing`` blocks, a chunk of at most :data:`CUT_CHUNK_BYTES` of payload at a
-    time. Each payload is a callable that cuts it out of ``state`` into its own piece of
-    ``buffer`` (a reused uint8 array of at least ``min(CUT_CHUNK_BYTES, all payloads)``
-    bytes, so its pages are already mapped; valid until the next chunk is asked for):
-    ``PrefixStore.put`` calls it on the thread that checksums and writes the block."""
+    time, each chunk's payloads cut out of ``state`` in one go (``kv_codec.cut_into``)
+    into their own pieces of ``buffer`` (a reused uint8 array of at least
+    ``min(CUT_CHUNK_BYTES, all payloads)`` bytes, so its pages are already mapped; valid
+    until the next chunk is asked for). ``PrefixStore.put`` checksums each payload just
+    before it writes it, while it is in the CPU cache."""
     per_token = state.layout.bytes_per_token
-    chunk: list[NewBlock] = []
+    chunk: list[tuple[NewBlock, int]] = []
     used = 0
 
-    def cut(b: NewBlock, off: int) -> NewBlock:
-        return NewBlock(b.key, b.parent, b.start, b.tokens,
-                        lambda: kv_codec.block_into(state, b.start, b.start + b.n_tokens, buffer[off:]),
-                        b.n_tokens * per_token)
+    def ready() -> list[NewBlock]:
+        kv_codec.cut_into(state, [(b.start, b.start + b.n_tokens, off) for b, off in chunk], buffer)
+        return [NewBlock(b.key, b.parent, b.start, b.tokens, buffer[off : off + b.n_tokens * per_token])
+                for b, off in chunk]
 
     for b in missing:
         size = b.n_tokens * per_token
         if chunk and used + size > buffer.nbytes:
-            yield chunk
+            yield ready()
             chunk, used = [], 0
-        chunk.append(cut(b, used))
+        chunk.append((b, used))
         used += size
     if chunk:
-        yield chunk
+        yield ready()

@@ -19,6 +19,7 @@ from storage.prefix.records import (
     DEFAULT_BUDGET_BYTES,
     BlockRef,
     CheckpointRef,
+    MappedBlocks,
     NewBlock,
     PrefixMatch,
     StoreError,
@@ -31,7 +32,7 @@ from storage.prefix.records import (
 from storage.prefix.store import PrefixStore
 
 __all__ = [
-    "BlockRef", "CheckpointRef", "NewBlock", "PrefixMatch", "PrefixStore", "StoreError", "StoreFull", "StoreReset",
+    "BlockRef", "CheckpointRef", "MappedBlocks", "NewBlock", "PrefixMatch", "PrefixStore", "StoreError", "StoreFull", "StoreReset",
     "StoreUnavailable", "VerifyReport",
     "checksum", "tokens_from_bytes", "DEFAULT_BLOCK_SIZE", "DEFAULT_BUDGET_BYTES",
 ]

@@ -6,8 +6,9 @@ Keys chain from the model fingerprint (:mod:`storage.block_hash`), so blocks are
 every branch with the same token prefix and never across models. A lookup walks the chain
 of full blocks, then takes the longest common prefix among the children of the last match
 (full blocks and tails), so a match is token-granular. Every payload carries an xxh3-64
-checksum that :meth:`Blocks.read` verifies over the mapped file (no copy); a bad or missing
-block is deleted with its descendants and the match stops before it.
+checksum, verified over the mapped file (no copy): by :meth:`Blocks.read`, or for a
+restore by the copy into the state, block by block (:meth:`Blocks.map_match`); a bad or
+missing block is deleted with its descendants and the match stops before it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -23,7 +25,7 @@ from storage.block_hash import block_key, chain_keys, tokens_to_bytes
 from storage.parallel import in_halves
 from storage.prefix.checkpoints import Checkpoints
 from storage.prefix.index import Index
-from storage.prefix.records import BlockRef, NewBlock, PrefixMatch, checksum
+from storage.prefix.records import BlockRef, MappedBlocks, NewBlock, PrefixMatch, checksum
 
 log = logging.getLogger("storage.prefix_store")
 
@@ -91,22 +93,41 @@ class Blocks:
         """How many leading ``tokens`` the store could restore (no statistics counted)."""
         return self.lookup(fingerprint, tokens, count=False).n_tokens
 
-    def read(self, match: PrefixMatch) -> tuple[list[tuple[bytes, int, int]], int]:
+    def read(self, match: PrefixMatch) -> tuple[list[tuple[memoryview, int, int]], int]:
         """Fetch and verify the payloads of ``match``.
 
         Returns ``(payloads, n_bad)``: ``payloads`` is ``[(payload, n_tokens, use)]``
         (``payload`` a read-only memoryview over the mapped block file) for
         the verified leading blocks, ready for ``engine.kv_codec.join``; reading stops at
         the first block that is missing or fails its checksum, and such a block is deleted
-        with its descendants (``n_bad`` counts them).
+        with its descendants (``n_bad`` counts them). A restore does better with
+        :meth:`map_match` and a checked copy (each block verified just before it is copied,
+        while it is in the CPU cache); this checks every file first, on two threads.
         """
-        out: list[tuple[memoryview, int, int]] = []
-        bad = 0
+        mapped = self.map_match(match)
+        ok = in_halves(lambda part: [mapped.check(i, d) for i, (d, _, _) in part],
+                       list(enumerate(mapped.payloads)), mapped.nbytes)
+        good = ok.index(False) if False in ok else len(ok)
+        bad = mapped.n_bad
+        if good < len(ok):
+            bad += self.reject(mapped, good)
+        return mapped.payloads[:good], bad
+
+    def map_match(self, match: PrefixMatch) -> MappedBlocks:
+        """Map the payload files of ``match`` without reading them (no checksum yet).
+
+        The files not mapped already are first given to the kernel's read-ahead
+        (``BlockFiles.prefetch``), so on a cold page cache they are read in parallel while
+        the first ones are mapped. Mapping stops at the first block whose row or file is
+        missing or whose file has the wrong size; such a block is deleted with its
+        descendants (``n_bad``). The caller checks every payload with
+        :meth:`MappedBlocks.check` before llama.cpp may see it, and gives a failed one to
+        :meth:`reject`.
+        """
+        out = MappedBlocks()
         with self.ix.guard():
             rows = self.rows([b.key for b in match.blocks])
-            # No copy: the checksum runs over the mapped file, and the caller copies the
-            # bytes once, into the state blob. The files are checked on two threads.
-            mapped: list[tuple[BlockRef, memoryview, int]] = []
+            self.ix.files.prefetch([b.key for b in match.blocks if b.key in rows])
             broken = None  # a block whose file is missing or of the wrong size
             for ref in match.blocks:
                 row = rows.get(ref.key)
@@ -116,18 +137,21 @@ class Blocks:
                 if data is None or len(data) != row[1] or len(data) % ref.n_tokens:
                     broken = ref
                     break
-                mapped.append((ref, data, row[0]))
-            sums = in_halves(lambda part: [checksum(d) for _, d, _ in part], mapped,
-                             sum(len(d) for _, d, _ in mapped))
-            for (ref, data, want), got in zip(mapped, sums):
-                if got != want:
-                    broken = ref
-                    break
-                out.append((data, ref.n_tokens, ref.use))
+                out.refs.append(ref)
+                out.payloads.append((data, ref.n_tokens, ref.use))
+                out.checksums.append(row[0])
             if broken is not None:
-                log.warning("KV block %s failed its checksum; dropping it", broken.key.hex()[:12])
-                bad += self.delete_subtree(broken.key)
-        return out, bad
+                log.warning("KV block %s is missing or truncated; dropping it", broken.key.hex()[:12])
+                out.n_bad += self.delete_subtree(broken.key)
+        return out
+
+    def reject(self, mapped: MappedBlocks, i: int) -> int:
+        """Block ``i`` of ``mapped`` failed its checksum: delete it with its descendants;
+        returns how many blocks went."""
+        key = mapped.refs[i].key
+        log.warning("KV block %s failed its checksum; dropping it", key.hex()[:12])
+        with self.ix.guard():
+            return self.delete_subtree(key)
 
     def rows(self, keys: Sequence[bytes]) -> dict[bytes, tuple[int, int]]:
         """``{key: (checksum, nbytes)}`` of the stored ``keys`` (queried 500 at a time)."""
@@ -178,7 +202,8 @@ class Blocks:
         Each block the store lacks is made ready on one of two threads (storage.parallel):
         its payload is produced (when it is a callable, see :class:`NewBlock`),
         checksummed and written to its file while it is still in the CPU cache; the
-        SQLite work stays on this thread. The files are written inside the transaction
+        SQLite work stays on this thread, the rows inserted with one ``executemany``. The
+        files are written inside the transaction
         that inserts their rows, before it commits: a process killed before the commit
         leaves orphans (reclaimed at open), never a row without its payload.
 
@@ -198,19 +223,25 @@ class Blocks:
                     todo = [b for b in blocks if b.key not in present]
                     size = sum(b.nbytes if callable(b.payload) else memoryview(b.payload).nbytes for b in todo)
                     ready = in_halves(lambda part: [self._write_block(b) for b in part], todo, size)
-                    for b, (nbytes, value) in zip(todo, ready):
-                        self.ix.db.execute(
-                            "INSERT INTO blocks(key, parent, fingerprint, start, n_tokens,"
-                            " tokens, nbytes, checksum, n_children, last_access)"
-                            " VALUES (?,?,?,?,?,?,?,?,0,?)",
-                            (b.key, b.parent, fingerprint, b.start, b.n_tokens,
-                             tokens_to_bytes(b.tokens), nbytes, value, now),
-                        )
-                        self.ix.db.execute(
-                            "UPDATE blocks SET n_children = n_children + 1 WHERE key=?", (b.parent,)
-                        )
-                        written += nbytes
-                        dropped += self._drop_covered_tails(b)
+                    self.ix.db.executemany(
+                        "INSERT INTO blocks(key, parent, fingerprint, start, n_tokens,"
+                        " tokens, nbytes, checksum, n_children, last_access)"
+                        " VALUES (?,?,?,?,?,?,?,?,0,?)",
+                        [(b.key, b.parent, fingerprint, b.start, b.n_tokens, tokens_to_bytes(b.tokens),
+                          nbytes, value, now) for b, (nbytes, value) in zip(todo, ready)],
+                    )
+                    children = Counter(b.parent for b in todo)
+                    self.ix.db.executemany(
+                        "UPDATE blocks SET n_children = n_children + ? WHERE key=?",
+                        [(count, parent) for parent, count in children.items()],
+                    )
+                    written = sum(nbytes for nbytes, _ in ready)
+                    new = {b.key for b in todo}
+                    for b in todo:
+                        # A parent inserted by this very call has no other children, so no
+                        # tail of its can be covered (a chain: one query, not one per block).
+                        if b.parent not in new or children[b.parent] > 1:
+                            dropped += self._drop_covered_tails(b)
                     self.touch(active_path, now)
             except BaseException:
                 self.ix.files.scrub(b.key for b in todo)  # rolled back: their rows are gone, so are they

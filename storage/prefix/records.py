@@ -59,6 +59,33 @@ class PrefixMatch:
         return PrefixMatch(out)
 
 
+@dataclass
+class MappedBlocks:
+    """The payload files of a match, mapped but not yet verified (``Blocks.map_match``).
+
+    ``payloads[i]`` is ``(view, n_tokens, use)`` over the mapped file of ``refs[i]``
+    (read-only, no copy), ready for ``engine.kv_codec.assemble``; ``checksums[i]`` is the
+    stored xxh3 the bytes must have. ``n_bad`` counts blocks already dropped because a file
+    was missing or of the wrong size (the payloads stop before them). Nothing here may
+    reach llama.cpp before :meth:`check` passed for it.
+    """
+
+    refs: list["BlockRef"] = field(default_factory=list)
+    payloads: list[tuple[memoryview, int, int]] = field(default_factory=list)
+    checksums: list[int] = field(default_factory=list)
+    n_bad: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all mapped payloads."""
+        return sum(len(p) for p, _, _ in self.payloads)
+
+    def check(self, i: int, data) -> bool:
+        """True when ``data`` (the bytes of payload ``i``) has the stored checksum.
+        Thread-safe: it reads only."""
+        return checksum(data) == self.checksums[i]
+
+
 @dataclass(frozen=True)
 class NewBlock:
     """A block to store: tokens ``[start, stop)`` of the sequence, keyed in the chain."""

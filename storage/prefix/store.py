@@ -50,6 +50,7 @@ from storage.prefix.records import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_BUDGET_BYTES,
     CheckpointRef,
+    MappedBlocks,
     NewBlock,
     PrefixMatch,
     VerifyReport,
@@ -138,6 +139,17 @@ class PrefixStore:
         ``match`` as read-only views of the mapped files (:meth:`Blocks.read`); a bad block
         is deleted with its descendants and counted in ``n_bad``."""
         return self.blocks.read(match)
+
+    def map_blocks(self, match: PrefixMatch) -> MappedBlocks:
+        """The payload files of ``match`` mapped but not yet verified, for a restore that
+        checks each block as it copies it (:meth:`Blocks.map_match`); give a block that
+        fails :meth:`MappedBlocks.check` to :meth:`reject`."""
+        return self.blocks.map_match(match)
+
+    def reject(self, mapped: MappedBlocks, i: int) -> int:
+        """Delete block ``i`` of ``mapped`` (it failed its checksum) with its descendants;
+        returns how many blocks went."""
+        return self.blocks.reject(mapped, i)
 
     def record_restore(self, restored_tokens: int, prefilled_tokens: int) -> None:
         """Add a request's restored / prefilled token counts to the statistics."""
