@@ -417,10 +417,6 @@ class TreePanel(QWidget):
         self.setMinimumWidth(180)
         self._reveal_timer = QTimer(self, singleShot=True, interval=0)
         self._reveal_timer.timeout.connect(self.reveal_active)
-        # a tree asked for is read once the event loop comes back: the chat being opened is
-        # drawn first, without the worker's layout competing with it for the GIL
-        self._submit_timer = QTimer(self, singleShot=True, interval=0)
-        self._submit_timer.timeout.connect(self._submit)
         self.set_tree([], set(), LIGHT)
 
     def set_tree(self, messages: list[Message], active: set[int], colors: Colors, title: str = "") -> None:
@@ -431,30 +427,27 @@ class TreePanel(QWidget):
         if self.reader is not None:
             self.reader.cancel("tree")
         self._wanted, self._deferred = None, None
-        self._submit_timer.stop()
         self._show(TreeLayout.build(messages, title, active=active, layout=layout_tree), colors)
 
     def load(self, conversation_id: int, leaf_id: int | None, colors: Colors,
              failed: Callable[[Exception], None] | None = None) -> None:
         """Read and lay out the tree of ``conversation_id`` on the reader's worker thread (the
         path up from ``leaf_id`` is the active one) and draw it when it arrives; ``failed(error)``
-        if it cannot be. The job is submitted when the event loop next runs (after the caller
-        has drawn the rest of the chat); ``loading`` is True from now. Until then the tree
-        drawn before stays, its clicks ignored. While the panel is hidden, nothing is read
-        until it is shown.
+        if it cannot be. Until then the tree drawn before stays, its clicks ignored. While the
+        panel is hidden, nothing is read until it is shown.
 
         Raises RuntimeError when the panel has no ``reader``."""
         if self.reader is None:
             raise RuntimeError("TreePanel.load needs a reader (a ChatReader)")
         self._wanted = conversation_id
         self._deferred = (conversation_id, leaf_id, colors, failed)
-        self.reader.cancel("tree")  # a layout of the chat shown before is not drawn now
         if self.isVisible():
-            self._submit_timer.start()
+            self._submit()
+        else:
+            self.reader.cancel("tree")
 
     def _submit(self) -> None:
-        self._submit_timer.stop()
-        if self._deferred is None or self.reader is None or not self.isVisible():
+        if self._deferred is None or self.reader is None:
             return
         (cid, leaf_id, colors, failed), self._deferred = self._deferred, None
         job = lambda store: _read_layout(store, cid, leaf_id, layout_tree)  # noqa: E731
@@ -462,15 +455,12 @@ class TreePanel(QWidget):
 
     def showEvent(self, event) -> None:  # noqa: N802 - Qt override: a tree asked for while hidden
         super().showEvent(event)
-        if self._deferred is not None:
-            self._submit_timer.start()
+        self._submit()
 
     @property
     def loading(self) -> bool:
-        """True while a tree is being read and laid out off the UI thread (or is about to be)."""
-        if self.reader is None:
-            return False
-        return self.reader.pending("tree") or (self._deferred is not None and self.isVisible())
+        """True while a tree is being read and laid out off the UI thread."""
+        return self.reader is not None and self.reader.pending("tree")
 
     def _clicked(self, message_id: int) -> None:
         if self.canvas.tree_layout.conversation_id == self._wanted:  # not a node of the chat shown before
