@@ -63,6 +63,9 @@ def test_the_tree_panel_is_laid_out_off_the_ui_thread(qtbot, open_window, data_d
     # the slot returned before the layout exists: the short chat's tree is still drawn,
     # and a click on it does not select a message of the chat shown before
     assert w.tree.loading
+    # and the job is handed to the reader's worker only when the event loop comes back
+    # (issue #27.6): the chat is drawn first, without the layout competing with it for the GIL
+    assert w.tree.reader.held >= 1 and not threads[1:]
     assert len(canvas.nodes) == 3
     canvas.node_clicked.emit(short_ids[0])
     assert w.store.get_conversation(short_id).active_leaf_id == short_ids[-1]

@@ -105,3 +105,28 @@ def test_the_chat_reader_keeps_newest_wins_per_key(qtbot, tmp_path):
     assert sorted(results) == ["newest", "other key"]
     reader.close()
     assert workers.shutdown(timeout_s=5) == []
+
+
+def test_the_chat_reader_hands_a_turns_jobs_over_when_the_loop_comes_back(qtbot, tmp_path):
+    """Issue #27.6: the worker never competes for the GIL with the turn that submitted a job,
+    and a job superseded within that turn never starts."""
+    path = tmp_path / "chats.sqlite3"
+    ChatStore(path).close()
+    workers = Workers()
+    reader = ChatReader(path, workers)
+    started, results = [], []
+
+    def job(name):
+        return lambda _store: started.append(name) or name
+
+    reader.submit("tree", job("older"), results.append)
+    reader.submit("count", job("count"), results.append)
+    reader.submit("tree", job("newest"), results.append)
+    assert reader.held == 3 and reader.pending("tree") and reader.pending("count")
+    threading.Event().wait(0.2)  # the worker is idle meanwhile: nothing was handed to it
+    assert started == []
+    qtbot.waitUntil(lambda: not reader.pending("tree") and not reader.pending("count"), timeout=5_000)
+    assert started == ["count", "newest"] and sorted(results) == ["count", "newest"]
+    assert reader.held == 0
+    reader.close()
+    assert workers.shutdown(timeout_s=5) == []

@@ -108,6 +108,7 @@ class Heartbeat:
         self._beat()  # the time since the last beat counts too
         stalls = sorted(g - BEAT_MS for g in self.gaps)
         return {"max_stall_ms": round(stalls[-1], 1) if stalls else 0.0, "beats": len(stalls),
+                "median_stall_ms": round(statistics.median(stalls), 2) if stalls else 0.0,
                 "stalls_over_50ms": sum(s > 50 for s in stalls)}
 
 
@@ -234,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"a {r['message_bytes']:,}-byte message of {r['message_lines']:,} lines; UI thread stalls:")
         for phase in ("send", "open", "open_long", "open_deep", "search"):
             f = r[phase]
-            print(f"  {phase:<9} max {f['max_stall_ms']} ms, {f['stalls_over_50ms']} over 50 ms "
+            print(f"  {phase:<9} max {f['max_stall_ms']} ms, median {f['median_stall_ms']} ms, "
+                  f"{f['stalls_over_50ms']} over 50 ms "
                   f"({f['seconds']} s until done)")
         return 0
     r = measure(args.max_tokens)

@@ -178,7 +178,7 @@ class ConversationSession:
         path ending there (for the tree panel's "how much is stored" shading). Walks parent
         links in a loop, no recursion."""
         conv = self.chats.get_conversation(conversation_id)
-        nodes = self.chats.tree(conversation_id)[:limit]
+        nodes = self.chats.tree(conversation_id, limit)  # read no further than the first ``limit``
         by_id = {m.id: m for m in nodes}
         # one ChatMessage per message, shared by every path through it: pickled once (the
         # paths of a 300-message branch hold 45,000 entries but only 300 distinct messages)

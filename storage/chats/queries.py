@@ -53,11 +53,12 @@ def message(conn: sqlite3.Connection, message_id: int) -> Message:
 
 
 def messages_where(
-    conn: sqlite3.Connection, where: str, params: Iterable[Any]
+    conn: sqlite3.Connection, where: str, params: Iterable[Any], limit: int | None = None
 ) -> list[Message]:
     # Ids follow creation order: a new INTEGER PRIMARY KEY is above every existing id.
+    tail = "" if limit is None else f" LIMIT {int(limit)}"
     rows = conn.execute(
-        f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE {where} ORDER BY id", tuple(params)
+        f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE {where} ORDER BY id{tail}", tuple(params)
     ).fetchall()
     return [message_from_row(row) for row in rows]
 

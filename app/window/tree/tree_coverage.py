@@ -41,6 +41,7 @@ class TreeCoverage(QObject):
         self._reading: int | None = None  # the conversation whose prompts the worker builds
         self._request: PendingRequest | None = None
         self._ids: list[int] = []
+        self._again = False  # asked again while a request was in flight: ask once it is answered
 
     @property
     def pending(self) -> bool:
@@ -48,10 +49,15 @@ class TreeCoverage(QObject):
         return self._reading is not None or self._request is not None
 
     def refresh(self) -> None:
-        """Ask again, for the conversation shown, unless the panel is hidden, no model is
-        ready or a request is in flight."""
+        """Ask again, for the conversation shown, unless the panel is hidden or no model is
+        ready; while a request is in flight, once it is answered (a reply's snapshot may land
+        while the coverage of the path before it is still being read)."""
         cid = self.chat.conversation_id
-        if (not self.tree.isVisible() or cid is None or self.model.state != ModelState.READY or self.pending
+        if self.pending:
+            self._again = True
+            return
+        self._again = False
+        if (not self.tree.isVisible() or cid is None or self.model.state != ModelState.READY
                 or self.reader.closed):
             return
         self._reading, client = cid, self.model.client
@@ -65,6 +71,12 @@ class TreeCoverage(QObject):
     def _read_failed(self, exc: Exception) -> None:
         self._reading = None
         log.info("could not read the prompts for the tree's coverage: %s", exc)
+        self._ask_again()
+
+    def _ask_again(self) -> None:
+        """The request ended (answered, failed or not sent): ask again if that was asked for."""
+        if self._again and not self.pending:
+            self.refresh()
 
     def _ask(self, cid: int, client, ids: list[int], packed: tuple[int, bytes] | None) -> None:
         self._reading = None
@@ -72,16 +84,27 @@ class TreeCoverage(QObject):
             self.refresh()
             return
         if packed is None or self.model.state != ModelState.READY or client is not self.model.client:
+            self._ask_again()
             return
         handle = client.send_packed(packed)
         if handle is not None:
             self._request, self._ids = handle, ids
             handle.done.connect(self._covered)
-            handle.failed.connect(lambda _e: setattr(self, "_request", None))
+            handle.failed.connect(self._request_failed)
+        else:
+            self._ask_again()
+
+    def _request_failed(self, _event) -> None:
+        self._request = None
+        self._ask_again()
 
     def _covered(self, event: CoverageEvent) -> None:
         self._request = None
         self.tree.set_coverage({mid: (int(r[0]), int(r[1])) for mid, r in zip(self._ids, event.results)})
+        if self._again:  # the path changed meanwhile (a reply was stored): these bars are not the last
+            self.refresh()
+            if self.pending:
+                return  # ``ready`` comes with the newer answer
         self.ready.emit()
 
     def engine_gone(self) -> None:

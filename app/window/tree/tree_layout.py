@@ -20,6 +20,9 @@ DX, DY, MARGIN = NODE_W + 10, 40, 16
 R = NODE_H // 2  # half a node's height: edges join a node's top and bottom edges
 ROOT_ID = 0
 """The id of the conversation node (message ids start at 1)."""
+OUTLINE_CHARS = 2_000
+"""How much of each message's text a layout holds (characters): what a node's tooltip reads
+(``tree_panel.FIRST_LINE_CHARS`` × 4) and more than its label does."""
 
 
 def layout_tree(messages: list[Message]) -> dict[int, tuple[float, float]]:
@@ -29,26 +32,35 @@ def layout_tree(messages: list[Message]) -> dict[int, tuple[float, float]]:
     Iterative (an explicit stack), so a branch of any length lays out: no recursion limit.
     A message whose parent is not in ``messages`` is laid out as a root."""
     ids = {m.id for m in messages}
-    children: dict[int | None, list[Message]] = {}
+    children: dict[int | None, list[int]] = {}
     for m in messages:
-        children.setdefault(m.parent_id if m.parent_id in ids else None, []).append(m)
+        children.setdefault(m.parent_id if m.parent_id in ids else None, []).append(m.id)
+    # ids only (no Message objects), and a node's depth kept beside it: a 10,000-message branch
+    # lays out in a few milliseconds, so the worker holds the GIL the UI thread needs less
     pos: dict[int, tuple[float, float]] = {}
     next_col = 0
+    no_kids: list[int] = []
     for root in children.get(None, []):
-        # (message, depth, children done?): a node is placed after all of its children
-        stack: list[tuple[Message, int, bool]] = [(root, 0, False)]
+        # (id, depth); ~id (a negative number) marks a node whose children are all placed
+        stack: list[tuple[int, int]] = [(root, 0)]
         while stack:
-            m, depth, done = stack.pop()
-            kids = children.get(m.id, [])
+            mid, depth = stack.pop()
+            if mid < 0:
+                kids = children[~mid]
+                pos[~mid] = ((pos[kids[0]][0] + pos[kids[-1]][0]) / 2, float(depth))
+                continue
+            kids = children.get(mid, no_kids)
             if not kids:
-                pos[m.id] = (float(next_col), float(depth))
+                pos[mid] = (float(next_col), float(depth))
                 next_col += 1
-            elif done:
-                pos[m.id] = ((pos[kids[0].id][0] + pos[kids[-1].id][0]) / 2, float(depth))
-            elif m.id not in pos:  # a cycle in corrupt data is cut, not followed forever
-                pos[m.id] = (0.0, float(depth))  # placeholder, replaced when its children are done
-                stack.append((m, depth, True))
-                stack.extend((k, depth + 1, False) for k in reversed(kids) if k.id not in pos)
+            elif mid not in pos:  # a cycle in corrupt data is cut, not followed forever
+                pos[mid] = (0.0, float(depth))  # placeholder, replaced when its children are done
+                stack.append((~mid, depth))
+                if len(kids) == 1:
+                    if kids[0] not in pos:
+                        stack.append((kids[0], depth + 1))
+                else:
+                    stack.extend((k, depth + 1) for k in reversed(kids) if k not in pos)
     return pos
 
 
@@ -101,19 +113,25 @@ class TreeLayout:
         if active is None:
             active = _path_up(by_id, leaf_id)
         children: dict[int | None, list[TreeNode]] = {}
-        for n in placed[1:]:
-            children.setdefault(n.message.parent_id, []).append(n)
-        on_path = [n for n in placed[1:] if n.message.id in active]
-        depth = int(max(n.y for n in placed) - MARGIN - R) // DY + 1
-        rows: list[list[TreeNode]] = [[] for _ in range(depth)]
-        for n in placed:
-            rows[int(n.y - MARGIN - R) // DY].append(n)
+        rows: list[list[TreeNode]] = []
+        right = bottom = 0.0
+        leaf: TreeNode | None = None
+        for n in placed:  # one pass: children, rows by depth, the extent, the active leaf
+            if n.message.id != ROOT_ID:
+                children.setdefault(n.message.parent_id, []).append(n)
+                if n.message.id in active and (leaf is None or n.y > leaf.y):
+                    leaf = n
+            row = int(n.y - MARGIN - R) // DY
+            while len(rows) <= row:
+                rows.append([])
+            rows[row].append(n)
+            right, bottom = max(right, n.x), max(bottom, n.y)
         for row in rows:
-            row.sort(key=lambda n: n.x)
+            if len(row) > 1:
+                row.sort(key=lambda n: n.x)
         return cls(title=title, root=placed[0], nodes=placed[1:], by_id=by_id, children=children,
-                   active=active, leaf_id=max(on_path, key=lambda n: n.y).message.id if on_path else None,
-                   width=int(max(n.x for n in placed) + NODE_W / 2 + MARGIN),
-                   height=int(max(n.y for n in placed) + R + MARGIN),
+                   active=active, leaf_id=leaf.message.id if leaf is not None else None,
+                   width=int(right + NODE_W / 2 + MARGIN), height=int(bottom + R + MARGIN),
                    _rows=rows, _row_xs=[[n.x for n in row] for row in rows])
 
     def in_rect(self, left: float, top: float, right: float, bottom: float) -> list[TreeNode]:
@@ -143,7 +161,8 @@ def read_layout(store: ChatStore, conversation_id: int, leaf_id: int | None, lay
     """A job for ``ChatReader``: read the tree of ``conversation_id`` and lay it out, with the
     path up from ``leaf_id`` (None: the conversation's active leaf) as the active one."""
     conv = store.get_conversation(conversation_id)
-    result = TreeLayout.build(store.tree(conversation_id), conv.title,
+    # only what a node shows: its tooltip's text at most, no token ids or stats
+    result = TreeLayout.build(store.tree_outline(conversation_id, OUTLINE_CHARS), conv.title,
                               leaf_id=conv.active_leaf_id if leaf_id is None else leaf_id, layout=layout)
     result.conversation_id = conversation_id
     return result

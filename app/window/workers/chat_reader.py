@@ -9,6 +9,11 @@ task's progress, and the window's close waits for it with the others.
 
 Jobs have a *key* ("tree", "search", ...): a newer job with the same key supersedes an
 older one, which is skipped if it has not started and whose result is dropped if it has.
+
+The jobs submitted during one turn of the event loop are handed to the worker, in order,
+when the loop comes back (a zero timer): the worker's Python never competes for the GIL
+with the turn that asked for it (opening a chat draws its transcript first), and jobs
+superseded within the turn never start.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QObject
+from PySide6.QtCore import QObject, QTimer
 
 from app.window.workers.tasks import Task, Workers
 from storage.chats import ChatStore
@@ -48,11 +53,16 @@ class ChatReader(QObject):
         self._latest: dict[str, int] = {}  # key -> generation of the newest job
         self._callbacks: dict[str, tuple[Callable[[Any], None], Callable[[Exception], None] | None]] = {}
         self._lock = threading.Lock()
+        self._held: list[tuple[str, int, Callable[[ChatStore], Any]]] = []  # submitted this turn
+        self._release = QTimer(self, singleShot=True, interval=0)
+        self._release.timeout.connect(self._hand_over)
         self.closed = False
 
     def submit(self, key: str, job: Callable[[ChatStore], Any], done: Callable[[Any], None],
                failed: Callable[[Exception], None] | None = None) -> int:
-        """Queue ``job``; returns its generation (increasing per key). Does nothing once closed."""
+        """Queue ``job`` (call it on the UI thread); the worker gets it when the event loop next
+        runs. ``pending(key)`` is True from now. Returns its generation (increasing per key).
+        Does nothing once closed."""
         if self.closed:
             return 0
         with self._lock:
@@ -64,8 +74,20 @@ class ChatReader(QObject):
             if self._task is None:  # the window is closing
                 self._callbacks.pop(key, None)
                 return 0
-        self._jobs.put((key, generation, job))
+        self._held.append((key, generation, job))
+        self._release.start()
         return generation
+
+    @property
+    def held(self) -> int:
+        """How many jobs are submitted but not yet handed to the worker (this turn's)."""
+        return len(self._held)
+
+    def _hand_over(self) -> None:
+        held, self._held = self._held, []
+        for key, generation, job in held:
+            if self._current(key, generation) and not self.closed:  # not superseded this turn
+                self._jobs.put((key, generation, job))
 
     def pending(self, key: str) -> bool:
         """True while the newest job with ``key`` has not delivered its result."""
@@ -84,6 +106,8 @@ class ChatReader(QObject):
             return
         self.closed = True
         self._callbacks.clear()
+        self._held.clear()
+        self._release.stop()
         if self._task is not None:
             self._task.drop()
             self._jobs.put(_STOP)
