@@ -26,6 +26,7 @@ from app.window.shell.status_bar import OVER_COLOR
 from app.window.workers.tasks import Workers
 
 ROLE = Qt.ItemDataRole.UserRole
+SEARCH_COLUMNS = ["Repository", "Downloads", "Likes", "Licence", "Updated"]
 
 
 def _tree(columns: list[str], name: str) -> QTreeWidget:
@@ -114,7 +115,7 @@ class ModelsWindow(QDialog):
         tl.setContentsMargins(0, 0, 0, 0)
         self.results_caption = plain_label(QLabel())
         self.results_caption.setWordWrap(True)
-        self.results = _tree(["Repository", "Downloads", "Likes", "Licence", "Updated"], "search_results")
+        self.results = _tree(SEARCH_COLUMNS, "search_results")
         self.results.itemActivated.connect(lambda item, _c: self.open_repo(item.data(0, ROLE)["repo"]))
         self.results.itemSelectionChanged.connect(
             lambda: self.open_button.setEnabled(bool(self.results.selectedItems())))
@@ -212,6 +213,7 @@ class ModelsWindow(QDialog):
         self.searches += 1
         token = catalog.read_token(self.data_dir)
         self.results.clear()  # the starter list (or the last search) is not this search's results
+        self.results.setHeaderLabels(SEARCH_COLUMNS)
         self._caption(f"Searching {catalog.host()} for {query!r}…")
         self.workers.start(lambda _t: catalog.search(query, token=token), name="hub search",
                            success=lambda results: self._results(job, query, results),
@@ -223,7 +225,7 @@ class ModelsWindow(QDialog):
         if job != self._search_job:
             return
         self.results.clear()
-        self.results.setHeaderLabels(["Repository", "Downloads", "Likes", "Licence", "Updated"])
+        self.results.setHeaderLabels(SEARCH_COLUMNS)
         for r in results:
             item = QTreeWidgetItem([r.repo + ("  (gated)" if r.gated else ""), _count(r.downloads),
                                     _count(r.likes), r.licence or "?", r.updated or "?"])

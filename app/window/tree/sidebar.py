@@ -316,7 +316,7 @@ class Sidebar(QWidget):
                 item.setSelected(True)
                 self.list.setCurrentItem(item)
         if not rows:  # an empty list says why: no chat yet, or none matches the search
-            item = QListWidgetItem("No chats match." if query else "No chats yet: type a message to start one.")
+            item = QListWidgetItem("No chats match." if query else "No chats yet.")
             item.setFlags(Qt.ItemFlag.NoItemFlags)
             self.list.addItem(item)
         self.list.blockSignals(False)
