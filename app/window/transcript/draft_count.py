@@ -21,7 +21,6 @@ from PySide6.QtWidgets import QLabel
 
 from app.session import ConversationSession
 from app.window.flows.model_controller import ModelState
-from app.window.shell.status_bar import OVER_COLOR
 from engine.events import CountEvent, pack_messages
 
 log = logging.getLogger(__name__)
@@ -143,5 +142,5 @@ class DraftCount(QObject):
             return
         self.label.setText(draft_figure(own, event.prompt_tokens, n_ctx))
         too_long = event.prompt_tokens + 1 > n_ctx
-        self.label.setStyleSheet(f"color:{OVER_COLOR};" if too_long else "")
+        self.label.setStyleSheet("color:#c0392b;" if too_long else "")
         self.label.show()
