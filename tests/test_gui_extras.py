@@ -167,8 +167,8 @@ def test_draft_token_count_under_the_composer(qtbot, open_window, data_dir):
     qtbot.waitUntil(lambda: label.isVisible() and w.extras.draft_count.counted is not None, timeout=30_000)
     assert w.extras.draft_count.requests - before <= 3  # debounced: not one count per key
     own, context, n_ctx = w.extras.draft_count.counted
-    assert re.fullmatch(r"message \d+ tokens · context [\d,]+ / 2,048", label.text()), label.text()
-    assert label.text() == f"message {own} tokens · context {context:,} / {n_ctx:,}" and n_ctx == 2048
+    assert re.fullmatch(r"message \d+ tokens · after sending: context [\d,]+ / 2,048", label.text()), label.text()
+    assert label.text() == f"message {own} tokens · after sending: context {context:,} / {n_ctx:,}" and n_ctx == 2048
     assert 5 <= own <= 20
     mid = send_and_wait(qtbot, w, "What is the tallest mountain on Earth?")  # the count was the real prompt
     assert w.store.get_message(mid).stats["prompt_tokens"] == context

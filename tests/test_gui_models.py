@@ -108,7 +108,8 @@ def test_find_fit_download_and_use_a_model_without_leaving_the_window(qtbot, ope
 
     mw.tabs.setCurrentWidget(mw.library)
     lib = mw.library
-    qtbot.waitUntil(lambda: lib.view.topLevelItemCount() == 1, timeout=30_000)
+    qtbot.waitUntil(lambda: lib.view.topLevelItemCount() == 2, timeout=30_000)  # and the built-in model
+    assert lib.view.topLevelItem(1).text(6) == "Built-in (embedded in Branchwise)"
     item = lib.view.topLevelItem(0)
     assert [item.text(i) for i in range(7)] == ["SmolLM2-135M-Instruct-Q4_1", "Q4_1", fit.gb(target.stat().st_size),
                                                 "8,192", "llama", "blocks", "Branchwise"]
@@ -125,7 +126,8 @@ def test_find_fit_download_and_use_a_model_without_leaving_the_window(qtbot, ope
         lib.remove_button.click()
     assert removed.args[0] == "SmolLM2-135M-Instruct-Q4_1" and removed.args[1] >= 0
     assert not target.exists()
-    qtbot.waitUntil(lambda: lib.view.topLevelItemCount() == 0, timeout=30_000)
+    qtbot.waitUntil(lambda: lib.view.topLevelItemCount() == 1, timeout=30_000)
+    assert lib.view.topLevelItem(0).text(0).endswith("(built-in)")  # the embedded model stays listed
 
 
 def test_cancel_keeps_the_bytes_and_resume_fetches_only_the_rest(qtbot, open_window, data_dir, hub):

@@ -1,5 +1,5 @@
-"""The Models window's Library tab: the models Branchwise downloaded (``<data dir>/models``)
-and, when asked, those other apps keep (LM Studio, Ollama, GPT4All, Jan: used in place,
+"""The Models window's Library tab: the models Branchwise downloaded (``<data dir>/models``),
+the embedded default model (marked built-in, so a user can switch back to it) and, when asked, those other apps keep (LM Studio, Ollama, GPT4All, Jan: used in place,
 never modified). Use loads one; Remove deletes one of Branchwise's own, and offers to free
 its KV blocks in the prefix store too (``engine.hub.library.forget_blocks``: the file is
 hashed for its fingerprints first, so it runs as a task, before the file goes).
@@ -18,6 +18,29 @@ from app.window.workers.tasks import Workers
 
 ROLE = Qt.ItemDataRole.UserRole
 COLUMNS = ["Name", "Quantization", "Size", "Trained context", "Architecture", "Prefix store", "Where"]
+
+
+BUILTIN = "built-in"
+"""The origin of the embedded default model in the library's list (Use, never Remove)."""
+
+
+def builtin_models() -> list:
+    """The embedded default model as a library entry (``engine.hub.library.LibraryModel``,
+    origin ``BUILTIN``), or [] when it is not installed. Reads the file's header: call it
+    off the UI thread."""
+    from engine.errors import ModelLoadError
+    from engine.hub import library
+    from engine.model_file import default_model_path
+
+    try:
+        path = default_model_path()
+    except ModelLoadError:
+        return []
+    if not path.is_file():
+        return []
+    model = library.describe_file(path, BUILTIN)
+    model.name += " (built-in)"
+    return [model]
 
 
 class LibraryTab(QWidget):
@@ -73,7 +96,8 @@ class LibraryTab(QWidget):
         self.caption.setText("Reading the library…")
 
         def work(_task):
-            return library.list_library(self.data_dir) + (library.list_others() if others else [])
+            return (library.list_library(self.data_dir) + builtin_models()
+                    + (library.list_others() if others else []))
 
         self.workers.start(work, name="model library", success=lambda models: self._listed(job, models),
                            failure=lambda exc: self.caption.setText(f"The library could not be read: {exc}"))
@@ -86,7 +110,8 @@ class LibraryTab(QWidget):
         self.models = list(models)
         self.view.clear()
         for m in self.models:
-            where = "Branchwise" if m.origin == "Branchwise" else f"{m.origin} (used in place)"
+            where = {"Branchwise": "Branchwise", BUILTIN: "Built-in (embedded in Branchwise)"}.get(
+                m.origin, f"{m.origin} (used in place)")
             parts = f" ({m.parts} parts)" if m.parts > 1 else ""
             item = QTreeWidgetItem([m.name + parts, m.quantization, fit.gb(m.size),
                                     f"{m.context_length:,}" if m.context_length else "?", m.architecture or "?",
@@ -95,10 +120,10 @@ class LibraryTab(QWidget):
             item.setData(0, ROLE, m)
             self.view.addTopLevelItem(item)
         own = sum(m.origin == "Branchwise" for m in self.models)
-        self.caption.setText(f"{own} model{'' if own == 1 else 's'} in {library.models_dir(self.data_dir)}."
-                             if own or self.models else
+        self.caption.setText(f"{own} model{'' if own == 1 else 's'} downloaded to {library.models_dir(self.data_dir)}."
+                             if own else
                              f"No models downloaded yet ({library.models_dir(self.data_dir)}); the Find tab gets "
-                             "some.")
+                             "some. The built-in model is always here.")
 
     def _current(self):
         items = self.view.selectedItems()

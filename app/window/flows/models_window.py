@@ -15,16 +15,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtCore import QObject, QSize, Qt, Signal
 from PySide6.QtWidgets import (QDialog, QHBoxLayout, QHeaderView, QInputDialog, QLabel, QLineEdit, QPushButton,
                                QSplitter, QTabWidget, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget)
 
 from app.window.flows.download_flow import DownloadFlow, DownloadState, progress_text
 from app.window.flows.models_library import LibraryTab
 from app.window.shell.plain import plain_label
+from app.window.shell.status_bar import OVER_COLOR
 from app.window.workers.tasks import Workers
 
 ROLE = Qt.ItemDataRole.UserRole
+SEARCH_COLUMNS = ["Repository", "Downloads", "Likes", "Licence", "Updated"]
 
 
 def _tree(columns: list[str], name: str) -> QTreeWidget:
@@ -113,7 +115,7 @@ class ModelsWindow(QDialog):
         tl.setContentsMargins(0, 0, 0, 0)
         self.results_caption = plain_label(QLabel())
         self.results_caption.setWordWrap(True)
-        self.results = _tree(["Repository", "Downloads", "Likes", "Licence", "Updated"], "search_results")
+        self.results = _tree(SEARCH_COLUMNS, "search_results")
         self.results.itemActivated.connect(lambda item, _c: self.open_repo(item.data(0, ROLE)["repo"]))
         self.results.itemSelectionChanged.connect(
             lambda: self.open_button.setEnabled(bool(self.results.selectedItems())))
@@ -131,6 +133,10 @@ class ModelsWindow(QDialog):
         self.files_caption.setWordWrap(True)
         self.files = _tree(["File", "Size", "Fit", "Memory needed", "Largest context"], "repo_files")
         self.files.setRootIsDecorated(True)
+        fm = self.files.fontMetrics()  # room for the longest size and verdict, before any file is listed
+        for col, widest in ((1, "999.9 GB"), (2, "Too large · Recommended")):
+            self.files.headerItem().setSizeHint(col, QSize(fm.horizontalAdvance(widest) + 3 * fm.averageCharWidth(),
+                                                           fm.height() + 8))
         self.files.itemSelectionChanged.connect(self._file_selected)
         self.files.itemActivated.connect(lambda _i, _c: self.download_selected())
         buttons = QHBoxLayout()
@@ -190,7 +196,7 @@ class ModelsWindow(QDialog):
                 item.setToolTip(0, m["note"])
             item.setData(0, ROLE, m)
             self.results.addTopLevelItem(item)
-        self.results_caption.setText("Well-known instruct models (a list shipped with Branchwise; nothing was "
+        self._caption("Well-known instruct models (a list shipped with Branchwise; nothing was "
                                      "searched). Reasoning models think before they answer: longer replies, "
                                      "better at maths and code.")
 
@@ -206,7 +212,9 @@ class ModelsWindow(QDialog):
         job = self._search_job
         self.searches += 1
         token = catalog.read_token(self.data_dir)
-        self.results_caption.setText(f"Searching {catalog.host()} for {query!r}…")
+        self.results.clear()  # the starter list (or the last search) is not this search's results
+        self.results.setHeaderLabels(SEARCH_COLUMNS)
+        self._caption(f"Searching {catalog.host()} for {query!r}…")
         self.workers.start(lambda _t: catalog.search(query, token=token), name="hub search",
                            success=lambda results: self._results(job, query, results),
                            failure=lambda exc: self._search_failed(job, exc))
@@ -217,7 +225,7 @@ class ModelsWindow(QDialog):
         if job != self._search_job:
             return
         self.results.clear()
-        self.results.setHeaderLabels(["Repository", "Downloads", "Likes", "Licence", "Updated"])
+        self.results.setHeaderLabels(SEARCH_COLUMNS)
         for r in results:
             item = QTreeWidgetItem([r.repo + ("  (gated)" if r.gated else ""), _count(r.downloads),
                                     _count(r.likes), r.licence or "?", r.updated or "?"])
@@ -226,13 +234,19 @@ class ModelsWindow(QDialog):
                 item.setTextAlignment(col, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
             self.results.addTopLevelItem(item)
         n = len(results)
-        self.results_caption.setText(f"{n} GGUF repositor{'y' if n == 1 else 'ies'} on {catalog.host()} "
+        self._caption(f"{n} GGUF repositor{'y' if n == 1 else 'ies'} on {catalog.host()} "
                                      f"match {query!r}, most downloaded first." if n else
                                      f"No GGUF repositories on {catalog.host()} match {query!r}.")
 
     def _search_failed(self, job: int, exc: Exception) -> None:
         if job == self._search_job:
-            self.results_caption.setText(str(exc))
+            self.results.clear()
+            self._caption(str(exc), error=True)
+
+    def _caption(self, text: str, error: bool = False) -> None:
+        """The results' caption; ``error``: in the error colour (a failed search)."""
+        self.results_caption.setText(text)
+        self.results_caption.setStyleSheet(f"color:{OVER_COLOR}; font-weight:bold;" if error else "")
 
     # -- a repository's files ----------------------------------------------------------------
 

@@ -57,7 +57,9 @@ class McpSettingsTab(QWidget):
         lay = QVBoxLayout(self)
         self.tools_on = QCheckBox("Replies may call the tools switched on below")
         self.tools_on.setChecked(bool(tools_on))
-        self.first_call = QCheckBox("Each reply's first step must be a tool call (the schema grammar)")
+        self.first_call = QCheckBox("Make every reply start by calling a tool")
+        self.first_call.setToolTip("The model's first output is held to the form of a tool call (a grammar "
+                                   "built from the tools' schemas); later steps may answer in words.")
         self.first_call.setChecked(bool(first_call_required))
         self.tree = QTreeWidget()
         self.tree.setHeaderLabels(["Server / tool", "Command, URL or description"])
@@ -97,7 +99,12 @@ class McpSettingsTab(QWidget):
                       f"{CALL_TIMEOUT_S:g} s; at most {MAX_RESULT_BYTES // 1024} KB of its result enters the prompt; "
                       "a reply loop stops after 8 replies. The model's template must support tools.")
         note.setWordWrap(True)
-        for w in (self.tools_on, self.first_call, self.tree):
+        self.empty_note = QLabel("No tool servers yet. Tools let a reply run a program or fetch a page through "
+                                 "an MCP server: add one below by name and command line or URL, or import "
+                                 "an mcp.json.")
+        self.empty_note.setObjectName("tools_empty")
+        self.empty_note.setWordWrap(True)
+        for w in (self.tools_on, self.first_call, self.empty_note, self.tree):
             lay.addWidget(w)
         lay.addLayout(add_row)
         lay.addLayout(row)
@@ -116,6 +123,7 @@ class McpSettingsTab(QWidget):
 
     def _fill(self) -> None:
         self.tree.clear()
+        self.empty_note.setVisible(not self.entries)
         for name, entry in self.entries.items():
             cfg = McpServerConfig.from_dict(name, entry)
             top = QTreeWidgetItem([name, cfg.where])

@@ -133,6 +133,9 @@ class SettingsDialog(QDialog):
         self.budget.setSuffix(" MB")
         self.budget.setSingleStep(256)
         self.cache_use = QLabel("…")
+        self.cache_use.setObjectName("cache_use")
+        self.cache_use.setWordWrap(True)  # "22.7 MB of 4.0 GB · 1,031 tokens in 18 blocks" wraps beside the button
+        self.cache_use.setTextFormat(Qt.TextFormat.PlainText)
         self.clear_cache = QPushButton("Clear cache")
         self.clear_cache.clicked.connect(self._clear_cache)
         row = QHBoxLayout()
@@ -152,15 +155,16 @@ class SettingsDialog(QDialog):
         self.engine_key.setPlaceholderText("none")
         self.engine_model = QLineEdit(settings.engine_model)
         self.engine_model.setPlaceholderText("the first model the server lists")
-        self.engine_kind.currentIndexChanged.connect(self._engine_kind_changed)
-        self.engine_kind.setCurrentIndex(1 if settings.engine_url else 0)
-        self._engine_kind_changed()
         app_tab = QWidget()
         form2 = QFormLayout(app_tab)
+        self.app_form = form2
         form2.addRow("Engine", self.engine_kind)
         form2.addRow("Server URL", self.engine_url)
         form2.addRow("Server API key", self.engine_key)
         form2.addRow("Server model", self.engine_model)
+        self.engine_kind.currentIndexChanged.connect(self._engine_kind_changed)
+        self.engine_kind.setCurrentIndex(1 if settings.engine_url else 0)
+        self._engine_kind_changed()
         remote_note = QLabel("With a server, replies are generated there; chats, edits, branches and search "
                              "stay on this computer. Branchwise connects only to the URL typed here.")
         remote_note.setWordWrap(True)
@@ -276,6 +280,20 @@ class SettingsDialog(QDialog):
         self.cache_use.setText(
             f"{human_bytes(int(st.get('bytes', 0)))} of {human_bytes(int(st.get('budget_bytes', 0)))}"
             f" · {int(st.get('tokens', 0)):,} tokens in {int(st.get('blocks', 0)):,} blocks")
+        self._fit_cache_use()
+
+    def _fit_cache_use(self) -> None:
+        """Room for every line of the prefix store's figures beside Clear cache (they wrap)."""
+        label = self.cache_use
+        label.setMinimumHeight(label.heightForWidth(max(80, label.width())))
+        self.layout().activate()
+        if self.isVisible():
+            self.resize(self.width(), max(self.height(), self.sizeHint().height()))
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override: the figures wrap anew
+        super().resizeEvent(event)
+        if self.cache_use.text():
+            self.cache_use.setMinimumHeight(self.cache_use.heightForWidth(max(80, self.cache_use.width())))
 
     def done(self, result: int) -> None:  # noqa: D102 - disconnect before closing
         self._closed = True
@@ -289,8 +307,9 @@ class SettingsDialog(QDialog):
 
     def _engine_kind_changed(self, *_args) -> None:
         remote = self.engine_kind.currentData() == "remote"
-        for w in (self.engine_url, self.engine_key, self.engine_model):
+        for w in (self.engine_url, self.engine_key, self.engine_model):  # the server's rows: only for a server
             w.setEnabled(remote)
+            self.app_form.setRowVisible(w, remote)
 
     def conversation_values(self) -> tuple[str, dict]:
         """(system prompt, sampling dict) as entered for this chat (or the new chat)."""

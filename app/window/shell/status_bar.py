@@ -20,25 +20,45 @@ MODEL_LABEL_MAX = 300  # pixels: a longer model name is elided in the middle (th
 
 def fitted_text(text: str, width: int, fm: QFontMetrics, middle: bool = False) -> str:
     """``text`` as it fits in ``width`` pixels of ``fm``'s font: whole when it fits; else,
-    for a line of figures joined by " · ", without its middle figures (the first and the
-    last, e.g. "46 tok/s", stay), then elided on the right before that last figure.
-    ``middle`` True elides in the middle instead (a model name)."""
+    for a line of figures joined by " · ", without whole figures: the last one (e.g. "46
+    tok/s") always stays, then as many of the others as fit, the first ones first, each run
+    of dropped figures shown as one "…" ("prefilled while you typed: 3,600 tokens · … · 46
+    tok/s"); a word is never cut: when even the last figure does not fit, its first whole
+    words and "…" are shown. ``middle`` True elides in the middle instead (a model name)."""
     if fm.horizontalAdvance(text) <= width:
         return text
     if middle:
         return fm.elidedText(text, Qt.TextElideMode.ElideMiddle, width)
     parts = text.split(SEPARATOR)
-    while len(parts) > 2:
-        del parts[-2]
-        shorter = SEPARATOR.join(parts[:-1] + ["…", parts[-1]])
+    if len(parts) > 1:  # keep whole figures, the first ones first, and always the last
+        kept: list[int] = []
+        for i in range(len(parts) - 1):
+            if fm.horizontalAdvance(_with_gaps(parts, [*kept, i])) <= width:
+                kept.append(i)
+        shorter = _with_gaps(parts, kept)
         if fm.horizontalAdvance(shorter) <= width:
             return shorter
-    if len(parts) == 2:
-        tail = SEPARATOR + parts[-1]
-        room = width - fm.horizontalAdvance(tail)
-        if room > fm.averageCharWidth() * 6:
-            return fm.elidedText(parts[0], Qt.TextElideMode.ElideRight, room) + tail
-    return fm.elidedText(text, Qt.TextElideMode.ElideRight, width)
+        if fm.horizontalAdvance(parts[-1]) <= width:
+            return parts[-1]
+    words = parts[-1].split(" ")
+    while len(words) > 1:
+        words.pop()
+        shorter = " ".join(words) + " …"
+        if fm.horizontalAdvance(shorter) <= width:
+            return shorter
+    return "…" if fm.horizontalAdvance("…") <= width else ""
+
+
+def _with_gaps(parts: list[str], kept: list[int]) -> str:
+    """``parts`` joined by " · " with only the ``kept`` indices and the last part, each run
+    of left-out parts shown as one "…"."""
+    out: list[str] = []
+    for i, part in enumerate(parts):
+        if i in kept or i == len(parts) - 1:
+            out.append(part)
+        elif not out or out[-1] != "…":
+            out.append("…")
+    return SEPARATOR.join(out)
 
 
 class FittedLabel(QLabel):

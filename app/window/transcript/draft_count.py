@@ -1,4 +1,5 @@
-"""The draft's token count under the composer: "message 340 tokens · context 1,200 / 8,192".
+"""The draft's token count under the composer: "message 340 tokens · after sending: context 1,200 / 8,192"
+(the status bar's "context N / 8,192" is the chat as it is now, before the draft is sent).
 
 Counted by the engine with the loaded model's tokenizer and chat template
 (``EngineClient.count_draft``): the draft alone, and the prompt the shown path plus the
@@ -15,6 +16,7 @@ from __future__ import annotations
 import logging
 
 from PySide6.QtCore import QObject, Qt, QTimer
+from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QLabel
 
 from app.session import ConversationSession
@@ -27,9 +29,11 @@ DEBOUNCE_MS = 250
 
 
 def draft_figure(message_tokens: int, context_tokens: int, n_ctx: int) -> str:
-    """The label's text, e.g. "message 340 tokens · context 1,200 / 8,192"."""
+    """The label's text, e.g. "message 340 tokens · after sending: context 1,200 / 8,192": the
+    draft's tokens and the context it would make, so it never reads as a second figure for the
+    status bar's context (the chat without the draft)."""
     unit = "token" if message_tokens == 1 else "tokens"
-    return f"message {message_tokens:,} {unit} · context {context_tokens:,} / {n_ctx:,}"
+    return f"message {message_tokens:,} {unit} · after sending: context {context_tokens:,} / {n_ctx:,}"
 
 
 class DraftCount(QObject):
@@ -45,6 +49,8 @@ class DraftCount(QObject):
         self.label.setTextFormat(Qt.TextFormat.PlainText)
         self.label.setAccessibleName("Draft token count")
         self.label.setContentsMargins(26, 0, 26, 2)
+        # the theme's muted text (over 4.5:1 on the window in light and dark), not palette(mid)
+        self.label.setForegroundRole(QPalette.ColorRole.PlaceholderText)
         self.label.hide()
         self.counted: tuple[int, int, int] | None = None
         self.requests = 0  # counts sent (tests)
@@ -136,5 +142,5 @@ class DraftCount(QObject):
             return
         self.label.setText(draft_figure(own, event.prompt_tokens, n_ctx))
         too_long = event.prompt_tokens + 1 > n_ctx
-        self.label.setStyleSheet("color:#c0392b;" if too_long else "color:palette(mid);")
+        self.label.setStyleSheet("color:#c0392b;" if too_long else "")
         self.label.show()

@@ -73,14 +73,17 @@ def message_time(when: float, now: float | None = None) -> str:
     return time.strftime("%d %b %H:%M" if t.tm_year == today.tm_year else "%d %b %Y %H:%M", t).lstrip("0")
 
 
-def stats_line(stats: dict | None, created_at: float | None = None, first_turn: bool = False) -> str:
+def stats_line(stats: dict | None, created_at: float | None = None, first_turn: bool = False,
+               stopped: bool = False) -> str:
     """A one-line summary of a reply's GenerationStats dict and its time, e.g.
     "24 tokens · 130 tok/s · TTFT 85 ms · 14:02" (TTFT: time to first token). ``first_turn``:
     the reply is its conversation's first (its restored tokens are "reused N cached",
-    ``app.session.restored_words``)."""
+    ``app.session.restored_words``). ``stopped`` (or a "cancelled" finish reason): the reply
+    was stopped (Esc, Stop) before it ended, said as "stopped" where a reply cut by its limit
+    says "hit max tokens"."""
     when = [message_time(created_at)] if created_at else []
     if not stats:
-        return " · ".join(when)
+        return " · ".join((["stopped"] if stopped else []) + when)
     parts = [f"{stats.get('generated_tokens', 0)} tokens"]
     if stats.get("decode_tokens_per_s"):
         parts.append(f"{stats['decode_tokens_per_s']:.0f} tok/s")
@@ -93,7 +96,9 @@ def stats_line(stats: dict | None, created_at: float | None = None, first_turn: 
         parts.append(restored_words(stats["restored_tokens"], first_turn))
     if stats.get("prefilled_tokens"):
         parts.append(f"prefilled {stats['prefilled_tokens']:,}")
-    if stats.get("finish_reason") == "length":
+    if stopped or stats.get("finish_reason") == "cancelled":
+        parts.append("stopped")
+    elif stats.get("finish_reason") == "length":
         parts.append("hit max tokens")
     elif stats.get("finish_reason") == "context":
         parts.append("context full")
@@ -300,7 +305,8 @@ class MessageWidget(QFrame):
 
     def set_stats(self, stats: dict | None, status: str = "complete") -> None:
         when = self.message.created_at if self.message is not None else None
-        self.footer.setText(stats_line(stats, when, self.first_turn) if self.role == "assistant" else "")
+        self.footer.setText(stats_line(stats, when, self.first_turn, stopped=status == "stopped")
+                            if self.role == "assistant" else "")
         self.footer.setVisible(bool(self.footer.text()))
         note = STATUS_NOTES.get(status, "") or self.unanswered_note
         self.note.setText(f"· {note}" if note else "")

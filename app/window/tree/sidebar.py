@@ -315,8 +315,8 @@ class Sidebar(QWidget):
             if conv.id == self.current_id:
                 item.setSelected(True)
                 self.list.setCurrentItem(item)
-        if query and not rows:
-            item = QListWidgetItem("No chats match.")
+        if not rows:  # an empty list says why: no chat yet, or none matches the search
+            item = QListWidgetItem("No chats match." if query else "No chats yet.")
             item.setFlags(Qt.ItemFlag.NoItemFlags)
             self.list.addItem(item)
         self.list.blockSignals(False)

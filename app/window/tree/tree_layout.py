@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 
 from storage.chats import ChatStore, Message
 
-NODE_W, NODE_H = 116, 24
-"""A node's size (pixels): room for the role letter and four or five words."""
-DX, DY, MARGIN = NODE_W + 10, 40, 16
+NODE_W, NODE_H = 112, 38
+"""A node's size (pixels): the role letter and two lines of words, four to six of them, and
+narrow enough that three leaves side by side fit in a quarter of a 1600-pixel window."""
+DX, DY, MARGIN = NODE_W + 8, 52, 10
 R = NODE_H // 2  # half a node's height: edges join a node's top and bottom edges
 ROOT_ID = 0
 """The id of the conversation node (message ids start at 1)."""

@@ -1,9 +1,10 @@
 """The tree panel: the whole conversation tree, drawn top-down.
 
-The top node is the conversation (its title); every first message, an edited one
-too, hangs under it, so all branches are visibly connected. Each other node is a
-message: a role letter (U = user, A = assistant) and its first words, drawn as plain
-text. The active path is drawn in the accent colour; a bar along a node's bottom
+The top node is the conversation: its title on an accent pill, lower than a message's
+node and kept in view when the tree is wider than the panel; every first message, an
+edited one too, hangs under it, so all branches are visibly connected. Each other node is
+a message: a role letter (U = user, A = assistant) and its first words on two lines,
+drawn as plain text. The active path is drawn in the accent colour; a bar along a node's bottom
 shows how much of its prompt (the path from the root to it) the prefix store holds:
 full green = all of it, part green = part of it, none = none (from the engine's
 ``coverage`` request). Hovering a node shows who wrote it and the start of its text;
@@ -50,6 +51,10 @@ def is_cached(stored: int, total: int) -> bool:
     return total > 0 and stored >= total - END_OF_TURN_SLACK
 
 
+ROOT_H, ROOT_MAX_W = 22, 180
+"""The height and the widest (pixels) of the conversation's node, a pill lower than a message's node."""
+ROOT_TEXT = {False: "#ffffff", True: "#0d1b2a"}
+"""The title's colour on the accent pill (light, dark theme): over 4.5:1 on either accent."""
 ROLE_LETTERS = {"user": "U", "assistant": "A", "system": "S"}
 ROLE_WORDS = {"user": "You", "assistant": "Assistant", "system": "System"}
 
@@ -71,6 +76,20 @@ def node_label(message: Message) -> str:
     text = _MD_MARK.sub(lambda m: m.group(2) if m.group(2) is not None else m.group(3), text)
     text = " ".join(text.split())[:LABEL_CHARS]
     return text or ("(stopped)" if message.status != "complete" else "(empty)")
+
+
+def wrap_two(text: str, width: int, fm: QFontMetrics) -> list[str]:
+    """``text`` in at most two lines of ``width`` pixels of ``fm``'s font, broken between
+    words: the first line holds the words that fit (a single word too long for it is elided),
+    the second the rest, elided on the right when it does not fit. [] for an empty text."""
+    words = text.split(" ")
+    first: list[str] = []
+    while words and fm.horizontalAdvance(" ".join([*first, words[0]])) <= width:
+        first.append(words.pop(0))
+    if not first:
+        return [fm.elidedText(text, Qt.TextElideMode.ElideRight, width)] if text else []
+    rest = " ".join(words)
+    return [" ".join(first), fm.elidedText(rest, Qt.TextElideMode.ElideRight, width)] if rest else [" ".join(first)]
 
 
 def coverage_words(stored: int, total: int) -> str:
@@ -216,6 +235,42 @@ class TreeCanvas(QWidget):
             label = distinct_label(label, [self.label_of(m) for m in near])
         return fm.elidedText(label, Qt.TextElideMode.ElideRight, width)
 
+    def drawn_lines(self, message_id: int, width: int, fm: QFontMetrics) -> list[str]:
+        """The one or two lines drawn on ``message_id``'s node, each at most ``width`` pixels
+        (``wrap_two``): its label when it fits in two lines, else the label that tells it from
+        the siblings beside it (``distinct_label``), cut on the right."""
+        label = self.label_of(message_id)
+        lines = wrap_two(label, width, fm)
+        n = self._by_id.get(message_id)
+        if n is None or n is self.root or " ".join(lines) == label:
+            return lines
+        sibs = self._children.get(n.message.parent_id, [])
+        if len(sibs) > 1:
+            i = next((k for k, s in enumerate(sibs) if s is n), -1)
+            near = [sibs[k].message.id for k in (i - 1, i + 1) if i >= 0 and 0 <= k < len(sibs)]
+            lines = wrap_two(distinct_label(label, [self.label_of(m) for m in near]), width, fm)
+        return lines
+
+    def root_rect(self, fm: QFontMetrics | None = None) -> QRectF:
+        """Where the conversation's node is drawn (canvas pixels; empty without a tree): a
+        pill lower than a message's node, as wide as the title needs (at most ``ROOT_MAX_W``),
+        and kept inside the part of the canvas in view, so a tree wider than
+        the panel never cuts it at the panel's edge."""
+        n = self.root
+        if n is None:
+            return QRectF()
+        if fm is None:
+            bold = QFont(self.node_font())
+            bold.setBold(True)
+            fm = QFontMetrics(bold)
+        w = min(ROOT_MAX_W, fm.horizontalAdvance(self.title) + ROOT_H)
+        seen = self.visibleRegion().boundingRect()
+        x = n.x + self.offset_x
+        if not seen.isEmpty() and seen.width() > 2 * ROOT_H:
+            w = min(w, seen.width() - 8)
+            x = min(max(x, seen.left() + w / 2 + 4), seen.right() + 1 - w / 2 - 4)
+        return QRectF(x - w / 2, n.y + R - ROOT_H, w, ROOT_H)
+
     def label_of(self, message_id: int) -> str:
         """The words on ``message_id``'s node (before eliding), "" if not drawn."""
         n = self._by_id.get(message_id)
@@ -328,32 +383,54 @@ class TreeCanvas(QWidget):
         p = QPainter(self)
         p.setRenderHint(QPainter.RenderHint.Antialiasing)
         ox = self.offset_x
+        font = self.node_font()
+        bold = QFont(font)
+        bold.setBold(True)
+        fm, bfm = QFontMetrics(font), QFontMetrics(bold)
+        root = self.root_rect(bfm).translated(-ox, 0)  # kept in view: it may sit off its place
         p.translate(ox, 0)
         area = QRectF(event.rect()).translated(-ox, 0).adjusted(-NODE_W, -DY, NODE_W, DY)
         shown = self.tree_layout.in_rect(area.left(), area.top(), area.right(), area.bottom())
+        if self.root is not None and self.root not in shown and root.intersects(area):
+            shown.append(self.root)
         for n in shown:  # the edge up to each shown node's parent
             parent = self._by_id.get(n.message.parent_id) if n is not self.root else None
             if parent is None:
                 continue
             on_path = n.message.id in self.active and (parent is self.root or parent.message.id in self.active)
             p.setPen(QPen(QColor(c.accent if on_path else c.border), 3 if on_path else 1.5))
-            p.drawLine(QPointF(parent.x, parent.y + R), QPointF(n.x, n.y - R))
-        font = self.node_font()
-        bold = QFont(font)
-        bold.setBold(True)
-        fm, bfm = QFontMetrics(font), QFontMetrics(bold)
+            top = QPointF(root.center().x(), root.bottom()) if parent is self.root else QPointF(parent.x, parent.y + R)
+            p.drawLine(top, QPointF(n.x, n.y - R))
         for n in shown:
-            self._paint_node(p, n, font, bold, fm, bfm)
+            if n is self.root:
+                self._paint_root(p, root, bold, bfm)
+            else:
+                self._paint_node(p, n, font, bold, fm, bfm)
         p.end()
+
+    def _paint_root(self, p: QPainter, rect: QRectF, bold: QFont, bfm: QFontMetrics) -> None:
+        """The conversation's node: an accent pill with the title, unlike a message's node."""
+        c = self.colors
+        p.setPen(Qt.PenStyle.NoPen)
+        p.setBrush(QColor(c.accent))
+        p.drawRoundedRect(rect, rect.height() / 2, rect.height() / 2)
+        if self.current == ROOT_ID and self.hasFocus():
+            p.setBrush(Qt.BrushStyle.NoBrush)
+            p.setPen(QPen(QColor(c.text), 1, Qt.PenStyle.DotLine))
+            p.drawRoundedRect(rect.adjusted(-3, -3, 3, 3), rect.height() / 2 + 3, rect.height() / 2 + 3)
+        p.setPen(QColor(ROOT_TEXT[c.dark]))
+        p.setFont(bold)
+        inner = rect.adjusted(ROOT_H / 2, 0, -ROOT_H / 2, 0)
+        p.drawText(inner, Qt.AlignmentFlag.AlignCenter,
+                   bfm.elidedText(self.title, Qt.TextElideMode.ElideRight, int(inner.width())))
 
     def _paint_node(self, p: QPainter, n: TreeNode, font: QFont, bold: QFont, fm: QFontMetrics,
                     bfm: QFontMetrics) -> None:
         c = self.colors
         mid = n.message.id
         rect = QRectF(n.x - NODE_W / 2, n.y - R, NODE_W, NODE_H)
-        is_root = n is self.root
-        active = is_root or mid in self.active
-        fill = c.base if is_root else (c.user_bubble if n.message.role == "user" else c.assistant_bubble)
+        active = mid in self.active
+        fill = c.user_bubble if n.message.role == "user" else c.assistant_bubble
         p.setPen(QPen(QColor(c.accent if active else c.muted), 2.5 if active else 1.2))
         p.setBrush(QColor(fill))
         p.drawRoundedRect(rect, 6, 6)
@@ -368,21 +445,20 @@ class TreeCanvas(QWidget):
             p.setPen(QPen(QColor(c.text), 1, Qt.PenStyle.DotLine))
             p.drawRoundedRect(rect.adjusted(-3, -3, 3, 3), 8, 8)
         p.setPen(QColor(c.text))
-        inner = rect.adjusted(6, 0, -5, -2)
-        if is_root:
-            p.setFont(bold)
-            p.drawText(inner, Qt.AlignmentFlag.AlignCenter,
-                       bfm.elidedText(self.title, Qt.TextElideMode.ElideRight, int(inner.width())))
-            return
+        inner = rect.adjusted(6, 3, -5, -6)  # above the coverage bar
         letter = ROLE_LETTERS.get(n.message.role, "?")
+        lines = self.drawn_lines(mid, int(inner.width()) - bfm.horizontalAdvance(letter) - 5, fm)
+        line_h = inner.height() / 2
+        top = inner.top() if len(lines) > 1 else inner.top() + line_h / 2
         p.setFont(bold)
-        p.drawText(inner, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, letter)
+        p.drawText(QRectF(inner.left(), top, inner.width(), line_h),
+                   Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, letter)
         lead = bfm.horizontalAdvance(letter) + 5
         p.setFont(font)
         p.setPen(QColor(c.muted if n.message.status != "complete" else c.text))
-        words = inner.adjusted(lead, 0, 0, 0)
-        p.drawText(words, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
-                   self.drawn_label(mid, int(words.width()), fm))
+        for i, line in enumerate(lines):
+            p.drawText(QRectF(inner.left() + lead, top + i * line_h, inner.width() - lead, line_h),
+                       Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, line)
 
 
 class TreePanel(QWidget):
@@ -404,6 +480,7 @@ class TreePanel(QWidget):
         scroll.setWidgetResizable(True)  # the canvas fills the viewport; bars only when it must grow
         scroll.setFrameShape(QFrame.Shape.NoFrame)
         scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
+        scroll.horizontalScrollBar().valueChanged.connect(lambda _v: self.canvas.update())  # the root stays in view
         self.scroll = scroll
         self.title = QLabel("<b>Conversation tree</b>")
         self.legend = QLabel()
