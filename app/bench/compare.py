@@ -123,7 +123,7 @@ def _branchwise(engine, work: Path, log) -> dict:
                      "speedup": round(lookup_tok_s / max(plain_tok_s, 1e-9), 2),
                      "drafted": s.drafted_tokens, "accepted": s.accepted_tokens,
                      "same_reply": all(a.token_ids == b.token_ids for a, b in zip(plain, lookup)),
-                     "ids": lookup[-1].token_ids}
+                     "ids": plain[-1].token_ids}
     out["prompts"] = {"speed": engine.prompt_tokens(w["speed"]), "quote": engine.prompt_tokens(quote),
                       "chat": engine.prompt_tokens(chat), "restore": restore_prompt}
     return out
@@ -180,6 +180,7 @@ def collect(model: str | None = None, llama_server: str | None = None, log=lambd
     if ls and not ls.get("error"):
         for name in ("quote", "chat"):
             theirs = (ls.get("plain") or {}).get(name) or {}
+            # Branchwise's plain reply against llama-server's plain reply, token for token
             bw[name]["same_as_llama_server"] = bool(theirs.get("ids")) and theirs["ids"] == bw[name]["ids"]
     for name in ("quote", "chat"):
         bw[name].pop("ids")
