@@ -5,9 +5,12 @@ itself is :mod:`engine.speculative`."""
 from __future__ import annotations
 
 NONE, LOOKUP, DRAFT = "none", "lookup", "draft"
-DEFAULT = NONE  # lookup can tip a near tie (README, "Speculative decoding"): opt in
-"""On by default: measured faster on the quoting workload and not slower on plain chat
-(``branchwise bench``, README "Benchmarks")."""
+DEFAULT = NONE
+"""Off by default: at temperature 0 a lookup reply is not always token for token the plain
+one, on either of ``branchwise bench``'s workloads (a quote of a pasted text, a plain
+question), because a verification batch's logits equal a one-token step's only at its first
+position (measured: later positions differ by up to 0.47-1.4, the largest difference over
+the vocabulary; README "Speculative decoding")."""
 
 CHOICES = "none, lookup or draft:PATH"
 

@@ -248,3 +248,28 @@ def test_the_lookup_search_is_cheap_on_a_full_context():
     for _ in range(100):
         d.draft(16)
     assert (time.perf_counter() - t) / 100 < 0.002  # under 2 ms a step (a decode step is ~25 ms)
+
+
+def test_a_verification_batch_has_a_one_token_steps_logits_at_its_first_position(lookup_engine):
+    """Why lookup is off by default (engine/speculative_setting.py): the batch's first
+    position is bit for bit a one-token step's; the positions after it are not (measured
+    0.47-1.4 apart), so a greedy reply can leave the plain one at a near tie."""
+    import llama_cpp
+
+    e, llama = lookup_engine, lookup_engine.llama
+    nv = llama.n_vocab()
+    e.reset_context()
+    prompt = e.prompt_tokens(PROMPTS["question"])
+    e.live.evaluate_all(prompt)
+    t0 = int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llama.ctx, -1), shape=(nv,))))
+    e.live.evaluate([t0])  # a one-token step
+    step = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llama.ctx, -1), shape=(nv,)).copy()
+    t1 = int(np.argmax(step))
+    assert e.live.truncate(len(prompt))
+    sampler = llama._init_sampler(temp=0.0)
+    try:
+        e.speculation.verifier.run([t0, t1, t1], sampler)
+    finally:
+        sampler.close()
+    first = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llama.ctx, 0), shape=(nv,))
+    assert np.array_equal(first, step)

@@ -21,17 +21,21 @@ from pathlib import Path
 FILENAME = "branchwise-bench.bin"
 
 
-def _server(binary: str, model: Path, slots: Path, log: Path, repack: bool):
+def _server(binary: str, model: Path, slots: Path, log: Path, repack: bool, threads: int = 0,
+            extra: tuple[str, ...] = ()):
     """A llama-server child on a free loopback port (started and stopped as the serve
     bench's servers are), and the base URL of its native endpoints. ``repack`` False adds
-    ``--no-repack`` (llama.cpp common/arg.cpp), Branchwise's ``use_extra_bufts = False``."""
+    ``--no-repack`` (llama.cpp common/arg.cpp), Branchwise's ``use_extra_bufts = False``;
+    ``threads`` (0: the logical core count) goes to ``-t`` and ``-tb``; ``extra``: more
+    arguments (``--spec-type ngram-simple``)."""
     from app.bench.serve import ServerProcess
     from app.serve.server import free_port
 
     port = free_port()
+    n = str(threads or os.cpu_count() or 1)
     argv = [binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "4096", "-np", "1",
-            "--slot-save-path", str(slots), "-t", str(os.cpu_count() or 1),
-            "-fa", "off"]  # the KV layout Branchwise uses (V transposed): the same bytes to move
+            "--slot-save-path", str(slots), "-t", n, "-tb", n,
+            "-fa", "off", *extra]  # the KV layout Branchwise uses (V transposed): the same bytes to move
     if not repack:
         argv.append("--no-repack")
     return ServerProcess(argv, log, False, port), f"http://127.0.0.1:{port}"
@@ -69,7 +73,7 @@ def _ms(reply: dict, key: str, wall: float) -> float:
 
 
 def bench_llama_server(binary: str, model: Path, prompt: list[int], work: Path, repeats: int = 5,
-                       repack: bool = True) -> dict:
+                       repack: bool = True, threads: int = 0) -> dict:
     """Slot save and restore of ``prompt`` (token ids) through ``binary``, with weight
     repacking as Branchwise decided (``repack``). A server that dies by a signal at its
     first start with repacking on (a llama-server built with AMX kernels on a CPU where they
@@ -80,13 +84,13 @@ def bench_llama_server(binary: str, model: Path, prompt: list[int], work: Path, 
         when the server cannot be run.
     """
     try:
-        out = _bench(binary, model, prompt, work, repeats, repack)
+        out = _bench(binary, model, prompt, work, repeats, repack, threads)
         note = "as Branchwise" if repack else "--no-repack, as Branchwise"
     except _Crashed as crash:
         if not repack:
             return {"error": str(crash)}
         try:
-            out = _bench(binary, model, prompt, work, repeats, False)
+            out = _bench(binary, model, prompt, work, repeats, False, threads)
         except _Crashed as again:
             return {"error": str(again)}
         note = f"--no-repack: with repacking on it {crash.what}"
@@ -104,7 +108,8 @@ class _Crashed(Exception):
         self.what = what
 
 
-def _bench(binary: str, model: Path, prompt: list[int], work: Path, repeats: int, repack: bool) -> dict:
+def _bench(binary: str, model: Path, prompt: list[int], work: Path, repeats: int, repack: bool,
+           threads: int) -> dict:
     from storage.block_files import drop_file_cache
 
     if not Path(binary).is_file() or not os.access(binary, os.X_OK):
@@ -112,7 +117,7 @@ def _bench(binary: str, model: Path, prompt: list[int], work: Path, repeats: int
     work.mkdir(parents=True, exist_ok=True)
     log = work / "llama-server.log"
     try:
-        server, url = _server(binary, model, work, log, repack)
+        server, url = _server(binary, model, work, log, repack, threads)
         with _started(server, log):
             _post(url + "/completion", {"prompt": prompt, "n_predict": 1, "temperature": 0,
                                         "cache_prompt": True, "id_slot": 0})
@@ -120,7 +125,7 @@ def _bench(binary: str, model: Path, prompt: list[int], work: Path, repeats: int
             saved = _post(url + "/slots/0?action=save", {"filename": FILENAME})
             save_ms = _ms(saved, "save_ms", time.perf_counter() - t)
         restores = []
-        server, url = _server(binary, model, work, log, repack)  # restore in a new process, as a resume does
+        server, url = _server(binary, model, work, log, repack, threads)  # restore in a new process, as a resume does
         with server:
             for _ in range(repeats):
                 t = time.perf_counter()
@@ -137,3 +142,47 @@ def _bench(binary: str, model: Path, prompt: list[int], work: Path, repeats: int
     return {"tokens": int(saved.get("n_saved", len(prompt))), "file_mb": round(size / 1e6, 1),
             "save_ms": round(save_ms, 2), "restore_ms": round(warm, 2), "cold_restore_ms": round(cold, 2),
             "restore_mb_per_s": round(size / 1e6 / (warm / 1000), 0)}
+
+
+def bench_llama_server_speed(binary: str, model: Path, work: Path, workloads: dict[str, tuple[list[int], int]],
+                             repack: bool = True, threads: int = 0, repeats: int = 3,
+                             speculative: bool = False) -> dict:
+    """Prefill and decode speed through ``binary``'s ``/completion`` at temperature 0, from
+    the server's own ``timings`` (``prompt_per_second``, ``predicted_per_second``), for each
+    workload ``name: (prompt token ids, tokens to generate)``, ``repeats`` times (medians).
+    Each request evaluates its whole prompt (``cache_prompt`` false). ``speculative``
+    starts the server with ``--spec-type ngram-simple`` (llama.cpp's prompt lookup).
+
+    Returns:
+        ``{name: {"prefill_tok_s", "decode_tok_s", "generated", "ids", "drafted",
+        "accepted"}}`` (tokens/s; ``ids`` the reply's token ids), or ``{"error": words}``.
+    """
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / ("llama-server-lookup.log" if speculative else "llama-server-speed.log")
+    extra = ("--spec-type", "ngram-simple") if speculative else ()
+    out: dict = {}
+    try:
+        server, url = _server(binary, model, work, log, repack, threads, extra)
+        with _started(server, log):
+            runs: dict[str, list[dict]] = {name: [] for name in workloads}
+            for _ in range(repeats):  # interleaved, so drifting load hits every workload alike
+                for name, (prompt, n_predict) in workloads.items():
+                    reply = _post(url + "/completion", {
+                        "prompt": prompt, "n_predict": n_predict, "temperature": 0, "cache_prompt": False,
+                        "id_slot": 0, "return_tokens": True})
+                    runs[name].append(reply)
+    except _Crashed as crash:
+        return {"error": str(crash)}
+    except (OSError, RuntimeError, ValueError) as exc:
+        return {"error": str(exc) if str(log) in str(exc) else f"{exc} (see {log})"}
+    med = statistics.median
+    for name, replies in runs.items():
+        timings = [r.get("timings") or {} for r in replies]
+        out[name] = {
+            "prefill_tok_s": round(med(float(t.get("prompt_per_second", 0)) for t in timings), 1),
+            "decode_tok_s": round(med(float(t.get("predicted_per_second", 0)) for t in timings), 1),
+            "generated": int(timings[-1].get("predicted_n", 0)),
+            "ids": [int(x) for x in replies[-1].get("tokens") or []],
+            "drafted": int(timings[-1].get("draft_n", 0)), "accepted": int(timings[-1].get("draft_n_accepted", 0)),
+        }
+    return out

@@ -173,7 +173,8 @@ def engine_options() -> Parser:
     engine.add_argument("--speculative", type=speculative, default=defaults.speculative, metavar="none|lookup|draft:PATH",
                         help="speculative decoding: drafts verified in one batch; lookup drafts from the "
                              "conversation itself, draft:PATH with a small model of the same vocabulary "
-                             f"(default {defaults.speculative})")
+                             f"(default {defaults.speculative}: at temperature 0 a speculative reply can differ "
+                             "from a plain one in a near tie)")
     engine.add_argument("--max-tokens", type=sampling("max_tokens"), help="most tokens in the reply (1 to 1048576)")
     engine.add_argument("--temperature", type=sampling("temperature"), help="0 to 2; 0 is deterministic")
     engine.add_argument("--seed", type=sampling("seed"), help="sampling seed (a 64-bit integer)")
