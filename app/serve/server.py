@@ -59,6 +59,7 @@ from starlette.routing import Route
 
 from app.serve import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_QUEUE, ServeError, protocol
 from app.serve.guard import CrossSiteGuard
+from app.serve.prompt_bound import tokens_at_least
 from app.serve.protocol import ApiError, ChatRequest, StopScanner
 from app.serve.replies import ReplyMemory
 from app.serve.tool_turn import ToolTurn
@@ -362,14 +363,20 @@ class ApiServer:
             if safe:
                 job.emit("token", safe)
 
+        messages = self.replies.resent(self._model_key, req.messages)
+        llama = getattr(self.engine, "llama", None)  # a local engine: a far-too-long prompt is refused at once
+        least = tokens_at_least(self.engine.model, messages, llama.n_ctx()) if llama is not None else 0
         try:
-            result = self.engine.generate(self.replies.resent(self._model_key, req.messages), req.sampling, use_cache=self.use_cache, on_token=on_token,
+            if least:
+                raise ContextOverflowError(least, llama.n_ctx())
+            result = self.engine.generate(messages, req.sampling, use_cache=self.use_cache, on_token=on_token,
                                           on_progress=on_progress, cancel=job.cancel, snapshot=False, on_reasoning=job.reasoning,
                                           tools=tools.render_tools, grammar=tools.grammar)
         except ContextOverflowError as exc:
-            job.emit("error", ApiError(400, f"This request is {exc.prompt_tokens:,} tokens long, but the model's "
-                                            f"context window holds {exc.n_ctx:,} (with room for at least one reply "
-                                            "token).", param="messages", code="context_length_exceeded"))
+            job.emit("error", ApiError(400, f"This request is {'at least ' if least else ''}{exc.prompt_tokens:,} "
+                                            f"tokens long, but the model's context window holds {exc.n_ctx:,} (with "
+                                            "room for at least one reply token).", param="messages",
+                                       code="context_length_exceeded"))
             return
         except (TemplateError, GrammarError) as exc:  # GrammarError: llama.cpp refused the tools' schemas
             param = "tools" if isinstance(exc, GrammarError) else "messages"
@@ -458,6 +465,8 @@ class ApiServer:
     async def _chat(self, request: Request) -> Response:
         body = await self._read_json(request)
         req = await asyncio.to_thread(protocol.parse_chat_request, body, self.sampling)  # file parts: seconds
+        if await request.is_disconnected():  # gone while its body was read or its files extracted: not queued
+            return Response(status_code=499)
         loop = asyncio.get_running_loop()
         job = _Job(req, loop, asyncio.Queue())
         try:
