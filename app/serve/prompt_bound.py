@@ -9,6 +9,8 @@ is too (the rest of the text and the chat template only add tokens).
 
 from __future__ import annotations
 
+from engine.errors import ContextOverflowError
+
 CHARS_PER_TOKEN = 16
 """Characters of head tokenized per token of the window (English text is 3-5 characters a
 token; a head that is mostly long runs tokenizes under the window and falls through)."""
@@ -32,3 +34,20 @@ def tokens_at_least(model, messages, n_ctx: int) -> int:
             if n > n_ctx + SLACK:
                 return n - SLACK
     return 0
+
+
+def refuse_far_over(engine, messages) -> None:
+    """Raise when :func:`tokens_at_least` finds the prompt of ``messages`` over the window of
+    a local ``engine`` (one with ``llama``; a remote engine is left to its server).
+
+    Raises:
+        ContextOverflowError: with ``at_least`` True (its ``prompt_tokens`` a lower bound).
+    """
+    llama = getattr(engine, "llama", None)
+    if llama is None:
+        return
+    least = tokens_at_least(engine.model, messages, llama.n_ctx())
+    if least:
+        exc = ContextOverflowError(least, llama.n_ctx())
+        exc.at_least = True
+        raise exc
