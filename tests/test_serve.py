@@ -220,6 +220,24 @@ def test_malformed_requests_get_openai_errors(server, body, status, code):
     assert err["code"] == code and err["message"] and "Traceback" not in r.text
 
 
+def test_a_6_mb_message_is_refused_without_tokenizing_all_of_it(server):
+    """Tokenizing 6 MB takes 10-26 s in one uninterruptible call (the queue waited that long,
+    also for a client already gone); a head of it is over the window, so it is a 400 at once
+    and the next request is served."""
+    import time
+
+    c = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=8,
+                      http_client=httpx.Client(trust_env=False))
+    t = time.monotonic()
+    with pytest.raises(openai.BadRequestError) as err:
+        c.chat.completions.create(model="m", messages=[{"role": "user", "content": "The quick brown fox. " * 290_000}],
+                                  max_tokens=4)
+    assert err.value.code == "context_length_exceeded" and "at least" in err.value.message
+    assert time.monotonic() - t < 8
+    r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    assert r.choices[0].finish_reason in ("length", "stop")
+
+
 def test_unknown_routes_and_methods_are_json_errors(server):
     with httpx.Client(trust_env=False) as h:
         r = h.get(server.url + "/completions")

@@ -103,3 +103,70 @@ def test_a_lone_surrogate_in_a_tool_field_is_a_400_naming_it(body, param):
     assert "lone UTF-16 surrogate" in err.value.message and "\n" not in err.value.message
     good = parse_chat_request(_call_request({"name": "add", "arguments": r'{"a": "\ud83d\ude00"}'}))  # a pair
     assert json.loads(good.messages[1].tool_calls[0]["function"]["arguments"]) == {"a": "\U0001F600"}
+
+
+_ASK = {"role": "user", "content": "hi"}
+_ENUM_TOOL = {"type": "function", "function": {"name": "pick", "parameters": {
+    "type": "object", "properties": {"unit": {"type": "string", "enum": ["C", "F"]}}}}}
+
+
+def _with_file(name: str) -> dict:
+    return {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "read"},
+        {"type": "file", "file": {"filename": name, "file_data": "data:text/plain;base64,aGk="}}]}]}
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"messages": [_ASK], "tools": [{"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"un\ud800it": {"type": "string"}}}}}]}, "tools[0].function.parameters"),
+    ({"messages": [_ASK], "tools": [{"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"unit": {"type": "string", "enum": ["C", "\udc00F"]}}}}}]},
+     "tools[0].function.parameters"),
+    ({"messages": [_ASK, {"role": "assistant", "content": "ok", "reasoning_content": "hm\ud800"}, _ASK]},
+     "messages[1].reasoning_content"),
+    ({"messages": [_ASK], "stop": "\udfff"}, "stop"),
+    ({"messages": [_ASK], "stop": ["end", "x\ud800"]}, "stop[1]"),
+    (_with_file("notes\ud800.txt"), "messages[0].content[1].file.filename"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a\ud800"}]}]}, "messages[0].content[0].text"),
+    ({"messages": [{"role": "user", "content": "hi", "name": "b\ud800b"}]}, "messages[0].name"),
+    ({"messages": [_ASK], "model": "m\ud800"}, "model"),
+])
+def test_a_lone_surrogate_anywhere_in_a_request_is_a_400_naming_the_field(body, param):
+    """One check over the whole decoded body (app.serve.protocol.check_text): also the
+    fields no per-field check covered (a tool parameter's name or enum, reasoning, stop,
+    a file's name)."""
+    with pytest.raises(ApiError) as err:
+        parse_chat_request(body)
+    assert err.value.status == 400 and err.value.param == param
+    assert "lone UTF-16 surrogate" in err.value.message and "\n" not in err.value.message
+    assert not _LONE.search(err.value.message)  # the message itself can be sent as UTF-8
+    json.dumps(err.value.body(), ensure_ascii=False).encode("utf-8")
+
+
+_LONE = __import__("re").compile("[\ud800-\udfff]")
+
+
+def test_a_lone_surrogate_in_a_key_outside_a_schema_names_its_parent():
+    with pytest.raises(ApiError) as err:
+        parse_chat_request({"messages": [{"role": "user", "content": "hi", "na\ud800me": "x"}]})
+    assert err.value.param == "messages[0]" and not _LONE.search(err.value.message)
+
+
+def test_valid_unicode_in_those_fields_is_accepted():
+    r = parse_chat_request({"messages": [_ASK, {"role": "assistant", "content": "ok", "reasoning_content": "\U0001F600"},
+                                         {"role": "user", "content": "hi", "name": "\u00e9mile"}],
+                            "tools": [_ENUM_TOOL], "stop": ["\U0001F600"]})
+    assert r.stop == ["\U0001F600"] and r.messages[1].reasoning == "\U0001F600"
+    assert r.tools.tools[0]["function"]["parameters"]["properties"]["unit"]["enum"] == ["C", "F"]
+
+
+@pytest.mark.parametrize("role", ["user", "system", "assistant", "tool"])
+def test_a_message_name_that_is_not_a_string_is_a_400_naming_it(role):
+    m = {"role": role, "content": "x", "name": 5, **({"tool_call_id": "c1"} if role == "tool" else {})}
+    messages = [_ASK, m] if role in ("assistant", "tool") else [m]
+    if role != "user":
+        messages.append(_ASK)
+    with pytest.raises(ApiError) as err:
+        parse_chat_request({"messages": messages})
+    assert err.value.status == 400 and err.value.param == f"messages[{messages.index(m)}].name"
+    assert err.value.code == "invalid_type"

@@ -228,6 +228,25 @@ def test_remote_engine_sends_tools_and_tool_messages_unchanged():
     assert r.text == ""
 
 
+def test_a_required_call_cut_by_max_tokens_sends_no_markup_as_content(tool_server):
+    """Eight tokens end a forced call inside its JSON: OpenAI's API then answers with
+    finish_reason "length" and no content; the template's raw ``<tool_call>`` markup is
+    never text, streamed or not."""
+    c = client(tool_server.url)
+    r = c.chat.completions.create(model="m", messages=QUESTION, tools=TOOLS, tool_choice="required",
+                                  temperature=0, max_tokens=8)
+    choice = r.choices[0]
+    assert choice.finish_reason == "length" and r.usage.completion_tokens == 8
+    assert not choice.message.content and not choice.message.tool_calls
+    chunks = list(c.chat.completions.create(model="m", messages=QUESTION, tools=TOOLS, tool_choice="required",
+                                            temperature=0, max_tokens=8, stream=True))
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == ""
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+    full = c.chat.completions.create(model="m", messages=QUESTION, tools=TOOLS, tool_choice="required",
+                                     temperature=0, max_tokens=120)  # the same call, given room, is a call
+    assert full.choices[0].finish_reason == "tool_calls" and full.choices[0].message.tool_calls
+
+
 # -- the stream splitter, without a model --------------------------------------------------
 
 
@@ -252,6 +271,20 @@ def test_auto_mode_streams_text_and_announces_only_calls_that_fit():
         assert calls == [] and content == text and {e.kind for e in events} == {"content"}
     content, calls, events = _split(ToolFormat.HERMES, "a <tool_ca is not a call", live=False)
     assert calls == [] and "".join(e.text for e in events) == content == "a <tool_ca is not a call"
+
+
+def test_a_call_cut_by_the_token_limit_leaves_only_the_text_before_it():
+    cut = '<tool_call>\n{"name": "add", "arguments": {"a": 2'
+    for live, before in ((True, ""), (False, "Let me add. ")):
+        s = ToolStream(ToolFormat.HERMES, TOOLS, live=live)
+        text = before + cut
+        events = [d for i in range(0, len(text), 3) for d in s.feed(text[i:i + 3])]
+        content, calls, last = s.finish(cut=True)
+        assert calls == [] and content == before
+        assert "".join(e.text for e in events + last if e.kind == "content") == before
+    s = ToolStream(ToolFormat.HERMES, TOOLS, live=False)  # a cut reply with no call begun stays text
+    s.feed("just text")
+    assert s.finish(cut=True)[0] == "just text"
 
 
 @pytest.mark.parametrize(("fmt", "full", "shown"), [

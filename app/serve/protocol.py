@@ -91,24 +91,55 @@ def _number(body: dict, name: str, bound_name: str | None = None):
 
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_ONE_FIELD = re.compile(r"^tools\[\d+\]\.function\.parameters$")  # a JSON schema is named as one field
 
 
-def _text(value: str, where: str) -> str:
-    """``value``, refused when it holds a lone surrogate (JSON's ``"\\ud800"`` without its
-    pair decodes to one): that is no character, and no model can be given it."""
-    bad = _LONE_SURROGATE.search(value)
-    if bad:
-        raise _bad(f"{where}.content holds a lone UTF-16 surrogate (\\u{ord(bad.group()):04x} at character "
-                   f"{bad.start()}), which is not text; send valid Unicode (a surrogate pair, or the character "
-                   "itself).", f"{where}.content")
-    return value
+def _child(path: str, key) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else str(key)
+
+
+def check_text(body) -> None:
+    """Refuse a lone UTF-16 surrogate (JSON's ``"\\ud800"`` without its pair decodes to one)
+    anywhere in the decoded request ``body``: in any string or object key, at any depth
+    (messages, tool names and schemas, ``stop``, file names ...). That is no character: no
+    model can be given it and it cannot be written as UTF-8. Iterative (no recursion), one
+    regex scan per string: linear in the body's size.
+
+    Raises:
+        ApiError: 400 whose ``param`` is the path of the field holding it
+            (``messages[0].reasoning_content``, ``stop[1]``; a tool's ``parameters`` as a whole).
+    """
+    stack = [(body, "", False)]
+    while stack:
+        value, path, fixed = stack.pop()
+        if isinstance(value, str):
+            bad = _LONE_SURROGATE.search(value)
+            if bad:
+                raise _bad(f"{path} holds a lone UTF-16 surrogate (\\u{ord(bad.group()):04x} at character "
+                           f"{bad.start()}), which is not text; send valid Unicode (a surrogate pair, or the "
+                           "character itself).", path)
+        elif isinstance(value, dict):
+            items = []
+            for key, item in value.items():
+                bad = _LONE_SURROGATE.search(key)
+                if bad:  # named by its parent: the message must not hold the surrogate itself
+                    raise _bad(f"{path or 'The request body'} has a key holding a lone UTF-16 surrogate "
+                               f"(\\u{ord(bad.group()):04x}), which is not text; send valid Unicode (a surrogate "
+                               "pair, or the character itself).", path or None)
+                where = path if fixed else _child(path, key)
+                items.append((item, where, fixed or bool(_ONE_FIELD.match(where))))
+            stack.extend(reversed(items))
+        elif isinstance(value, list):
+            stack.extend(reversed([(item, path if fixed else _child(path, i), fixed) for i, item in enumerate(value)]))
 
 
 def _content(value, where: str) -> str:
     """A message's content: a string, or a list of ``{"type": "text", "text": ...}`` parts and
     ``{"type": "file", "file": {"filename", "file_data"}}`` parts (the files rendered before the text)."""
     if isinstance(value, str):
-        return _text(value, where)
+        return value
     if value is None:
         return ""
     if isinstance(value, list):
@@ -125,8 +156,8 @@ def _content(value, where: str) -> str:
         if files:
             from engine.documents.render import render_message
 
-            return render_message(_text("".join(texts), where), files)
-        return _text("".join(texts), where)
+            return render_message("".join(texts), files)
+        return "".join(texts)
     raise _bad(f"{where}.content must be a string or a list of text and file parts.", f"{where}.content", "invalid_type")
 
 
@@ -165,6 +196,7 @@ def _parse_chat_request(body, defaults: SamplingParams | None) -> ChatRequest:
     """
     if not isinstance(body, dict):
         raise _bad("The request body must be a JSON object.", None, "invalid_type")
+    check_text(body)  # the one place every string of the request is checked for lone surrogates
     known = {"messages", "temperature", "top_p", "max_tokens", "max_completion_tokens", "stop", "seed",
              "stream", "top_k", "min_p", "repeat_penalty", *_NEUTRAL, *_IGNORED, *_TOOL_FIELDS}
     unknown = sorted(k for k in body if k not in known)
@@ -191,6 +223,8 @@ def _parse_chat_request(body, defaults: SamplingParams | None) -> ChatRequest:
         if extra:
             raise _bad(f"{where} has fields this server does not take: {', '.join(extra)}.", f"{where}.{extra[0]}",
                        "unknown_parameter")
+        if m.get("name") is not None and not isinstance(m["name"], str):
+            raise _bad(f"{where}.name must be a string.", f"{where}.name", "invalid_type")
         thought = m.get("reasoning_content")  # an earlier reply's thinking (DeepSeek's and llama-server's field)
         if thought is not None and not isinstance(thought, str):
             raise _bad(f"{where}.reasoning_content must be a string.", f"{where}.reasoning_content", "invalid_type")

@@ -59,6 +59,7 @@ from starlette.routing import Route
 
 from app.serve import DEFAULT_HOST, DEFAULT_PORT, DEFAULT_QUEUE, ServeError, protocol
 from app.serve.guard import CrossSiteGuard
+from app.serve.prompt_bound import refuse_far_over
 from app.serve.protocol import ApiError, ChatRequest, StopScanner
 from app.serve.replies import ReplyMemory
 from app.serve.tool_turn import ToolTurn
@@ -362,14 +363,13 @@ class ApiServer:
             if safe:
                 job.emit("token", safe)
 
-        try:
-            result = self.engine.generate(self.replies.resent(self._model_key, req.messages), req.sampling, use_cache=self.use_cache, on_token=on_token,
+        try:  # a message of megabytes is refused without tokenizing all of it
+            refuse_far_over(self.engine, messages := self.replies.resent(self._model_key, req.messages))
+            result = self.engine.generate(messages, req.sampling, use_cache=self.use_cache, on_token=on_token,
                                           on_progress=on_progress, cancel=job.cancel, snapshot=False, on_reasoning=job.reasoning,
                                           tools=tools.render_tools, grammar=tools.grammar)
         except ContextOverflowError as exc:
-            job.emit("error", ApiError(400, f"This request is {exc.prompt_tokens:,} tokens long, but the model's "
-                                            f"context window holds {exc.n_ctx:,} (with room for at least one reply "
-                                            "token).", param="messages", code="context_length_exceeded"))
+            job.emit("error", _overflow_error(exc))
             return
         except (TemplateError, GrammarError) as exc:  # GrammarError: llama.cpp refused the tools' schemas
             param = "tools" if isinstance(exc, GrammarError) else "messages"
@@ -458,6 +458,8 @@ class ApiServer:
     async def _chat(self, request: Request) -> Response:
         body = await self._read_json(request)
         req = await asyncio.to_thread(protocol.parse_chat_request, body, self.sampling)  # file parts: seconds
+        if await request.is_disconnected():  # gone while its body was read or its files extracted: not queued
+            return Response(status_code=499)
         loop = asyncio.get_running_loop()
         job = _Job(req, loop, asyncio.Queue())
         try:
@@ -541,6 +543,13 @@ async def _watch_disconnect(request: Request, job: _Job) -> None:
                 return
     except (asyncio.CancelledError, RuntimeError, OSError):
         return
+
+
+def _overflow_error(exc: ContextOverflowError) -> ApiError:
+    least = "at least " if getattr(exc, "at_least", False) else ""  # app/serve/prompt_bound.py
+    return ApiError(400, f"This request is {least}{exc.prompt_tokens:,} tokens long, but the model's context window "
+                         f"holds {exc.n_ctx:,} (with room for at least one reply token).", param="messages",
+                    code="context_length_exceeded")
 
 
 def _error_response(exc: ApiError) -> JSONResponse:

@@ -11,8 +11,9 @@
   and ``{"role": "tool", "tool_call_id", "content"}`` results.
 
 A mistake raises :class:`ToolFieldError` naming the field (a 400 ``ApiError`` in
-``app.serve.protocol``); so does a lone UTF-16 surrogate (JSON's ``"\\ud800"`` without its
-pair) in any of these strings, which is no character and cannot be written as UTF-8.
+``app.serve.protocol``). A lone UTF-16 surrogate in any string of the request is refused
+before these fields are read (``app.serve.protocol.check_text``); here only the JSON an
+``arguments`` string holds is decoded and checked for one.
 """
 
 from __future__ import annotations
@@ -67,22 +68,18 @@ def _bad(message: str, param: str, code: str = "invalid_value") -> ToolFieldErro
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _text(value, param: str):
-    """``value`` unchanged; ToolFieldError naming ``param`` when it (a string, or any string
-    inside a JSON value, or inside the JSON a string holds, as ``arguments`` does) holds a
-    lone surrogate."""
-    texts = [value] if isinstance(value, str) else [json.dumps(value, ensure_ascii=False)]
-    if isinstance(value, str):
-        try:
-            texts.append(json.dumps(json.loads(value), ensure_ascii=False))
-        except (ValueError, RecursionError):
-            pass
-    for text in texts:
-        bad = _LONE_SURROGATE.search(text)
-        if bad:
-            raise _bad(f"{param} holds a lone UTF-16 surrogate (\\u{ord(bad.group()):04x}), which is not text; "
-                       "send valid Unicode (a surrogate pair, or the character itself).", param)
-    return value
+def _decoded_text(value: str, param: str) -> None:
+    """ToolFieldError naming ``param`` when the JSON the string ``value`` holds (as
+    ``arguments`` does) decodes to a lone surrogate (an escaped ``"\\ud800"`` inside it); the
+    strings of the request themselves are checked once, by ``app.serve.protocol.check_text``."""
+    try:
+        text = json.dumps(json.loads(value), ensure_ascii=False)
+    except (ValueError, RecursionError):
+        return
+    bad = _LONE_SURROGATE.search(text)
+    if bad:
+        raise _bad(f"{param} holds a lone UTF-16 surrogate (\\u{ord(bad.group()):04x}), which is not text; "
+                   "send valid Unicode (a surrogate pair, or the character itself).", param)
 
 
 def _tool(t, where: str) -> dict:
@@ -100,12 +97,10 @@ def _tool(t, where: str) -> dict:
                    f"{where}.function.name")
     if fn.get("description") is not None and not isinstance(fn["description"], str):
         raise _bad(f"{where}.function.description must be a string.", f"{where}.function.description", "invalid_type")
-    _text(fn.get("description") or "", f"{where}.function.description")
     params = fn.get("parameters")
     if params is not None and (not isinstance(params, dict) or params.get("type", "object") != "object"):
         raise _bad(f"{where}.function.parameters must be a JSON schema of type \"object\".",
                    f"{where}.function.parameters", "invalid_type")
-    _text(params or {}, f"{where}.function.parameters")
     out = {"name": name}
     if fn.get("description"):
         out["description"] = fn["description"]
@@ -171,9 +166,7 @@ def assistant_calls(m: dict, where: str) -> tuple[dict, ...] | None:
             raise _bad(f"{w}.function.name must be a non-empty string.", f"{w}.function.name", "invalid_type")
         if not isinstance(args, str):
             raise _bad(f"{w}.function.arguments must be a string of JSON.", f"{w}.function.arguments", "invalid_type")
-        _text(tc["id"], f"{w}.id")
-        _text(name, f"{w}.function.name")
-        _text(args, f"{w}.function.arguments")
+        _decoded_text(args, f"{w}.function.arguments")
         out.append({"id": tc["id"], "type": "function", "function": {"name": name, "arguments": args}})
     return tuple(out)
 
@@ -188,12 +181,7 @@ def tool_message(m: dict, where: str, content: str) -> ChatMessage:
     if not isinstance(call_id, str) or not call_id:
         raise _bad(f"{where}.tool_call_id must name the call this result answers.", f"{where}.tool_call_id",
                    "missing_required_parameter" if call_id is None else "invalid_type")
-    name = m.get("name")
-    if name is not None and not isinstance(name, str):
-        raise _bad(f"{where}.name must be a string.", f"{where}.name", "invalid_type")
-    _text(call_id, f"{where}.tool_call_id")
-    _text(name or "", f"{where}.name")
-    return ChatMessage("tool", content, tool_call_id=call_id, name=name)
+    return ChatMessage("tool", content, tool_call_id=call_id, name=m.get("name"))
 
 
 def calls_key(content: str, calls) -> str:

@@ -191,12 +191,15 @@ class ToolStream:
 
     # -- the end -------------------------------------------------------------------------
 
-    def finish(self, full_text: str | None = None) -> tuple[str, list[ToolCall], list[Delta]]:
+    def finish(self, full_text: str | None = None, *, cut: bool = False) -> tuple[str, list[ToolCall], list[Delta]]:
         """``(content, calls, last events)`` once the reply is complete: the calls are
         those :func:`engine.tool_calls.parse_reply` finds in ``full_text`` (the reply with
         control tokens shown, read from its token ids; None: the text fed) that name a
         listed tool with arguments fitting its schema (the streamed id and argument text
-        where the stream followed the same call); with none, the whole reply is content."""
+        where the stream followed the same call); with none, the whole reply is content,
+        unless ``cut`` (the token limit ended it) found a call begun: then the content is
+        the text before that call (none when ``live``), never the call's partial markup,
+        as OpenAI's API answers a call cut by ``max_tokens``."""
         parsed = parse_reply(self.fmt, self.text if full_text is None else full_text)
         streamed = {c.index: c for c in self.calls if c.index >= 0}
         calls, out = [], []
@@ -214,6 +217,8 @@ class ToolStream:
             calls.append(pc)
             out += [Delta("call", index=index, id=pc.id, name=pc.name), Delta("arguments", pc.arguments, index=index)]
         target = parsed.content if calls or self.fmt is ToolFormat.HARMONY else self.text  # text: as streamed
+        if cut and not calls and self.calls_from is not None and self.fmt is not ToolFormat.HARMONY:
+            target = self.text[:self.calls_from]  # a call begun and cut by the limit: not text
         k = len(os.path.commonprefix([self.content_sent, target]))
         if target[k:]:  # what the stream has not said yet (content after or between calls)
             out.append(Delta("content", target[k:]))

@@ -83,13 +83,15 @@ class ToolTurn:
         """Settle the reply (``ToolStream.finish`` on the text of ``result.token_ids`` with
         control tokens shown, when it has no reasoning apart), send what is left; returns its
         calls as OpenAI objects (none when there is no stream, it was cancelled, or a stop
-        sequence cut it)."""
+        sequence cut it). A call the token limit cut sends no content (its partial markup
+        is not text)."""
         if self.stream is None or result.stats.finish_reason == "cancelled":
             return []
         full = None
         if result.reasoning is None and result.token_ids:
             full = reply_text_with_controls(self.model, result.token_ids)
-        _content, calls, out = self.stream.finish(full)
+        cut = result.stats.finish_reason in ("length", "context")  # max_tokens or the context window
+        _content, calls, out = self.stream.finish(full, cut=cut)
         self._send(out)
         return [c.to_openai() for c in calls] if not self.scanner.stopped else []
 
