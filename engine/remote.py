@@ -46,6 +46,7 @@ from engine.chat_template import ChatMessage
 from engine.chat_engine import GenerationResult, GenerationStats, ProgressFn, TokenFn
 from engine.errors import EngineError
 from engine.settings import SamplingParams
+from engine.tool_calls import as_text
 
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 300.0  # between two chunks: a CPU server prefilling a long prompt is slow
@@ -157,7 +158,7 @@ class RemoteEngine:
         if r.status_code >= 300:
             raise self._status_error(r)
         try:
-            self._model_name = str(r.json()["data"][0]["id"])
+            self._model_name = as_text(str(r.json()["data"][0]["id"]))
         except (ValueError, KeyError, IndexError, TypeError):
             raise RemoteEngineError(f"The server at {self.host} did not list its models at {self.base}/models; "
                                     "pass --engine-model NAME.") from None
@@ -326,7 +327,10 @@ class RemoteEngine:
             if content is not None and not isinstance(content, str):
                 raise self._malformed(f"'content' is {_kind(content)}, not a string", parts)
             thought = (delta or {}).get("reasoning_content") or (delta or {}).get("reasoning")
-            yield content or "", thought if isinstance(thought, str) else "", choice.get("finish_reason")
+            # A lone surrogate (JSON "\ud800") is no character and UTF-8 cannot hold it: U+FFFD
+            # here, or saving, printing and the JSON answer fail after the reply streamed.
+            yield (as_text(content or ""), as_text(thought) if isinstance(thought, str) else "",
+                   choice.get("finish_reason"))
 
     def _malformed(self, what: str, parts: list[str] | None) -> RemoteEngineError:
         partial = "".join(parts or [])

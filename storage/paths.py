@@ -83,7 +83,11 @@ The folder also holds :data:`LOGS_DIR`, :data:`BLOCKS_DIR`, :data:`CHECKPOINTS_D
 MODELS_DIR = "models"
 """Downloaded models (``engine/hub/library.py``): GGUF files, and ``.partial/`` while one downloads."""
 MODEL_NAME = re.compile(r"[^/\\]+\.gguf")
-OWN_DIRS = {LOGS_DIR: LOG_NAME, BLOCKS_DIR: BLOCK_NAME, CHECKPOINTS_DIR: BLOCK_NAME, MODELS_DIR: MODEL_NAME}
+STREAMS_DIR = CHATS_DB + "-streams"
+"""Locks of the replies being streamed now (``storage/chats/live_streams.py``)."""
+STREAM_LOCK_NAME = re.compile(r"[0-9]{1,19}\.lock")
+OWN_DIRS = {LOGS_DIR: LOG_NAME, BLOCKS_DIR: BLOCK_NAME, CHECKPOINTS_DIR: BLOCK_NAME, MODELS_DIR: MODEL_NAME,
+            STREAMS_DIR: STREAM_LOCK_NAME}
 """The folders Branchwise makes in the data folder, with the pattern of the files in them."""
 _PROBE = ".branchwise-probe-"
 

@@ -269,3 +269,30 @@ def test_a_conversation_continues_on_its_own_model_when_the_file_is_there(tmp_pa
     assert gone.stderr.splitlines()[0] == (f"branchwise: conversation {cid} last ran on mine ({mine}), which is "
                                            "not there any more; using the default model.")
     assert ran_on(cid) == str(model_path)
+
+
+def test_chat_refuses_to_answer_under_a_reply_another_process_is_still_streaming(tmp_path):
+    """Two `chat --conversation N` at once, the second started while the first streamed its
+    reply: the second marked that reply stopped and answered under its half-written text
+    (its prompt held part of the reply, the tree said all of it). It now refuses, names
+    the reply, writes nothing, and leaves the reply streaming for its writer."""
+    from storage.chats import ChatStore
+
+    with ChatStore(tmp_path / "chats.sqlite3") as chats:  # the writer: holds the reply's stream lock
+        conv = chats.create_conversation(title="busy")
+        q = chats.add_message(conv.id, None, "user", "Tell me a long story about a fox")
+        a = chats.add_message(conv.id, q.id, "assistant", "Once upon a", status="streaming")
+        for args in (("--conversation", conv.id), ("--parent", a.id)):
+            r = bw(tmp_path, "chat", *args, "And then?", check=False)
+            assert r.returncode == 1
+            assert r.stderr.strip() == (
+                f"branchwise: Reply {a.id} in conversation {conv.id} is still being written (another "
+                "branchwise is streaming it right now). Wait for that reply to finish, or branch from an "
+                "earlier reply with --parent ID.")
+        assert [(m.content, m.status) for m in chats.tree(conv.id)] == [
+            ("Tell me a long story about a fox", "complete"), ("Once upon a", "streaming")]
+        chats.update_message(a.id, content="Once upon a time.", status="complete")
+    r = bw(tmp_path, "chat", "--conversation", conv.id, "--max-tokens", "4", "--temperature", "0", "And then?")
+    with ChatStore(tmp_path / "chats.sqlite3") as chats:  # the finished reply is answered under
+        assert [m.parent_id for m in chats.tree(conv.id)][2] == a.id
+        assert not (tmp_path / "chats.sqlite3-streams" / f"{a.id}.lock").exists()

@@ -66,6 +66,34 @@ def test_a_disk_that_fills_mid_reply_warns_once_and_names_the_kept_row(
     assert result["saved"]["user_message"] is True and result["saved"]["reply"] is False
     assert f"message {row[0]}" in err and f"{len(row[1]):,} characters" in err
     assert row[1]  # the first token's text is what is kept
+    assert result["text"].startswith(row[1]) and len(result["text"]) > len(row[1])  # the rest is not lost
+    assert f"({len(result['text']) - len(row[1]):,} were not saved)" in err
+
+
+def test_a_reply_that_gets_no_row_at_all_is_still_in_the_json_answer(tmp_path, capsys, monkeypatch,
+                                                                     disk_fills_after_first_token):
+    """A nearly full disk took the user's message, then refused the reply's row: `chat --json`
+    exited 1 with "assistant_message_id": null and no text, and the generated reply was lost.
+    The JSON answer now carries it, and stderr says none of its characters were saved."""
+    from app import cli
+
+    real = ChatStore.add_message
+
+    def add_message(self, conversation_id, parent_id, role, *a, **kw):
+        if role == "assistant":
+            raise StorageFullError("The disk holding the test folder is full (0 bytes free).")
+        return real(self, conversation_id, parent_id, role, *a, **kw)
+
+    monkeypatch.setattr(ChatStore, "add_message", add_message)
+    code = cli.main(["chat", "--json", "--data-dir", str(tmp_path), *ENGINE, "Count from 1 to 20."])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert _assistant_rows(tmp_path) == []
+    result = json.loads(out)
+    assert "is full" in result["error"] and result["assistant_message_id"] is None
+    assert len(result["text"]) >= 4  # 8 tokens were generated
+    assert (f"none of the reply's {len(result['text']):,} characters were saved in conversation "
+            f"{result['conversation_id']} (the disk is full); the whole reply is in the JSON answer's \"text\"") in err
 
 
 def test_a_stop_while_the_disk_is_full_names_the_kept_row(tmp_path, capsys, caplog, monkeypatch,

@@ -72,8 +72,15 @@ def _huge_error(w):
         w(b"e" * 65536)
 
 
+def _lone_surrogates(w):  # JSON "\ud800": a UTF-16 half with no pair, which UTF-8 cannot hold
+    delta = [{"reasoning_content": "think \ud800"}, {"content": "Hello "}, {"content": "\udfff world"}]
+    w(STREAM_HEAD + b"".join(b"data: " + json.dumps({"choices": [{"index": 0, "delta": d}]}).encode() + b"\n\n"
+                             for d in delta)
+      + b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')
+
+
 SCENARIOS = {f.__name__.lstrip("_"): f for f in (_long_line, _endless, _keepalives, _slow, _html, _html_untyped,
-                                                 _redirect, _choices_5, _huge_error)}
+                                                 _redirect, _choices_5, _huge_error, _lone_surrogates)}
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -182,3 +189,20 @@ def test_wrong_answers_get_their_own_words(tmp_path, scenario, words):
     assert words in line and "mid-reply" not in line, line
     assert peak_kb < PEAK_RSS_LIMIT_KB, peak_kb
 
+
+
+def test_lone_surrogates_from_the_server_become_replacement_characters(tmp_path):
+    """A server streaming "\ud800" in content or reasoning_content made the turn fail with
+    "'utf-8' codec can't encode character" after the reply streamed ("saved": null, an
+    empty stopped reply stored, the text lost). They become U+FFFD and the reply is saved."""
+    with HostileServer("lone_surrogates") as server:
+        r, _ = chat(tmp_path, server, "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert (out["text"], out["reasoning"]) == ("Hello \ufffd world", "think \ufffd")
+    assert out["saved"]["reply"] is True
+    from storage.chats import ChatStore
+
+    with ChatStore(tmp_path / "data" / "chats.sqlite3") as chats:
+        reply = chats.get_message(out["assistant_message_id"])
+    assert (reply.content, reply.reasoning, reply.status) == ("Hello \ufffd world", "think \ufffd", "complete")

@@ -130,10 +130,10 @@ def reply(args, engine, chats, conversation, parent_id, model_label: str, contin
                                    getattr(result, "reasoning", None))
     except StorageFullError as exc:  # the row made at the first token keeps what was saved
         reply_id = _abandon(recorder)
-        exc.saved, exc.turn = saved, {"conversation_id": conversation.id, "assistant_message_id": reply_id}
-        if reply_id is not None:
-            saved.problems.append(_partly_kept(conversation.id, reply_id, recorder.kept_text))
-            print(f"branchwise: {saved.problems[-1]}", file=sys.stderr)
+        exc.saved, exc.turn = saved, {"conversation_id": conversation.id, "assistant_message_id": reply_id,
+                                      "text": result.text}  # the whole reply, kept or not
+        saved.problems.append(_partly_kept(conversation.id, reply_id, recorder.kept_text, result.text, args.json))
+        print(f"branchwise: {saved.problems[-1]}", file=sys.stderr)
         raise
     except NotFoundError as exc:  # deleted between the check and the save
         raise ConversationDeleted(conversation.id) from exc
@@ -225,10 +225,19 @@ def _abandon(recorder) -> int | None:
         return recorder.message_id
 
 
-def _partly_kept(conversation_id: int, reply_id: int, kept: str) -> str:
-    """The line naming the message that holds the part of a reply a full disk left."""
-    return (f"only the first {len(kept):,} characters of the reply are kept, as message {reply_id} in "
-            f"conversation {conversation_id}; once there is room, get a whole reply with "
+def _partly_kept(conversation_id: int, reply_id: int | None, kept: str, text: str | None = None,
+                 as_json: bool = False) -> str:
+    """The line naming the message that holds the part of a reply a full disk left (``kept``:
+    its text; ``text``: the whole reply, when known, so the line says how much was lost;
+    ``reply_id`` None: no row could be made, nothing is kept)."""
+    lost = "" if text is None or len(text) <= len(kept) else f" ({len(text) - len(kept):,} were not saved)"
+    where = "the JSON answer's \"text\"" if as_json else "the text printed above"
+    if reply_id is None:
+        return (f"none of the reply's {len(text or ''):,} characters were saved in conversation {conversation_id}"
+                f" (the disk is full); the whole reply is in {where}.")
+    said = f"; the whole reply is in {where}" if lost else ""
+    return (f"only the first {len(kept):,} characters of the reply are kept{lost}, as message {reply_id} in "
+            f"conversation {conversation_id}{said}; once there is room, get a whole reply with "
             f"'branchwise regenerate {reply_id}'.")
 
 
@@ -248,7 +257,7 @@ def _stopped(args, conversation_id: int, user_id: int, reply_id: int | None, tex
     saved = Saved(user_message=True, reply=reply_id is not None and kept == text,
                   stats=stats_saved and reply_id is not None and kept == text)
     if reply_id is not None and kept != text:
-        saved.problems.append(_partly_kept(conversation_id, reply_id, kept))
+        saved.problems.append(_partly_kept(conversation_id, reply_id, kept, text, args.json))
         print(f"branchwise: {saved.problems[-1]}", file=sys.stderr)
     said = interrupts.what_was_kept(conversation_id, user_id, reply_id, len(kept) if reply_id else None)
     interrupts.say_at_end(f"branchwise: stopped. {said}")

@@ -58,6 +58,7 @@ from storage.chats.connection import ChatDatabase, Part
 from storage.chats.chat_models import ChatModels
 from storage.chats.copies import Copies
 from storage.chats.deletion import Deletion
+from storage.chats.live_streams import LiveStreams
 from storage.chats.search import Search, SearchHit
 from storage.chats.tree import Branches
 
@@ -86,12 +87,14 @@ class ChatStore(Part):
         self.deletion = Deletion(self.database)
         self.models = ChatModels(self.database)  # the model each chat last ran on
         self._finder = Search(self.database)
+        self.streams = LiveStreams(self.database.path)  # which STREAMING rows a live process writes
 
     # -- lifetime ---------------------------------------------------------
 
     def close(self) -> None:
         """Close the connection; the store cannot be used afterwards."""
         with self._lock:
+            self.streams.close()
             self._conn.close()
 
     def __enter__(self) -> ChatStore:
@@ -219,6 +222,8 @@ class ChatStore(Part):
                  now, reasoning, queries.tool_dumps(tool)),
             )
             message_id = cur.lastrowid
+            if status == "streaming":  # claimed before the commit: no one sees it unclaimed
+                self.streams.claim(message_id)
             title = conversation.title
             if role == "user" and title == DEFAULT_TITLE and not queries.has_other_user_message(
                 conn, conversation_id, message_id
@@ -270,21 +275,34 @@ class ChatStore(Part):
         if not fields:
             return
         assignments = ", ".join(f"{name} = ?" for name in fields)
-        with self._tx() as conn:
-            cur = conn.execute(
-                f"UPDATE messages SET {assignments} WHERE id = ?", (*fields.values(), message_id)
-            )
-            if cur.rowcount == 0:
-                raise queries.no_message(message_id)
+        try:
+            with self._tx() as conn:
+                cur = conn.execute(
+                    f"UPDATE messages SET {assignments} WHERE id = ?", (*fields.values(), message_id)
+                )
+                if cur.rowcount == 0:
+                    raise queries.no_message(message_id)
+                if status == "streaming":  # a continuation streams into the row again
+                    self.streams.claim(message_id)
+        finally:
+            if status is not _UNSET and status != "streaming":  # the reply ended (or failed to)
+                self.streams.release(message_id)
 
     def mark_interrupted_streams(self) -> int:
-        """Mark messages left "streaming" by a crash as "stopped"; return how many.
+        """Mark messages left "streaming" by a crash or a kill as "stopped"; return how many.
+        A reply another process (or store) is streaming right now holds its lock
+        (``storage.chats.live_streams``) and stays "streaming".
 
         Call once at startup, before any generation begins.
         """
         with self._tx() as conn:
-            cur = conn.execute("UPDATE messages SET status = 'stopped' WHERE status = 'streaming'")
-            return cur.rowcount
+            ids = [row[0] for row in conn.execute("SELECT id FROM messages WHERE status = 'streaming'")]
+            dead = [i for i in ids if not self.streams.is_live(i)]
+            for i in dead:
+                conn.execute("UPDATE messages SET status = 'stopped' WHERE id = ?", (i,))
+        for i in dead:
+            self.streams.forget(i)
+        return len(dead)
 
     def data_version(self) -> int:
         """SQLite's ``PRAGMA data_version``: changes when another connection (another

@@ -69,6 +69,8 @@ def run(args) -> int:
     else:
         conversation = None
         parent_id = None
+    if parent_id is not None:
+        _refuse_a_reply_being_written(chats, conversation.id, parent_id)
     system = args.system if args.system is not None else (conversation.system_prompt if conversation else "")
     # Refuse an overflowing message before anything is written: no empty "New chat" is left.
     attached = attach_commands.AttachPlan()
@@ -94,3 +96,22 @@ def run(args) -> int:
         args.attach_footer = f" · {attached.footer()}"
     label = engine.model_name() if engine.is_remote else reply.local_model_label(args)
     return reply.reply(args, engine, chats, conversation, user.id, label)
+
+
+def _refuse_a_reply_being_written(chats, conversation_id: int, parent_id: int) -> None:
+    """Refuse to answer under a reply another process is still streaming: its prompt would
+    hold the half-written text, while the tree says it saw the whole reply. A row left
+    STREAMING by a crash was marked stopped when the store was opened (its lock was free,
+    ``storage.chats.live_streams``), so STREAMING here means it is being written now.
+
+    Raises:
+        ValueError: message ``parent_id`` is STREAMING.
+    """
+    from storage.chat_records import MessageStatus
+
+    parent = chats.get_message(parent_id)
+    if parent.role == "assistant" and parent.status == MessageStatus.STREAMING:
+        raise ValueError(
+            f"Reply {parent.id} in conversation {conversation_id} is still being written (another "
+            "branchwise is streaming it right now). Wait for that reply to finish, or branch from an "
+            "earlier reply with --parent ID.")
