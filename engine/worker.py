@@ -523,8 +523,17 @@ class _Server:
         if self._remote:  # the server's tokenizer is not here: the context figure stays unknown (0)
             self.send(CountEvent(msg.id, 0, 0))
             return
+        from engine.model import HistoryTooLongError
+
         messages = unpack_messages(msg.messages)
         n_ctx = self.engine.llama.n_ctx()
+        try:
+            self._count(msg, messages, n_ctx)
+        except HistoryTooLongError as exc:  # too long for the template to render: its lower bound
+            own = (len(self.engine.model.tokenize(msg.draft, False)),) if msg.draft is not None else ()
+            self.send(CountEvent(msg.id, max(exc.prompt_tokens, n_ctx + 1), n_ctx, own))
+
+    def _count(self, msg: CountRequest, messages: list, n_ctx: int) -> None:
         if msg.draft is not None:  # the composer's draft: the prompt it would make, and its own tokens
             from engine.chat_template import ChatMessage
 
