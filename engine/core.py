@@ -185,7 +185,7 @@ class Engine:
             return []
         contents = [len(m.token_ids) if m.role == "assistant" and m.token_ids is not None
                     else len(self.model.tokenize(m.content, False)) for m in messages]
-        template = len(self.prompt_tokens([ChatMessage(m.role, "") for m in messages]))
+        template = self.model.prompts.template_tokens([m.role for m in messages])
         share, extra = divmod(template, len(messages))
         return [c + share + (1 if i < extra else 0) for i, c in enumerate(contents)]
 

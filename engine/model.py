@@ -267,6 +267,28 @@ class _LengthAwarePrompts:
                 raise HistoryTooLongError(total, n_ctx, len(messages)) from None
             raise
 
+    def template_tokens(self, roles: list[str]) -> int:
+        """Tokens the chat template adds around messages with these ``roles`` (BOS, role
+        markers, the assistant header): the prompt of empty messages. A history too long
+        for the template's limits is measured on its first :data:`TEMPLATE_SAMPLE` messages
+        and scaled to its length (the markers repeat per message), so a count never fails
+        on length.
+
+        Raises:
+            TemplateError: the template fails on a short history too.
+        """
+        from engine.chat_template import ChatMessage
+
+        empties = [ChatMessage(r, "") for r in roles]
+        try:
+            return len(self._builder.build(empties))
+        except TemplateLimitError:
+            k = min(len(empties), TEMPLATE_SAMPLE)
+            return round(len(self._builder.build(empties[:k])) * len(empties) / k)
+
+
+TEMPLATE_SAMPLE = 256  # messages rendered to measure the template's share of a long history
+
 
 class CacheMode(StrEnum):
     """How the prefix store keeps a model's state (README "Which models get which

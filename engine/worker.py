@@ -188,6 +188,29 @@ def _tool_text(engine, msg: GenerateRequest, result) -> str | None:
     return reply_text_with_controls(engine.model, result.token_ids)
 
 
+def count_event(engine, msg: CountRequest) -> CountEvent:
+    """The answer to ``msg`` from a local ``engine.core.Engine``: the prompt's length in tokens
+    and the context window (``n_ctx``); with ``draft``, the draft's own tokens; with
+    ``per_message``, each message's. A history too long for the chat template to render
+    (``HistoryTooLongError``) is answered with its lower bound, over ``n_ctx``, not an error."""
+    from engine.chat_template import ChatMessage
+    from engine.model import HistoryTooLongError
+
+    messages = unpack_messages(msg.messages)
+    n_ctx = engine.llama.n_ctx()
+    own = (len(engine.model.tokenize(msg.draft, False)),) if msg.draft is not None else ()
+    try:
+        if msg.draft is not None:  # the composer's draft: the prompt it would make, and its own tokens
+            return CountEvent(msg.id, len(engine.prompt_tokens(messages + [ChatMessage("user", msg.draft)])),
+                              n_ctx, own)
+        if msg.per_message:  # counted per message; the sum stands for the prompt length
+            per = tuple(engine.message_tokens(messages))
+            return CountEvent(msg.id, sum(per), n_ctx, per)
+        return CountEvent(msg.id, len(engine.prompt_tokens(messages)), n_ctx)
+    except HistoryTooLongError as exc:  # too long for the template to render: its lower bound
+        return CountEvent(msg.id, max(exc.prompt_tokens, n_ctx + 1), n_ctx, own)
+
+
 class _Server:
     def __init__(self, conn, data_dir: Path):
         self.conn = conn
@@ -523,20 +546,7 @@ class _Server:
         if self._remote:  # the server's tokenizer is not here: the context figure stays unknown (0)
             self.send(CountEvent(msg.id, 0, 0))
             return
-        messages = unpack_messages(msg.messages)
-        n_ctx = self.engine.llama.n_ctx()
-        if msg.draft is not None:  # the composer's draft: the prompt it would make, and its own tokens
-            from engine.chat_template import ChatMessage
-
-            prompt = self.engine.prompt_tokens(messages + [ChatMessage("user", msg.draft)])
-            own = len(self.engine.model.tokenize(msg.draft, False))
-            self.send(CountEvent(msg.id, len(prompt), n_ctx, (own,)))
-            return
-        if msg.per_message:  # counted per message; the sum stands for the prompt length
-            per = tuple(self.engine.message_tokens(messages))
-            self.send(CountEvent(msg.id, sum(per), n_ctx, per))
-            return
-        self.send(CountEvent(msg.id, len(self.engine.prompt_tokens(messages)), n_ctx))
+        self.send(count_event(self.engine, msg))
 
     def op_coverage(self, msg: CoverageRequest) -> None:
         if not self._require_engine(msg):

@@ -242,7 +242,7 @@ def test_a_document_too_long_is_searched_and_the_reply_lists_its_passages(qtbot,
     assert prompt.count("[Passage ") == len(sent) and "Minute 12." not in prompt  # only what matched
     n = len(sent)
     chip = w.transcript.widget_for(user.id).attachment_row.chips[0]
-    assert chip.text == (f"minutes.pdf · 4 pages · {n} passage{'s' if n != 1 else ''} searched · "
+    assert chip.text == (f"\u2068minutes.pdf\u2069 · 4 pages · {n} passage{'s' if n != 1 else ''} searched · "
                          f"{user.stats['attachments'][0]['tokens']:,} tokens")
     assert 0 < user.stats["attachments"][0]["tokens"] < tokens
     footer = w.transcript.widget_for(reply.id).passages_footer

@@ -328,7 +328,7 @@ def test_the_pin_marker_is_drawn_not_an_emoji(qtbot, window, data_dir):
     # (the rows are drawn by ConversationDelegate)
     top, other = lst.item(0), lst.item(1)
     assert top.text() == "Wpinned" and top.data(PINNED_ROLE) is True
-    assert top.data(Qt.ItemDataRole.AccessibleTextRole) == "Pinned: Wpinned"
+    assert top.data(Qt.ItemDataRole.AccessibleTextRole) == "Pinned: \u2068Wpinned\u2069"
     assert other.text() == "Wplain" and not other.data(PINNED_ROLE)
     lst.clearSelection()
     image = lst.viewport().grab().toImage()

@@ -117,7 +117,7 @@ def test_find_fit_download_and_use_a_model_without_leaving_the_window(qtbot, ope
     with qtbot.waitSignal(w.model_ready, timeout=LOAD_TIMEOUT_MS):
         lib.use_button.click()
     assert Path(w.model.good_path) == target
-    assert w.status.model_label.text().startswith("SmolLM2-135M-Instruct-Q4_1")
+    assert w.status.model_label.text().startswith("\u2068SmolLM2-135M-Instruct-Q4_1\u2069 · ")
     assert first.button.text() == "Find models…" and "SmolLM2-135M-Instruct-Q4_1" in first.label.text()
 
     lib.ask_remove = lambda model: (True, True)  # "Remove and free its KV blocks"
@@ -187,7 +187,7 @@ def test_a_chat_reopens_on_its_own_model(qtbot, open_window, data_dir, model_pat
     with qtbot.waitSignal(w.model_ready, timeout=LOAD_TIMEOUT_MS):
         bar.switch_button.click()
     assert Path(w.model.good_path) == Path(model_path) and not bar.isVisible()
-    assert w.status.model_label.text().startswith("SmolLM2-135M-Instruct.Q4_1")
+    assert w.status.model_label.text().startswith("\u2068SmolLM2-135M-Instruct.Q4_1\u2069 · ")
 
     w.show_conversation(second_chat)
     bar.always.setChecked(True)  # the setting: from now on, switch without asking

@@ -86,3 +86,25 @@ def test_a_message_that_surely_fits_is_sent_without_a_count_first(qtbot, open_wi
     qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
     assert not w.chat.streaming and w.overflow_flow.checking is not None
     qtbot.waitUntil(lambda: w.overflow_flow.box is not None and w.overflow_flow.box.isVisible(), timeout=REPLY_TIMEOUT_MS)
+
+
+def test_a_chat_too_long_for_the_template_opens_the_too_long_dialog(qtbot, open_window, data_dir):
+    """50,000 messages (past the template's render time limit): Enter opens the dialog with
+    the chat's real size, instead of storing the message with no reply and no word."""
+    from storage.chats import ChatStore
+    from storage.paths import CHATS_DB
+
+    with ChatStore(data_dir / CHATS_DB) as store:
+        cid = store.create_conversation(title="deep").id
+        parent = None
+        for i in range(50_000):
+            parent = store.add_message(cid, parent, "user" if i % 2 == 0 else "assistant",
+                                       f"message number {i} of a long chat").id
+    w = open_window(data_dir)
+    w.show_conversation(cid)
+    box = _press_enter(qtbot, w, "And now?")
+    tokens = int(box.text().split(" tokens")[0].rsplit(" ", 1)[1].replace(",", ""))
+    assert box.windowTitle() == "This message is too long" and tokens > 400_000  # 9+ tokens a message
+    assert "the context holds 2,048" in box.text()
+    with ChatStore(data_dir / CHATS_DB) as store:
+        assert store.get_conversation(cid).active_leaf_id == parent  # nothing stored

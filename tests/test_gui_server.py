@@ -120,7 +120,7 @@ def test_the_engine_setting_sends_replies_to_a_server_and_keeps_the_tree_local(q
         _settings(data_dir, engine_url=server.url)
         w = open_window(data_dir)
         host = server.url.split("//", 1)[1].split("/", 1)[0]
-        assert w.status.model_label.text() == f"SmolLM2-135M-Instruct.Q4_1 @ {host}"
+        assert w.status.model_label.text() == f"\u2068SmolLM2-135M-Instruct.Q4_1\u2069 @ \u2068{host}\u2069"
         assert w.settings.recent_models == []  # a server is not a model file to remember
         cid = new_chat(w)
         mid = send_and_wait(qtbot, w, "Name a colour.")

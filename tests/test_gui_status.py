@@ -53,7 +53,7 @@ def test_context_figure_of_an_opened_chat_and_branch_switch(qtbot, open_window, 
 def test_model_name_is_the_file_name(qtbot, open_window, data_dir, model_path):
     w = open_window(data_dir)
     stem = model_path.name.removesuffix(".gguf")
-    assert w.status.model_label.text().startswith(f"{stem} · ")
+    assert w.status.model_label.text().startswith(f"\u2068{stem}\u2069 · ")
     from app.window.flows.model_controller import facts_text
 
     assert f"Name: {w.facts['name']}" in facts_text(w.facts)  # the Model info dialog

@@ -115,7 +115,7 @@ def test_allow_once_runs_the_call_and_the_answer_follows_then_a_branch_at_the_to
     send(qtbot, w, "Echo the word hello.")
     loop_over(qtbot, w)
     first = asked[0]
-    assert first.question.text() == "The model wants to call the tool “echo” of the MCP server “testing”."
+    assert first.question.text() == "The model wants to call the tool “\u2068echo\u2069” of the MCP server “\u2068testing\u2069”."
     assert first.question.textFormat() == Qt.TextFormat.PlainText and SERVER_SCRIPT in first.where.text()
     assert '"text"' in first.arguments.toPlainText()
     path = active_path(w)
@@ -128,10 +128,10 @@ def test_allow_once_runs_the_call_and_the_answer_follows_then_a_branch_at_the_to
     assert result.tool["server"] == "testing" and result.tool["error"] is None and result.tool["duration_ms"] > 0
     assert path[-1].content.strip()  # the final answer, written after the result
     block = w.transcript.widget_for(result.id).tool_block
-    assert block.header.text().startswith("Tool echo · testing · ") and block.details.isHidden()
+    assert block.header.text().startswith("Tool \u2068echo\u2069 · \u2068testing\u2069 · ") and block.details.isHidden()
     block.header.click()
     assert not block.details.isHidden() and f"echo: {said}" in block.details.text()
-    assert block.details.textFormat() == Qt.TextFormat.PlainText
+    assert not block.details.acceptRichText() and block.details.isReadOnly()  # plain text, never HTML
 
     # a branch at the tool step: another answer under the same result, its prompt holds the step
     final = path[3]
@@ -358,7 +358,7 @@ def test_a_mistral_call_whose_marker_is_a_control_token_runs(qtbot, tool_window,
     w.chat.reply_finished.connect(lambda _mid: texts.append((w.chat.last_done.text, w.chat.last_done.tool_text)))
     send(qtbot, w, "Echo the word hello.")
     loop_over(qtbot, w)
-    assert len(asked) == 1 and asked[0].question.text().startswith("The model wants to call the tool “echo”")
+    assert len(asked) == 1 and asked[0].question.text().startswith("The model wants to call the tool “\u2068echo\u2069”")
     path = active_path(w)
     call, result = path[1], path[2]
     assert [m.role for m in path[:3]] == ["user", "assistant", "tool"]

@@ -23,7 +23,7 @@ from app.window.flows.model_dialog import open_model_dialog
 from app.window.settings.settings_dialog import human_bytes
 from app.window.settings.settings_model import SettingsModel
 from app.window.shell.banner import Banner
-from app.window.shell.plain import menu_text, tooltip
+from app.window.shell.plain import isolate, menu_text, tooltip
 from app.window.shell.status_bar import StatusBar
 from app.window.workers.engine_client import EngineClient, EngineExit
 from app.window.workers.tasks import Workers
@@ -139,7 +139,7 @@ class ModelController(QObject):
             self.client.start()
         self.path = p
         self.state = ModelState.LOADING
-        self.status.model_label.setText(f"Loading {Path(p).name}…")
+        self.status.model_label.setText(f"Loading {isolate(Path(p).name)}…")
         self.status.loading()
         self.client.load(p, engine.to_dict(), s.budget_bytes)
 
@@ -178,7 +178,7 @@ class ModelController(QObject):
         self.state = ModelState.READY
         self.status.progress.hide()
         if facts.get("remote"):  # an OpenAI-compatible server: not a model file to remember
-            self.status.model_label.setText(f"{facts.get('name') or 'model'} @ {facts.get('server', '')}")
+            self.status.model_label.setText(f"{isolate(facts.get('name') or 'model')} @ {isolate(str(facts.get('server', '')))}")
             self.status.model_label.setToolTip(tooltip(f"Replies come from the server at {facts['remote']}"))
         else:
             self.good_path = facts.get("path") or self.path
@@ -186,7 +186,7 @@ class ModelController(QObject):
             self.settings.remember_model(self.good_path)
             params = facts.get("parameters") or 0
             size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.0f}M"
-            self.status.model_label.setText(f"{model_label(self.good_path, facts)} · {size}")
+            self.status.model_label.setText(f"{isolate(model_label(self.good_path, facts))} · {size}")
             self.status.model_label.setToolTip(tooltip(facts_text(facts)))
         fell_back, self._falling_back = self._falling_back, False
         if facts.get("cache_policy", "full") != "full":

@@ -14,6 +14,8 @@ from enum import StrEnum
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QDialog, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
 
+from app.window.shell.plain import isolate
+
 __all__ = ["Approval", "ToolApprovalDialog", "pretty_arguments"]
 
 MAX_SHOWN_ARGUMENTS = 64 * 1024
@@ -53,8 +55,9 @@ class ToolApprovalDialog(QDialog):
         self.setWindowModality(Qt.WindowModality.WindowModal)
         self.answer: Approval | None = None
         layout = QVBoxLayout(self)
-        self.question = QLabel(f"The model wants to call the tool “{tool}” of the MCP server “{server}”.")
-        self.where = QLabel(f"Server: {where}")
+        self.question = QLabel(f"The model wants to call the tool “{isolate(tool)}” of the MCP server "
+                               f"“{isolate(server)}”.")
+        self.where = QLabel(f"Server: {isolate(where)}")
         self.arguments = QPlainTextEdit(pretty_arguments(arguments))
         self.arguments.setReadOnly(True)
         self.arguments.setAccessibleName("Arguments")

@@ -7,7 +7,10 @@ format is ``AutoText``, and tooltips have no other mode. A title such as
 * labels that may show such text call :func:`plain_label` (``Qt.PlainText``);
 * tooltips go through :func:`tooltip`, which escapes the text and wraps it in ``<qt>`` so
   Qt renders the escaped characters literally, and caps its length;
-* menu and button texts go through :func:`menu_text` (``&`` is a mnemonic there).
+* menu and button texts go through :func:`menu_text` (``&`` is a mnemonic there);
+* a name from outside (a file, a chat title, an MCP server or tool, a model) inside text
+  the app composes goes through :func:`isolate`, so its direction controls (U+202E
+  RIGHT-TO-LEFT OVERRIDE...) and right-to-left letters cannot reorder the app's own words.
 """
 
 from __future__ import annotations
@@ -19,6 +22,22 @@ from PySide6.QtWidgets import QLabel
 
 TOOLTIP_CHARS = 600
 """The longest tooltip shown (characters); longer text ends in "…"."""
+
+
+BIDI_CONTROLS = {chr(c): f"[U+{c:04X}]" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+"""The embedding, override and isolate controls (LRE RLE PDF LRO RLO, LRI RLI FSI PDI),
+each as the visible text :func:`isolate` shows instead, e.g. "[U+202E]"."""
+
+_BIDI_TABLE = str.maketrans(BIDI_CONTROLS)
+
+
+def isolate(name: str) -> str:
+    """``name`` (untrusted: a file name, a chat title, a tool or server name) ready to be put
+    inside the app's own text: wrapped in FIRST STRONG ISOLATE (U+2068) ... POP DIRECTIONAL
+    ISOLATE (U+2069), so its own direction stays inside it, with its embedding, override and
+    isolate controls shown as "[U+202E]" (an unmatched PDI in it would end the isolate early).
+    Marks (U+200E, U+200F, U+061C) stay: inside an isolate they affect only the name."""
+    return "\u2068" + name.translate(_BIDI_TABLE) + "\u2069"
 
 
 def plain_label(label: QLabel) -> QLabel:

@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.window.shell.theme import LIGHT, Colors
+from app.window.shell.plain import isolate
 
 NAME_CHARS = 48
 """A chip shows at most this many characters of a file name (the tooltip has it whole)."""
@@ -39,7 +40,7 @@ def chip_text(name: str, pages: int | None, tokens: int | None, kind: str = "", 
     ``"… · counting tokens…"`` until it is counted (``tokens`` None; without ``counting``,
     nothing: a sent file whose count was not kept); ``passages``: how many passages a
     search sent instead of the whole text (``"… · 4 passages searched · 1,210 tokens"``)."""
-    shown = name if len(name) <= NAME_CHARS else name[:NAME_CHARS - 1] + "…"
+    shown = isolate(name if len(name) <= NAME_CHARS else name[:NAME_CHARS - 1] + "…")
     if reading:
         return f"{shown} · reading…"
     what = f"{pages:,} page{'s' if pages != 1 else ''}" if pages is not None else kind

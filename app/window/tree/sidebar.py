@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.window.shell.plain import elide, tooltip
+from app.window.shell.plain import elide, isolate, tooltip
 from app.window.workers.chat_reader import ChatReader
 from app.window.workers.scrub import scrub_deleted
 from app.window.workers.tasks import Workers
@@ -142,7 +142,7 @@ class ConversationDelegate(QStyledItemDelegate):
         title_w = line.right() + 1 - left - (date_w + self.GAP if date_w else 0)
         painter.drawText(QRect(left, line.top(), title_w, line.height()),
                          Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
-                         fm.elidedText(title, Qt.TextElideMode.ElideRight, title_w))
+                         fm.elidedText(isolate(title), Qt.TextElideMode.ElideRight, title_w))
         snippet = index.data(SNIPPET_ROLE)
         if snippet:
             painter.setPen(muted)
@@ -300,17 +300,17 @@ class Sidebar(QWidget):
             conv, snippet = hit.conversation, hit.snippet
             item = QListWidgetItem(conv.title)
             item.setData(PINNED_ROLE, bool(conv.pinned))
-            item.setData(Qt.ItemDataRole.AccessibleTextRole, ("Pinned: " if conv.pinned else "") + conv.title)
+            item.setData(Qt.ItemDataRole.AccessibleTextRole, ("Pinned: " if conv.pinned else "") + isolate(conv.title))
             item.setData(ID_ROLE, conv.id)
             item.setData(DATE_ROLE, relative_date(conv.updated_at, now))
             if snippet and snippet != conv.title:
                 item.setData(SNIPPET_ROLE, snippet)
                 item.setData(SPANS_ROLE, hit.spans)
                 item.setData(Qt.ItemDataRole.AccessibleTextRole,
-                             ("Pinned: " if conv.pinned else "") + f"{conv.title}: {snippet}")
+                             ("Pinned: " if conv.pinned else "") + f"{isolate(conv.title)}: {isolate(snippet)}")
             item.setData(HIT_ROLE, hit.message_id)
             when = time.strftime('%d %b %Y, %H:%M', time.localtime(conv.updated_at))
-            item.setToolTip(tooltip(("Pinned\n" if conv.pinned else "") + f"{elide(conv.title)}\nLast message {when}"))
+            item.setToolTip(tooltip(("Pinned\n" if conv.pinned else "") + f"{isolate(elide(conv.title))}\nLast message {when}"))
             self.list.addItem(item)
             if conv.id == self.current_id:
                 item.setSelected(True)
