@@ -155,3 +155,26 @@ def test_the_window_engines_open_and_reset_spare_strangers(tmp_path):
     store.close()
     assert snapshot(victim) == {k: v for k, v in before.items() if k != ORPHAN}
     assert blocks.is_symlink()
+
+
+def test_a_symlinked_stream_lock_folder_is_neither_written_nor_emptied(tmp_path) -> None:
+    """The reply-stream locks (storage/chats/live_streams.py) create and delete
+    ``<id>.lock`` files; a lock folder that is a symbolic link to a victim folder is left
+    exactly as it was, and the reply still streams (without a lock)."""
+    from storage.chats.live_streams import STREAMS_SUFFIX, LiveStreams
+
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "5.lock").write_text("not Branchwise's")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / ("chats.sqlite3" + STREAMS_SUFFIX)).symlink_to(victim)
+    streams = LiveStreams(data / "chats.sqlite3")
+    streams.claim(5)
+    streams.claim(6)
+    assert not streams.is_live(6)  # not claimed: nothing was written into the victim
+    streams.forget(5)
+    streams.release(5)
+    streams.close()
+    assert sorted(p.name for p in victim.iterdir()) == ["5.lock"]
+    assert (victim / "5.lock").read_text() == "not Branchwise's"

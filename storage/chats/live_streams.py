@@ -74,9 +74,18 @@ class LiveStreams:
     def _file(self, message_id: int) -> Path:
         return self.folder / f"{int(message_id)}.lock"
 
+    def _foreign(self) -> bool:
+        """True when the lock folder is a symbolic link: files there are not ours to
+        create or delete (the data folder's own rule, storage/paths.py)."""
+        return self.folder.is_symlink()
+
     def claim(self, message_id: int) -> None:
         """Hold the lock of ``message_id`` until ``release`` (or this process ends)."""
         if message_id in self._held:
+            return
+        if self._foreign():
+            log.warning("reply %d streams without a lock: %s is a symbolic link, not Branchwise's folder",
+                        message_id, self.folder)
             return
         try:
             self.folder.mkdir(mode=0o700, exist_ok=True)
@@ -116,7 +125,7 @@ class LiveStreams:
 
     def forget(self, message_id: int) -> None:
         """Remove the lock file an interrupted (dead) reply left, if any."""
-        if message_id not in self._held:
+        if message_id not in self._held and not self._foreign():
             with contextlib.suppress(OSError):
                 os.unlink(self._file(message_id))
 
