@@ -182,8 +182,8 @@ def test_a_chat_reopens_on_its_own_model(qtbot, open_window, data_dir, model_pat
     bar = w.chat_model.bar
     w.show_conversation(first_chat)
     assert bar.isVisible()
-    assert bar.label.text() == ("This chat last ran on SmolLM2-135M-Instruct.Q4_1; you are using "
-                                "Other-135M.Q4_1.")
+    assert bar.label.text() == ("This chat last ran on \u2068SmolLM2-135M-Instruct.Q4_1\u2069; you are using "
+                                "\u2068Other-135M.Q4_1\u2069.")  # names isolated (a U+202E in one stays inside it)
     with qtbot.waitSignal(w.model_ready, timeout=LOAD_TIMEOUT_MS):
         bar.switch_button.click()
     assert Path(w.model.good_path) == Path(model_path) and not bar.isVisible()
@@ -202,8 +202,8 @@ def test_a_chat_reopens_on_its_own_model(qtbot, open_window, data_dir, model_pat
     other.unlink()  # the second chat's model is gone: clear words, another model offered, history kept
     w.show_conversation(second_chat)
     assert bar.isVisible() and bar.pick_button.isVisible() and not bar.switch_button.isVisible()
-    assert bar.label.text().startswith(f"This chat last ran on Other-135M.Q4_1, but its file {other} is no "
-                                       "longer there.")
+    assert bar.label.text().startswith(f"This chat last ran on \u2068Other-135M.Q4_1\u2069, but its file "
+                                       f"\u2068{other}\u2069 is no longer there.")
     assert [m.content for m in w.store.active_path(second_chat)][0] == "Hello"
     assert len(w.transcript.widgets) == 2 and Path(w.model.good_path) == Path(model_path)
 

@@ -20,7 +20,7 @@ from PySide6.QtWidgets import QCheckBox, QFrame, QHBoxLayout, QLabel, QPushButto
 from app.session import model_label
 from app.window.flows.model_controller import ModelController, ModelState
 from app.window.settings.settings_model import SettingsModel
-from app.window.shell.plain import menu_text, plain_label
+from app.window.shell.plain import isolate, menu_text, plain_label
 from app.window.shell.status_bar import StatusBar
 from engine.model_file import default_model_path
 from storage.chats import ChatStore
@@ -64,8 +64,8 @@ class ModelBar(QFrame):
         self.hide()
 
     def offer_switch(self, chat_model: str, current: str, always: bool) -> None:
-        self.label.setText(f"This chat last ran on {chat_model}; you are using {current}.")
-        self.switch_button.setText(menu_text(f"Switch to {chat_model}"))
+        self.label.setText(f"This chat last ran on {isolate(chat_model)}; you are using {isolate(current)}.")
+        self.switch_button.setText(menu_text(f"Switch to {isolate(chat_model)}"))
         self.always.setChecked(always)
         for w, shown in ((self.switch_button, True), (self.always, True), (self.pick_button, False),
                          (self.find_button, False), (self.close_button, True)):
@@ -73,7 +73,8 @@ class ModelBar(QFrame):
         self.show()
 
     def file_gone(self, chat_model: str, path: str) -> None:
-        self.label.setText(f"This chat last ran on {chat_model}, but its file {path} is no longer there. Every "
+        self.label.setText(f"This chat last ran on {isolate(chat_model)}, but its file {isolate(path)} is no "
+                           "longer there. Every "
                            "message is kept; pick another model to go on with the chat.")
         for w, shown in ((self.switch_button, False), (self.always, False), (self.pick_button, True),
                          (self.find_button, True), (self.close_button, True)):
