@@ -83,3 +83,34 @@ def test_sending_under_an_unanswered_question_can_replace_it(qtbot, open_window,
     assert [m.role for m in path] == ["user", "assistant"]
     assert [m.id for m in w.store.branches.siblings(path[0].id)] == [q, path[0].id]  # the old one stays
     assert w.composer.text() == ""
+
+
+def test_sending_under_a_reply_another_process_streams_waits_for_it(qtbot, open_window, data_dir):
+    """The CLI's refusal in the window: a chat whose last reply another process is still
+    writing (it holds the reply's stream lock) is not answered from the half-written text;
+    the text goes back in the box with one sentence, nothing is stored; once the reply is
+    finished, the same send goes through."""
+    from storage.chats.live_streams import LiveStreams
+
+    with ChatStore(data_dir / CHATS_DB) as store:
+        conv = store.create_conversation(title="busy", sampling={"temperature": 0.0, "max_tokens": 4, "seed": 1})
+        q = store.add_message(conv.id, None, "user", "Tell me a story.")
+        a = store.add_message(conv.id, q.id, "assistant", "Once upon a", status="streaming")
+    writer = LiveStreams(data_dir / CHATS_DB)  # the other process: holds the reply's lock
+    writer.claim(a.id)
+    try:
+        w = open_window(data_dir)
+        assert w.conversation_id == conv.id
+        assert w.store.get_message(a.id).status == "streaming"  # not marked stopped at start
+        w.composer.input.setPlainText("And then?")
+        qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
+        assert w.composer.input.toPlainText() == "And then?"
+        assert "still being written by another Branchwise" in w.banner.label.text()
+        assert [m.id for m in w.store.active_path(conv.id)] == [q.id, a.id]
+    finally:
+        writer.close()
+    w.store.update_message(a.id, content="Once upon a time.", status="complete")
+    with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS):
+        qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
+    path = w.store.active_path(conv.id)
+    assert [m.content for m in path[:3]] == ["Tell me a story.", "Once upon a time.", "And then?"]

@@ -18,9 +18,35 @@ from PySide6.QtWidgets import QMessageBox, QWidget
 
 from app.window.transcript.composer import Composer
 from storage.chats import ChatStore, Message
+from storage.errors import StorageError
 
 if TYPE_CHECKING:
     from app.window.transcript.chat_controller import ChatController
+
+def refuse_while_written(store: ChatStore, conversation_id: int | None, composer: Composer, banner,
+                         text: str) -> bool:
+    """True (``text`` put back in ``composer``, one sentence on ``banner``) when the branch of
+    ``conversation_id`` ends on a reply another process is still streaming (its stream lock
+    is held: ``storage.chats.live_streams``): a message sent now would be answered from the
+    half-written reply while the tree says the model saw all of it. One row read."""
+    from storage.chat_records import MessageStatus
+
+    if conversation_id is None:
+        return False
+    try:
+        leaf_id = store.get_conversation(conversation_id).active_leaf_id
+        leaf = store.get_message(leaf_id) if leaf_id is not None else None
+    except StorageError:
+        return False
+    if leaf is None or leaf.role != "assistant" or leaf.status != MessageStatus.STREAMING:
+        return False
+    if not store.streams.is_live(leaf.id):
+        return False
+    composer.set_text(text)
+    banner.show_message("The last reply of this chat is still being written by another Branchwise (a "
+                        "terminal or another window). Wait for it to finish, then send again.", "warning")
+    return True
+
 
 QUOTE_CHARS = 120
 """The longest quote of the unanswered message shown in the question (characters)."""

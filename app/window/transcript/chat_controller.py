@@ -31,7 +31,7 @@ from app.window.flows.model_controller import ModelController, ModelState
 from app.window.flows.overflow_flow import OverflowFlow
 from app.window.flows.stop_watchdog import StopWatchdog
 from app.window.flows.tool_flow import ToolFlow
-from app.window.flows.unanswered import ask_unanswered
+from app.window.flows.unanswered import ask_unanswered, refuse_while_written
 from app.window.settings.settings_model import SettingsModel
 from app.window.shell.banner import Banner
 from app.window.shell.lifetime import Lifetime
@@ -211,10 +211,9 @@ class ChatController(QObject):
         return False
 
     def send(self, text: str) -> None:
-        """Send ``text`` under the active leaf: counted first (``OverflowFlow.check_send``),
-        then stored and answered, or the overflow choices are offered. When the branch moved
-        since it was drawn, emit ``changed_elsewhere`` instead; when it ends on a question with
-        no answer, ask first (``ask_unanswered``)."""
+        """Send ``text`` under the active leaf: counted first (``OverflowFlow.check_send``), then
+        stored and answered, or the overflow choices are offered. A branch moved since it was
+        drawn emits ``changed_elsewhere``; a question with no answer asks (``ask_unanswered``)."""
         self.timeline.start()
         if not self.can_generate() or self.overflow.checking is not None:
             self.composer.set_text(text)
@@ -222,6 +221,8 @@ class ChatController(QObject):
         if self._branch_moved():  # the Navigator redraws it; the text goes back in the box
             self.changed_elsewhere.emit(self.conversation_id, text)
             return
+        if refuse_while_written(self.store, self.conversation_id, self.composer, self.banner, text):
+            return  # another process is streaming the branch's last reply
         pending = self.session.unanswered_leaf(self.conversation_id) if self.conversation_id else None
         if pending is not None:
             self.unanswered_box = ask_unanswered(self.parent(), self.store, self.composer, pending, text, self)
@@ -231,8 +232,7 @@ class ChatController(QObject):
 
     def _branch_moved(self) -> bool:
         """True when the shown chat's branch no longer ends where it did when it was drawn
-        (another process added to it or moved it): a message sent now would land under
-        messages the user has not seen."""
+        (another process added to it or moved it): a send would land under unseen messages."""
         cid, shown = self.conversation_id, self.shown_leaf
         if cid is None or shown is None or shown[0] != cid:
             return False
