@@ -260,6 +260,11 @@ def test_a_conversation_continues_on_its_own_model_when_the_file_is_there(tmp_pa
     again = bw(d, "chat", "--max-tokens", "4", "--conversation", cid, "And then?")
     assert again.stderr.splitlines()[0] == f"branchwise: conversation {cid} runs on mine ({mine}); loading it."
     assert ran_on(cid) == str(mine)  # the reply was made by mine.gguf, not the default
+    reply_id = json.loads(bw(d, "chat", "--json", "--max-tokens", "4", "--conversation", cid, "Go on.").stdout)[
+        "assistant_message_id"]
+    regen = bw(d, "regenerate", "--max-tokens", "4", reply_id)  # regenerate too
+    assert regen.stderr.splitlines()[0] == f"branchwise: conversation {cid} runs on mine ({mine}); loading it."
+    assert ran_on(cid) == str(mine)
     other = bw(d, "chat", "--max-tokens", "4", "--model", model_path, "--conversation", cid, "More?")
     assert "runs on" not in other.stderr and ran_on(cid) == str(model_path)  # --model wins, nothing said
     with ChatStore(d / "chats.sqlite3") as chats:

@@ -39,6 +39,7 @@ def run(args) -> int:
     if chats.branches.children(msg.id, msg.conversation_id):
         raise ValueError(f"Message {msg.id} has replies under it; continue works on the last reply of a branch.")
     conversation = chats.get_conversation(msg.conversation_id)
+    opening.chat_model(args, chats, msg.conversation_id)  # without --model: the chat's own model
     engine = opening.open_engine(args)
     if engine.is_remote:
         raise ValueError("Continue needs a local model (a remote server's KV cache is not ours to continue).")

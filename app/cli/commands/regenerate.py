@@ -35,6 +35,7 @@ def run(args) -> int:
     else:
         parent_id = msg.parent_id
     conversation = chats.get_conversation(msg.conversation_id)
+    opening.chat_model(args, chats, msg.conversation_id)  # without --model: the chat's own model
     engine = opening.open_engine(args)
     label = engine.model_name() if engine.is_remote else reply.local_model_label(args)
     return reply.reply(args, engine, chats, conversation, parent_id, label)
