@@ -47,3 +47,36 @@ def test_an_expanded_tool_result_with_a_long_line_stays_inside_the_view(qtbot):
                 right = button.mapTo(view.viewport(), QPoint(button.width(), 0)).x()
                 assert right <= viewport, (width, name, right, viewport)
         assert block.details.text().endswith(LONG_LINE)
+
+
+def test_a_long_unbroken_word_in_a_message_wraps_inside_the_view(qtbot):
+    """The same for a message's own text: a pasted URL, base64 or a minified JSON in a
+    paragraph, inline code, a code block or a table made the transcript as wide as the word
+    (62,043 px for 8,000 characters), pushing every bubble's buttons off screen."""
+    from app.window.transcript.markdown_view import break_long_runs
+
+    contents = [LONG_LINE, f"see {LONG_LINE} here", f"`{LONG_LINE}`", f"```\n{LONG_LINE}\n```",
+                f"| a |\n|---|\n| {LONG_LINE} |", f"<{LONG_LINE}>&amp;{LONG_LINE}"]
+    for content in contents:
+        view = TranscriptView()
+        qtbot.addWidget(view)
+        path = [_message(1, "user", content, None), _message(2, "assistant", content, 1),
+                _message(3, "assistant", "Done.", 2)]
+        view.set_messages(path, {m.id: (1, 1) for m in path}, LIGHT)
+        qtbot.waitUntil(lambda: view.widget_for(3) is not None and view.widget_for(1) is not None)
+        view.resize(800, 600)
+        view.show()
+        qtbot.wait(50)
+        viewport = view.viewport().width()
+        assert view.widget().width() <= viewport, content[:20]
+        for mid in (1, 2):
+            bubble = view.widget_for(mid)
+            right = bubble.mapTo(view.viewport(), QPoint(bubble.width(), 0)).x()
+            assert right <= viewport, (content[:20], mid, right, viewport)
+            assert LONG_LINE in bubble.body.text().replace("\u200b", "")  # all of it is there
+    # the break opportunities go into text only: tags, attributes and entities stay whole
+    link = f'<a href="https://example.org/{LONG_LINE}">x&amp;{LONG_LINE}&lt;</a>'
+    broken = break_long_runs(link)
+    assert broken.startswith(f'<a href="https://example.org/{LONG_LINE}">') and broken.endswith("&lt;</a>")
+    assert broken.replace("\u200b", "") == link and "&am\u200b" not in broken
+    assert break_long_runs("漢字" * 40) == "漢字" * 40  # CJK breaks between characters already

@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 
 import html
+import re
 from enum import StrEnum
 
 from markdown_it import MarkdownIt
@@ -104,6 +105,34 @@ def _formatter(style: str) -> HtmlFormatter:
     return HtmlFormatter(noclasses=True, nowrap=True, style=style)
 
 
+LONG_RUN = 40
+"""Characters without a break opportunity after which a line may break anyway."""
+
+_TAG_OR_TEXT = re.compile(r"(<[^>]*>)")
+_RUN = re.compile(r"(?:&#?\w+;|[^\s<>&\u200b\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef])"
+                  "{%d,}" % LONG_RUN)  # CJK breaks between its characters already
+_CHAR_OR_ENTITY = re.compile(r"&#?\w+;|.", re.S)
+
+
+def break_long_runs(rich: str) -> str:
+    """``rich`` with a ZERO WIDTH SPACE (U+200B, a line-break opportunity) after every
+    ``LONG_RUN // 2`` characters of a run of at least ``LONG_RUN`` characters that holds
+    no break opportunity (a pasted URL, base64, a minified JSON), in text only, never inside
+    a tag or an entity. Qt's rich text cannot break such a word, so one made the bubble,
+    and the whole transcript, as wide as the word (62,043 px for 8,000 characters)."""
+
+    def split(match: re.Match) -> str:
+        parts = _CHAR_OR_ENTITY.findall(match.group(0))
+        step = LONG_RUN // 2
+        return "\u200b".join("".join(parts[i:i + step]) for i in range(0, len(parts), step))
+
+    pieces = _TAG_OR_TEXT.split(rich)
+    for i in range(0, len(pieces), 2):  # the even pieces are text between tags
+        if len(pieces[i]) >= LONG_RUN:
+            pieces[i] = _RUN.sub(split, pieces[i])
+    return "".join(pieces)
+
+
 def to_html(text: str, colors: Colors, streaming: bool = False, first_code: int = 0) -> str:
     """Render ``text`` (Markdown) as Qt rich text, code highlighted in ``colors``' Pygments style.
 
@@ -145,7 +174,7 @@ def to_html(text: str, colors: Colors, streaming: bool = False, first_code: int 
     rules["code_block"] = fence
     rules["table_open"] = table_open
     try:
-        body = renderer.render(tokens, _md.options, {})
+        body = break_long_runs(renderer.render(tokens, _md.options, {}))
     finally:
         rules["fence"], rules["code_block"], rules["table_open"] = saved
     return (

@@ -253,7 +253,8 @@ class MessageWidget(QFrame):
         """The bubble's menu: copy (the selection, the message, the branch as Markdown), delete."""
         menu = QMenu(self)
         if self.body.hasSelectedText():
-            menu.addAction("Copy selection", lambda: QGuiApplication.clipboard().setText(self.body.selectedText()))
+            menu.addAction("Copy selection", lambda: QGuiApplication.clipboard().setText(
+                self.body.selectedText().replace("\u200b", "")))  # markdown_view.break_long_runs
         menu.addAction("Copy message", self._copy_all)
         if self.thought.reasoning:
             menu.addAction("Copy with reasoning", self.copy_with_reasoning)
