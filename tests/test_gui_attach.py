@@ -55,11 +55,11 @@ def test_a_pdf_dropped_on_the_composer_is_a_chip_with_name_pages_and_tokens(qtbo
     w.composer.set_text("What is this speech about?")
     drop = drop_files(w.composer.input.viewport(), DOCS / "gettysburg.pdf")
     assert drop.isAccepted()
-    assert chips(w) == ["gettysburg.pdf · reading…"]  # at once, while the sandbox child reads it
+    assert chips(w) == ["\u2068gettysburg.pdf\u2069 · reading…"]  # at once, while the sandbox child reads it
     qtbot.waitUntil(lambda: bool(w.attach.ready) and w.attach.ready[0].tokens is not None, timeout=READ_TIMEOUT_MS)
     tokens = w.attach.ready[0].tokens
     assert 300 < tokens < 700  # the address (1,470 characters) and its page markers
-    assert chips(w) == [f"gettysburg.pdf · 2 pages · {tokens:,} tokens"]
+    assert chips(w) == [f"\u2068gettysburg.pdf\u2069 · 2 pages · {tokens:,} tokens"]
     assert w.composer.text() == "What is this speech about?"  # the drop inserted no URL text
     assert for_chats(w.store).count() == 1  # stored once, off the UI thread, to be linked on send
     chip = w.attachments_bar.row.chips[0]
@@ -95,7 +95,7 @@ def test_sent_with_the_message_and_the_follow_up_restores_the_document(qtbot, op
     assert w.chat.session.prompt(user.id)[-1].content == render_message(question, [attached_text(doc)])
     assert chips(w) == [] and w.composer.text() == ""
     bubble = w.transcript.widget_for(user.id)
-    assert [c.text for c in bubble.attachment_row.chips] == [f"gettysburg.pdf · 2 pages · {tokens:,} tokens"]
+    assert [c.text for c in bubble.attachment_row.chips] == [f"\u2068gettysburg.pdf\u2069 · 2 pages · {tokens:,} tokens"]
     assert w.store.get_message(first.args[0]).stats["prompt_tokens"] > tokens
 
     with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS) as follow:
@@ -181,14 +181,14 @@ def test_hostile_files_give_their_sentence_keep_the_draft_and_store_nothing(qtbo
     w.attach.password_box.setTextValue("tulip")
     w.attach.password_box.accept()
     qtbot.waitUntil(lambda: bool(w.attach.ready), timeout=READ_TIMEOUT_MS)
-    assert chips(w) == ["secret.pdf · 1 page · counting tokens…"]  # no engine here to count it
+    assert chips(w) == ["\u2068secret.pdf\u2069 · 1 page · counting tokens…"]  # no engine here to count it
     assert not w.attachments_bar.note.isVisible()
     copied = QMimeData()  # a file manager's Copy, pasted with Ctrl+V: attached, no URL typed
     copied.setUrls([QUrl.fromLocalFile(str(DOCS / "gettysburg.pdf"))])
     QApplication.clipboard().setMimeData(copied)
     qtbot.keyClick(w.composer.input, Qt.Key.Key_V, Qt.KeyboardModifier.ControlModifier)
     qtbot.waitUntil(lambda: len(w.attach.ready) == 2, timeout=READ_TIMEOUT_MS)
-    assert chips(w)[1] == "gettysburg.pdf · 2 pages · counting tokens…"
+    assert chips(w)[1] == "\u2068gettysburg.pdf\u2069 · 2 pages · counting tokens…"
     assert w.composer.text() == "my draft, kept"
     QApplication.clipboard().clear()  # no mime data of this test left for the application's exit
     gone = tmp_path / "vanished.pdf"  # moved or deleted between the drag and the read
