@@ -47,7 +47,7 @@ def test_rename_through_the_dialog(qtbot, open_window, data_dir):
     assert w.store.get_conversation(a).title == "Trip to Lisbon"
     row = w.sidebar.list.item(w.sidebar.ids().index(a))
     assert row.text() == "Trip to Lisbon"
-    assert row.toolTip().startswith("<qt>Trip to Lisbon<br>")  # escaped, shown as plain text
+    assert row.toolTip().startswith("<qt>\u2068Trip to Lisbon\u2069<br>")  # escaped, shown as plain text
 
 
 def test_pin_moves_to_top_and_unpin_moves_back(qtbot, open_window, data_dir):
@@ -129,7 +129,7 @@ def test_long_title_is_one_line_with_a_date(qtbot, open_window, data_dir):
     assert item.data(DATE_ROLE) == "now"
     one_line = lst.fontMetrics().height()
     assert lst.visualItemRect(item).height() < 2 * one_line
-    assert item.toolTip().startswith("<qt>" + title.strip())
+    assert item.toolTip().startswith("<qt>\u2068" + title.strip() + "\u2069")  # the title isolated
 
 
 def test_relative_date():
