@@ -83,7 +83,8 @@ class PathFigures(QObject):
                 or self.model.state != ModelState.READY):
             return
         if packed is None:
-            self.status.set_context(0, self.n_ctx())
+            if not self._overflow_shown():
+                self.status.set_context(0, self.n_ctx())
             return
         handle = client.send_packed(packed)
         if handle is not None:
@@ -95,7 +96,15 @@ class PathFigures(QObject):
         self.counted_path = (cid, leaf, event.prompt_tokens)
         if handle is self._count and cid == self.chat.conversation_id and not self.chat.streaming:
             self._count = None
-            self.status.set_context(event.prompt_tokens, event.n_ctx or self.n_ctx())
+            if not self._overflow_shown():
+                self.status.set_context(event.prompt_tokens, event.n_ctx or self.n_ctx())
+
+    def _overflow_shown(self) -> bool:
+        """True while the "too long" choices are open: the status bar shows the count of the
+        message being sent (``OverflowFlow``), which a count of the path drawn before it,
+        answered later (the reader runs a turn after it is asked), must not overwrite."""
+        box = self.chat.overflow.box
+        return box is not None and box.isVisible()
 
     def follow_reply(self, handle: PendingRequest) -> None:
         """Show ``handle``'s restore and prefill progress in the status bar, and move the context
