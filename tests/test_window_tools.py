@@ -17,6 +17,7 @@ from PySide6.QtWidgets import QApplication
 from app.session.mcp_servers import McpHub
 from app.window.flows.tool_approval import Approval
 from app.window.flows.tool_flow import DENIED
+from test_mcp_servers import running_servers  # this process's test-server children
 
 SERVER_SCRIPT = str(Path(__file__).parent / "mcp_test_server.py")
 TOOLS = {
@@ -57,20 +58,6 @@ def tool_window(open_window, data_dir, tool_model):
 def where() -> str:
     """The test server's command line as Settings and the question show it."""
     return f"{sys.executable} {SERVER_SCRIPT}"
-
-
-def server_pids() -> list[int]:
-    """This process's children that run the test server (alive)."""
-    import psutil
-
-    out = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if SERVER_SCRIPT in p.cmdline() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p.pid)
-        except psutil.Error:
-            continue
-    return out
 
 
 def answer_with(flow, first: Approval, later: Approval = Approval.DENY) -> list:
@@ -268,7 +255,7 @@ def test_always_for_this_tool_asks_no_more_for_it(qtbot, tool_window):
     saved = json.loads((w.data_dir / "settings.json").read_text())
     assert saved["mcp_always_allow"] == {"testing": {"echo": where()}}
     # one server process answered both loops, the later call over its open connection
-    assert len(server_pids()) == 1
+    assert len(running_servers()) == 1
     assert results[-1].tool["duration_ms"] < 1000, [r.tool["duration_ms"] for r in results]
 
 
@@ -280,7 +267,7 @@ def test_always_allow_survives_a_restart_and_a_changed_command_line_asks_again(q
     loop_over(qtbot, w)
     assert len(asked) == 1
     w.close()  # the window's end: its server ends too, within the bound
-    qtbot.waitUntil(lambda: not server_pids(), timeout=10_000)
+    qtbot.waitUntil(lambda: not running_servers(), timeout=10_000)
 
     settings = json.loads((data_dir / "settings.json").read_text())
     w2 = tool_window("echo", mcp_always_allow=settings["mcp_always_allow"])
