@@ -43,6 +43,14 @@ def running_servers() -> list[int]:
     return out
 
 
+def wait_until_ended(pids: set[int], bound_s: float) -> set[int]:
+    """Those of ``pids`` still running after at most ``bound_s`` seconds of waiting."""
+    deadline = time.monotonic() + bound_s
+    while pids & set(running_servers()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return pids & set(running_servers())
+
+
 def test_tools_are_listed_with_their_schemas(hub):
     tools = {t.name: t for t in hub.list_tools(SERVER).result(WAIT)}
     assert set(tools) == {"echo", "hang", "big", "crash"}
@@ -61,6 +69,10 @@ def test_a_hang_is_named_with_its_log_and_ends_in_the_timeout(hub, errlog):
     assert out.error == f"The MCP server 'testing' did not answer the call to hang within 4 s; see its log {errlog}."
     assert out.text == out.error  # what the model gets back
     assert "starting the MCP server 'testing'" in errlog.read_text()
+    # The hung server is ended in the background: its stdin closed, 2 s of grace, then its
+    # process group killed (the SDK's shutdown). Under load that takes seconds, and a test
+    # that counted servers meanwhile saw two (CI: "too many values to unpack").
+    assert wait_until_ended(set(running_servers()), 30) == set()
 
 
 def test_a_death_is_named(hub, errlog):
@@ -72,15 +84,16 @@ def test_a_death_is_named(hub, errlog):
 def test_one_server_process_answers_every_call_in_milliseconds(hub):
     """The first call starts the server (seconds); the next ones reuse it (issue: each call
     started it again, 2.9-5.4 s a call)."""
+    others = set(running_servers())  # none, unless a dropped server is still being ended
     assert hub.call_tool(SERVER, "echo", {"text": "start"}).result(WAIT).error is None
-    (pid,) = running_servers()
+    (pid,) = set(running_servers()) - others
     times = []
     for i in range(3):
         t0 = time.perf_counter()
         out = hub.call_tool(SERVER, "echo", {"text": str(i)}).result(WAIT)
         times.append(time.perf_counter() - t0)
         assert out.text == f"echo: {i}"
-    assert running_servers() == [pid] and max(times) < 1.0, times
+    assert set(running_servers()) - others == {pid} and max(times) < 1.0, times
 
 
 def test_a_server_that_died_starts_again_at_the_next_call(hub):
@@ -98,11 +111,8 @@ def test_a_changed_command_line_starts_a_new_server(hub, tmp_path):
     (before,) = running_servers()
     moved = McpServerConfig("testing", sys.executable, ("-u", SCRIPT))
     assert hub.call_tool(moved, "echo", {"text": "b"}).result(WAIT).text == "echo: b"
-    time.sleep(0.5)  # the old one's shutdown (stdin closed) runs in the background
-    deadline = time.monotonic() + 10
-    while before in running_servers() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert before not in running_servers() and len(running_servers()) == 1
+    # the old one's shutdown (stdin closed) runs in the background
+    assert wait_until_ended({before}, 10) == set() and len(running_servers()) == 1
 
 
 def test_close_ends_a_hung_server_within_the_bound(tmp_path):
