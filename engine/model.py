@@ -7,6 +7,7 @@ import ctypes
 import logging
 import os
 import re
+import threading
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -21,6 +22,7 @@ from engine.kv_codec import StateKind
 from engine.model_file import check_gguf
 from engine.reasoning import model_syntax
 from engine.settings import KV_TYPES, EngineSettings
+from engine.special_chunks import PIECE_BYTES, SpecialPieces
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +126,8 @@ class LoadedModel:
         self.settings = settings
         self.vocab = llama_cpp.llama_model_get_vocab(self.llama.model)
         self._piece_buf = ctypes.create_string_buffer(64)
+        self._pieces: SpecialPieces | None = None  # the special tokens, read at the first long text
+        self._pieces_lock = threading.Lock()
         meta = self.llama.metadata
         self.template_text, template_missing = template_from_metadata(meta, self._meta_bytes)
         bos, eos = llama_cpp.llama_vocab_bos(self.vocab), llama_cpp.llama_vocab_eos(self.vocab)
@@ -197,8 +201,17 @@ class LoadedModel:
         return self.cache_policy == "full"
 
     def tokenize(self, text: str, special: bool) -> list[int]:
-        """Token ids of ``text`` (no BOS); ``special`` parses control-token text."""
-        return self.llama.tokenize(utf8(text), add_bos=False, special=special)
+        """Token ids of ``text`` (no BOS); ``special`` parses control-token text. A long text
+        with special parsing is tokenized in pieces, to the same ids, in linear time
+        (``engine.special_chunks``: llama.cpp's own partition is quadratic in the control
+        tokens a text holds, 54 s and more for a 50,001-message history)."""
+        data = utf8(text)
+        if not special or len(data) <= 2 * PIECE_BYTES:
+            return self.llama.tokenize(data, add_bos=False, special=special)
+        with self._pieces_lock:
+            if self._pieces is None:
+                self._pieces = SpecialPieces.from_vocab(self.vocab)
+        return self._pieces.tokenize(data, lambda piece: self.llama.tokenize(piece, add_bos=False, special=True))
 
     def token_text(self, token: int) -> str:
         return self.token_bytes(token, special=True).decode("utf-8", "replace")
