@@ -50,6 +50,7 @@ def test_each_figure_stands_beside_llama_servers_with_their_ratio():
     assert "theirs 60/90" in quote
     assert "same reply as plain: NO" in _row(t, "decode, lookup: plain chat")
     assert "-t/-tb 1" in t and "ngram-simple" in t
+    assert "Both decode at temperature 0 with repeat penalty 1.1 over the last 64 tokens." in t  # one sampler chain
 
 
 def test_without_llama_server_only_the_branchwise_column_is_printed():

@@ -146,8 +146,9 @@ def _bench(binary: str, model: Path, prompt: list[int], work: Path, repeats: int
 
 def bench_llama_server_speed(binary: str, model: Path, work: Path, workloads: dict[str, tuple[list[int], int]],
                              repack: bool = True, threads: int = 0, repeats: int = 3,
-                             speculative: bool = False) -> dict:
-    """Prefill and decode speed through ``binary``'s ``/completion`` at temperature 0, from
+                             speculative: bool = False, repeat_penalty: float = 1.0) -> dict:
+    """Prefill and decode speed through ``binary``'s ``/completion`` at temperature 0 with
+    ``repeat_penalty`` over the last 64 tokens (1.0: none), from
     the server's own ``timings`` (``prompt_per_second``, ``predicted_per_second``), for each
     workload ``name: (prompt token ids, tokens to generate)``, ``repeats`` times (medians).
     Each request evaluates its whole prompt (``cache_prompt`` false). ``speculative``
@@ -169,6 +170,7 @@ def bench_llama_server_speed(binary: str, model: Path, work: Path, workloads: di
                 for name, (prompt, n_predict) in workloads.items():
                     reply = _post(url + "/completion", {
                         "prompt": prompt, "n_predict": n_predict, "temperature": 0, "cache_prompt": False,
+                        "repeat_penalty": repeat_penalty, "repeat_last_n": 64,  # Branchwise's, not its own 1.0
                         "id_slot": 0, "return_tokens": True})
                     runs[name].append(reply)
     except _Crashed as crash:
