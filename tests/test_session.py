@@ -392,3 +392,13 @@ def test_the_shown_path_reads_only_the_messages_asked_for(chats, session):
     positions = session.sibling_positions(path)
     assert positions[full[-1].id] == (1, 2) and positions[full[0].id] == (1, 1)
     assert other.id not in path.ids
+
+
+def test_unanswered_leaf_is_the_branch_end_without_a_reply(chats, session):
+    user = session.send(None, "Hi")
+    assert session.unanswered_leaf(user.conversation_id).id == user.id  # a question on its own
+    rec = session.start_reply(user.id, "M")
+    rec.complete("Hello", [], {"finish_reason": "stop"})
+    assert session.unanswered_leaf(user.conversation_id) is None  # answered
+    follow = session.send(user.conversation_id, "And then?")
+    assert session.unanswered_leaf(user.conversation_id).id == follow.id

@@ -165,12 +165,19 @@ class ConversationSession:
         """The user message the active branch ends on without an answer, or None: the leaf
         itself when it is a user message, or the parent of a leaf that is an empty reply
         stopped or failed before its first token. Sending under it would put two questions
-        in a row, so the window asks first (answer it, or replace it)."""
-        path = self.chats.active_path(conversation_id)
-        if path and path[-1].role == "user":
-            return path[-1]
-        if len(path) >= 2 and is_empty_reply(path[-1]) and path[-2].role == "user":
-            return path[-2]
+        in a row, so the window asks first (answer it, or replace it). Reads the leaf and its
+        parent only: Enter runs it on the UI thread, and a 10,000-message branch took 134 ms
+        to read whole."""
+        leaf_id = self.chats.get_conversation(conversation_id).active_leaf_id
+        if leaf_id is None:
+            return None
+        leaf = self.chats.get_message(leaf_id)
+        if leaf.role == "user":
+            return leaf
+        if is_empty_reply(leaf) and leaf.parent_id is not None:
+            parent = self.chats.get_message(leaf.parent_id)
+            if parent.role == "user":
+                return parent
         return None
 
     def coverage_paths(self, conversation_id: int, limit: int = 300) -> tuple[list[int], list[list[ChatMessage]]]:
