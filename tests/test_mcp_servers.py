@@ -115,6 +115,24 @@ def test_a_changed_command_line_starts_a_new_server(hub, tmp_path):
     assert wait_until_ended({before}, 10) == set() and len(running_servers()) == 1
 
 
+def test_keep_only_ends_a_removed_server_and_keeps_one_with_tools_switched_off(tmp_path):
+    """Settings saved: a server no longer listed ends now (it kept running until the window
+    closed); one whose tools were switched off keeps its process."""
+    others = set(running_servers())
+    h = McpHub(call_timeout_s=30, errlog=tmp_path / "log")
+    try:
+        assert h.call_tool(SERVER, "echo", {"text": "a"}).result(WAIT).error is None
+        (pid,) = set(running_servers()) - others
+        fewer = McpServerConfig(SERVER.name, SERVER.command, SERVER.args, disabled_tools=("crash",))
+        assert h.keep_only([fewer]).result(WAIT) == []
+        assert h.call_tool(fewer, "echo", {"text": "b"}).result(WAIT).text == "echo: b"
+        assert set(running_servers()) - others == {pid}  # the same process answered
+        assert h.keep_only([]).result(WAIT) == ["testing"]
+        assert wait_until_ended({pid}, 30) == set()
+    finally:
+        h.close()
+
+
 def test_close_ends_a_hung_server_within_the_bound(tmp_path):
     others = set(running_servers())  # the module's hub keeps its own
     h = McpHub(call_timeout_s=600, errlog=tmp_path / "log")

@@ -223,6 +223,15 @@ def test_settings_import_mcp_json_list_tools_switch_one_off_and_save(qtbot, open
     assert sorted(t.name for t in w.chat.tools.tools()) == ["big", "echo", "hang"]
     assert not w.chat.tools.active()  # the default model's template has no tool support
     assert w.chat.tools.request_args([]) == {}
+    # removed in Settings: its process ends when the dialog is saved, not at the window's close
+    (pid,) = [p.pid for p in w.chat.tools.hub.processes()]
+    w.open_settings()
+    dlg = w.settings_flow.dialog
+    dlg.tools_tab.tree.setCurrentItem(dlg.tools_tab.tree.topLevelItem(0))
+    dlg.tools_tab.remove_button.click()
+    dlg.findChild(QDialogButtonBox).button(QDialogButtonBox.StandardButton.Ok).click()
+    assert "testing" not in json.loads((data_dir / "settings.json").read_text())["mcp_servers"]
+    qtbot.waitUntil(lambda: pid not in running_servers(), timeout=TOOL_TIMEOUT_MS)
 
 
 def test_the_status_names_a_server_that_cannot_be_reached(qtbot, open_window, data_dir):

@@ -65,6 +65,12 @@ class McpServerConfig:
     disabled_tools: tuple[str, ...] = ()
 
     @property
+    def launch(self) -> tuple:
+        """What starts the server (its name, command line, environment or URL): two configs
+        with the same launch share a connection, whatever tools are switched off."""
+        return (self.name, self.command, self.args, tuple(sorted(self.env.items())), self.url)
+
+    @property
     def where(self) -> str:
         """The command line or URL, for Settings and the approval dialog."""
         return self.url or " ".join([self.command, *self.args])
@@ -218,6 +224,12 @@ class McpHub:
         conns = list(self._live.values()) + list(self._ending)
         return [p for c in conns for p in c.processes if _alive(p)]
 
+    def keep_only(self, servers: list[McpServerConfig]) -> concurrent.futures.Future:
+        """End the connections to servers not in ``servers`` (removed or changed in
+        Settings): their processes are shut down in the background, as after a timeout.
+        A future of the names dropped."""
+        return asyncio.run_coroutine_threadsafe(self._keep_only(list(servers)), self._loop)
+
     def list_tools(self, server: McpServerConfig) -> concurrent.futures.Future:
         """The server's tools: a future of ``list[McpTool]``; it raises ``RuntimeError``
         with a sentence naming the server when it cannot be reached."""
@@ -241,8 +253,9 @@ class McpHub:
             RuntimeError: the server cannot start (the sentence names it and its log).
         """
         conn = self._live.get(server.name)
-        if conn is not None and (conn.server != server or not (conn.usable or conn.state is ConnectionState.STARTING)):
-            again = conn.died and conn.server == server
+        if conn is not None and (conn.server.launch != server.launch
+                                 or not (conn.usable or conn.state is ConnectionState.STARTING)):
+            again = conn.died and conn.server.launch == server.launch
             self._drop(conn)
             conn = None
         else:
@@ -263,6 +276,14 @@ class McpHub:
                 self._live.pop(server.name)
             raise RuntimeError(self._start_failure(server, what, exc, again)) from None
         return conn
+
+    async def _keep_only(self, servers: list[McpServerConfig]) -> list[str]:
+        kept = {s.launch for s in servers}
+        dropped = [c for c in self._live.values() if c.server.launch not in kept]
+        for conn in dropped:
+            log.info("MCP server %r is no longer in the settings: ending its connection", conn.server.name)
+            self._drop(conn)
+        return [c.server.name for c in dropped]
 
     def _drop(self, conn: ServerConnection) -> None:
         """Forget ``conn`` and close it in the background (``close`` waits for it)."""

@@ -119,6 +119,12 @@ class ToolFlow(QObject):
 
     # -- what a request carries ---------------------------------------------------------
 
+    def settings_changed(self) -> None:
+        """Settings closed: connections to servers no longer listed (or listed with another
+        command line) end now, not at the window's close."""
+        if self._hub is not None:
+            self._hub.keep_only(self.servers())
+
     def servers(self) -> list[McpServerConfig]:
         return [McpServerConfig.from_dict(n, e) for n, e in (self.settings.mcp_servers or {}).items()]
 

@@ -80,6 +80,7 @@ class SettingsFlow(QObject):
     def _done(self, dlg: SettingsDialog, conv, result: int) -> None:
         self.dialog = None
         if result != SettingsDialog.DialogCode.Accepted:
+            self.chat.tools.settings_changed()  # a server tried in the dialog but not saved ends
             return
         prompt, sampling = dlg.conversation_values()
         if conv is not None:
@@ -88,5 +89,6 @@ class SettingsFlow(QObject):
         elif dlg.chat_changed():  # else the new chat follows the defaults, changed or not
             self.chat.set_new_chat_settings(prompt, sampling)
         changed = self.settings.update(**dlg.app_values(), reset_fields=[])  # the budget: ModelController
+        self.chat.tools.settings_changed()  # a removed or changed MCP server's connection ends
         if changed & set(RELOAD_FIELDS) and not self.chat.streaming:
             self.model.reload()
