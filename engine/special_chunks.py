@@ -38,7 +38,6 @@ class SpecialPieces:
 
     def __init__(self, texts: list[bytes], cut_texts: list[bytes]):
         self.cut_texts = cut_texts
-        self.max_len = max(map(len, texts), default=0)
         self._by_pair: dict[bytes, list[bytes]] = defaultdict(list)  # two bytes -> special texts holding them
         for text in set(texts):
             for i in range(len(text) - 1):
