@@ -79,13 +79,18 @@ class SpecialPieces:
     def pieces(self, data: bytes, piece_bytes: int = PIECE_BYTES) -> list[bytes]:
         """``data`` cut into pieces of about ``piece_bytes`` or more, each cut just before a
         special token's text that no other straddles (one piece when there is no such place)."""
-        head = data[: 16 * piece_bytes]
-        present = [t for t in self.cut_texts if t in head]  # the markers this text uses
+        head = data[: 2 * piece_bytes]
+        # the markers this text uses, each with its next occurrence (found again only once
+        # passed, so the text is scanned once per marker, not once per cut)
+        upcoming = {t: data.find(t) for t in self.cut_texts if t in head}
         out, start = [], 0
-        while present and len(data) - start > 2 * piece_bytes:
+        while upcoming and len(data) - start > 2 * piece_bytes:
             pos, cut = start + piece_bytes, -1
             while pos < len(data):
-                found = [i for i in (data.find(t, pos) for t in present) if i != -1]
+                for t, at in upcoming.items():
+                    if -1 < at < pos:
+                        upcoming[t] = data.find(t, pos)
+                found = [at for at in upcoming.values() if at != -1]
                 if not found:
                     break
                 at = min(found)
@@ -101,7 +106,8 @@ class SpecialPieces:
         return out
 
     def tokenize(self, data: bytes, tokenize: Callable[[bytes], list[int]]) -> list[int]:
-        """The ids of ``tokenize(data)`` (special parsing, no BOS), computed piece by piece."""
+        """The ids of ``tokenize(data)`` (special parsing, no BOS), computed piece by piece;
+        what ``tokenize`` raises (llama-cpp-python: ``RuntimeError``) goes to the caller."""
         ids: list[int] = []
         for piece in self.pieces(data):
             ids.extend(tokenize(piece))
