@@ -10,8 +10,11 @@ for those two histories, the same ids.
 
 The pieces tokenize to the same ids as the whole text because each cut falls just before
 an occurrence of a special token (one llama.cpp matches on its own: control, user-defined
-or unknown, without ``LSTRIP``, which would eat the whitespace before it) that no other
-special token's occurrence straddles. llama.cpp tokenizes the raw text between two
+or unknown, without ``LSTRIP``, which would eat the whitespace before it) that llama.cpp
+surely matches there: no other special token's occurrence straddles the cut, and none at
+least as long starts inside it (llama.cpp matches the longest tokens first, so Falcon's
+``<|endoftext|>`` in ``>>TITLE<<|endoftext|>`` wins over ``>>TITLE<<``, and a cut before
+``>>TITLE<<`` changed the ids). llama.cpp tokenizes the raw text between two
 special tokens on its own (SentencePiece's space prefix, too, only looks at whether the
 fragment before was a special token, and a piece starts with one), so cutting there
 changes nothing. A text with no such place is tokenized whole.
@@ -39,7 +42,9 @@ class SpecialPieces:
     def __init__(self, texts: list[bytes], cut_texts: list[bytes]):
         self.cut_texts = cut_texts
         self._by_pair: dict[bytes, list[bytes]] = defaultdict(list)  # two bytes -> special texts holding them
+        self._by_start: dict[bytes, list[bytes]] = defaultdict(list)  # first two bytes -> special texts
         for text in set(texts):
+            self._by_start[text[:2]].append(text)
             for i in range(len(text) - 1):
                 pair = text[i : i + 2]
                 if not self._by_pair[pair] or self._by_pair[pair][-1] != text:
@@ -64,9 +69,16 @@ class SpecialPieces:
                 cuts.append(text)
         return cls(texts, cuts)
 
-    def _straddled(self, data: bytes, cut: int) -> bool:
-        """True when an occurrence of a special token's text spans ``cut`` (starts before it
-        and ends after it): cutting there could change which tokens llama.cpp matches."""
+    def _unsafe(self, data: bytes, cut: int, marker: bytes) -> bool:
+        """True when llama.cpp might not match ``marker`` at ``cut``: another special token's
+        occurrence spans ``cut`` (starts before it and ends after it), or one at least as
+        long as ``marker`` starts inside it, or a longer one at ``cut`` (matched first, it
+        would take the marker's bytes, or its ``LSTRIP`` the whitespace before the cut)."""
+        for p in range(cut, cut + len(marker)):
+            for text in self._by_start.get(data[p : p + 2], ()):
+                longer = len(text) > len(marker) if p == cut else len(text) >= len(marker)
+                if longer and data.startswith(text, p):
+                    return True
         for text in self._by_pair.get(data[cut - 1 : cut + 1], ()):
             lo = max(0, cut - len(text) + 1)
             at = data.find(text, lo, cut + len(text) - 1)
@@ -78,7 +90,8 @@ class SpecialPieces:
 
     def pieces(self, data: bytes, piece_bytes: int = PIECE_BYTES) -> list[bytes]:
         """``data`` cut into pieces of about ``piece_bytes`` or more, each cut just before a
-        special token's text that no other straddles (one piece when there is no such place)."""
+        special token's text that llama.cpp surely matches there (:meth:`_unsafe`; one piece
+        when there is no such place)."""
         head = data[: 2 * piece_bytes]
         # the markers this text uses, each with its next occurrence (found again only once
         # passed, so the text is scanned once per marker, not once per cut)
@@ -94,7 +107,8 @@ class SpecialPieces:
                 if not found:
                     break
                 at = min(found)
-                if not self._straddled(data, at):
+                marker = max((t for t, i in upcoming.items() if i == at), key=len)  # the longest starting there
+                if not self._unsafe(data, at, marker):
                     cut = at
                     break
                 pos = at + 1

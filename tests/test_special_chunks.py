@@ -1,7 +1,7 @@
 """A long text tokenized with special-token parsing in pieces (engine/special_chunks.py)
 gives the ids llama.cpp gives for the whole text, on the default model and on Gemma 3's
-vocabulary of 262,144 tokens (6,414 of them special), and cuts only where no special
-token's text straddles the cut."""
+vocabulary of 262,144 tokens (6,414 of them special), and cuts only where llama.cpp surely
+matches the special token the piece begins with."""
 
 from __future__ import annotations
 
@@ -71,6 +71,16 @@ def test_no_cut_falls_inside_another_special_tokens_text():
     data = b"x" * 100 + b"<|a|><|a|>" + b"y" * 50 + b"<|a|>" + b"z" * 200
     cut = pieces.pieces(data, piece_bytes=105)
     assert [len(p) for p in cut] == [160, 205] and b"".join(cut) == data
+
+
+def test_no_cut_before_a_marker_a_longer_special_token_overlaps():
+    """Falcon's vocabulary: in ``>>TITLE<<|endoftext|>`` llama.cpp matches the longer
+    ``<|endoftext|>`` first, so ``>>TITLE<<`` is not a token there and a cut before it
+    changed the ids (a stress probe found it); the cut goes to the next clean marker."""
+    pieces = SpecialPieces([b"<|endoftext|>", b">>TITLE<<"], [b"<|endoftext|>", b">>TITLE<<"])
+    data = b"x" * 100 + b">>TITLE<<|endoftext|>" + b"y" * 50 + b"<|endoftext|>" + b"z" * 300
+    cut = pieces.pieces(data, piece_bytes=100)
+    assert [len(p) for p in cut] == [171, len(data) - 171] and b"".join(cut) == data
 
 
 def test_a_text_with_no_place_to_cut_is_one_piece():
