@@ -9,7 +9,8 @@ sender); every event that answers a request carries the same ``id``.
 Requests, window -> engine::
 
     LoadRequest        path, settings (EngineSettings dict), budget_bytes
-    GenerateRequest    id, messages [ChatMessage], sampling (SamplingParams dict), use_cache, reply_prefix
+    GenerateRequest    id, messages [ChatMessage], sampling (SamplingParams dict), use_cache, reply_prefix,
+                       path (packed messages before ``messages``)
     CancelRequest      id
     CountRequest       id, messages, per_message, draft -> CountEvent (prompt length[, per message])
     TitleRequest       id, messages, max_tokens        -> TitleEvent (engine/title.py)
@@ -99,6 +100,7 @@ class GenerateRequest:
     reply_prefix: list[int] | None = None  # Continue: the reply's token ids so far (the prompt goes on from them)
     tools: list[dict] | None = None  # OpenAI function objects for the chat template (the window's tool loop)
     grammar: str | None = None  # GBNF text the reply is sampled with (engine.tool_grammar)
+    path: bytes | None = None  # pack_messages bytes of the messages before ``messages`` (the window's shown branch)
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,16 @@ def pack_messages(messages: Sequence[ChatMessage]) -> bytes:
     chunks."""
     chunks = [pickle.dumps(list(messages[i : i + PACK_CHUNK]), pickle.HIGHEST_PROTOCOL)
               for i in range(0, len(messages), PACK_CHUNK)]
+    return pickle.dumps(chunks, pickle.HIGHEST_PROTOCOL)
+
+
+def pack_after(packed: bytes, messages: Sequence[ChatMessage]) -> bytes:
+    """The :func:`pack_messages` bytes of the messages of ``packed`` followed by ``messages``.
+    The packed chunks are copied as bytes, not unpickled: a copy of the bytes, no work per
+    message."""
+    chunks = pickle.loads(packed)
+    if messages:
+        chunks.append(pickle.dumps(list(messages), pickle.HIGHEST_PROTOCOL))
     return pickle.dumps(chunks, pickle.HIGHEST_PROTOCOL)
 
 

@@ -389,7 +389,7 @@ class _Server:
             sampling = SamplingParams.from_dict(msg.sampling)
             self.thinking = sampling.thinking  # the prewarms after this reply render the same way
             result = self.engine.generate(
-                list(msg.messages),
+                (unpack_messages(msg.path) if msg.path else []) + list(msg.messages),
                 sampling,
                 use_cache=msg.use_cache,
                 on_token=lambda text, _tok: text and self.send(TokenEvent(rid, text)),

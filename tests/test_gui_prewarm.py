@@ -118,8 +118,8 @@ def test_the_shown_path_is_read_and_pickled_off_the_ui_thread(qtbot, open_window
     sent: list = []
     real = w.client.prewarm
     monkeypatch.setattr(w.client, "prewarm", lambda messages, *a, **k: (sent.append(messages), real(messages, *a, **k))[1])
-    w.prewarm.path_changed()
-    assert w.prewarm._path is None and w.reader.pending("prewarm-path")  # nothing read on the UI thread
+    w.chat.path_shown.emit()  # as a redraw of the branch does
+    assert w.chat.shown_prompt.current() is None and w.reader.pending("shown-prompt")  # nothing read on the UI thread
     qtbot.waitUntil(lambda: bool(sent), timeout=REPLY_TIMEOUT_MS)
     assert isinstance(sent[-1], bytes)  # the path's pickled bytes, made on the reader thread
     path = unpack_messages(sent[-1])
@@ -137,3 +137,33 @@ def test_packed_messages_come_back_whole_across_chunks():
     assert unpack_messages(pack_messages(messages)) == messages
     assert unpack_messages(pack_messages([])) == []
     assert unpack_messages(messages) == messages
+
+
+def test_enter_sends_the_branch_read_off_the_ui_thread(qtbot, open_window, data_dir, monkeypatch):
+    """The send goes with the shown branch's packed prompt (read on the reader thread):
+    pressing Enter reads only the conversation's row, and the engine gets the same prompt."""
+    from engine.events import unpack_messages
+
+    w = open_window(data_dir)
+    new_chat(w, system_prompt="Be brief.")
+    send_and_wait(qtbot, w, "Name a colour.")
+    w.composer.input.setPlainText("Another one?")
+    qtbot.waitUntil(lambda: w.chat.shown_prompt.current() is not None, timeout=REPLY_TIMEOUT_MS)
+    reads: list = []
+    for name in ("active_path", "tree"):
+        real_read = getattr(w.store, name)
+        monkeypatch.setattr(w.store, name, lambda *a, _r=real_read, _n=name, **k: (reads.append(_n), _r(*a, **k))[1])
+    real_path_to = w.store.branches.path_to
+    monkeypatch.setattr(w.store.branches, "path_to", lambda *a: (reads.append("path_to"), real_path_to(*a))[1])
+    sent: list = []
+    real = w.client.generate
+    monkeypatch.setattr(w.client, "generate", lambda messages, *a, **k: (sent.append((messages, k.get("path"))),
+                                                                          real(messages, *a, **k))[1])
+    with qtbot.waitSignal(w.reply_finished, timeout=REPLY_TIMEOUT_MS) as blocker:
+        qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
+        assert reads == []  # the request went without reading the branch on the UI thread
+    monkeypatch.undo()
+    messages, path = sent[0]
+    assert isinstance(path, bytes) and [m.content for m in messages] == ["Another one?"]
+    reply = w.store.get_message(blocker.args[0])
+    assert unpack_messages(path) + messages == w.chat.session.prompt(reply.parent_id)

@@ -98,9 +98,9 @@ def test_the_request_leaves_first_and_the_message_is_stored_under_the_shown_leaf
     first_reply = send_and_wait(qtbot, w, "Name three fruits.")
     generate, stored_at_request = w.client.generate, []
 
-    def spy(messages, sampling, use_cache=True):
+    def spy(messages, sampling, use_cache=True, **kw):
         stored_at_request.append(len(w.store.active_path(cid)))
-        return generate(messages, sampling, use_cache)
+        return generate(messages, sampling, use_cache, **kw)
 
     w.client.generate = spy
     mid = send_and_wait(qtbot, w, "Now name three vegetables.")

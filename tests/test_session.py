@@ -402,3 +402,32 @@ def test_unanswered_leaf_is_the_branch_end_without_a_reply(chats, session):
     assert session.unanswered_leaf(user.conversation_id) is None  # answered
     follow = session.send(user.conversation_id, "And then?")
     assert session.unanswered_leaf(user.conversation_id).id == follow.id
+
+
+def test_a_send_plan_goes_with_the_packed_branch_only_while_it_is_current(chats, session):
+    from app.session.packed_prompt import read_packed_prompt
+    from engine.events import unpack_messages
+
+    user = session.send(None, "Q1 <b>&amp;</b>")
+    cid = user.conversation_id
+    chats.set_system_prompt(cid, "Be brief.")
+    _answer(session, user.id, "A1")
+    packed = read_packed_prompt(chats, cid)
+    whole = session.send_plan(cid, "Q2")  # read from the database
+    assert whole.path is None and whole.messages[-1].content == "Q2"
+    fast = session.send_plan(cid, "Q2", packed)
+    assert fast.path == packed.data and [(m.role, m.content) for m in fast.messages] == [("user", "Q2")]
+    assert fast.parent_id == whole.parent_id and fast.sampling == whole.sampling
+    assert unpack_messages(fast.path) + fast.messages == whole.messages  # the same prompt, token ids too
+    assert packed.count == len(whole.messages) - 1
+    slow_messages, slow_ids = session.prompt_for_send(cid, "Q2")
+    fast_messages, fast_ids = session.prompt_for_send(cid, "Q2", packed=packed)
+    assert unpack_messages(fast_messages) == slow_messages and fast_ids == slow_ids == [None, user.id, slow_ids[2], None]
+    chats.set_system_prompt(cid, "Be long.")  # stale: the system prompt changed
+    assert session.send_plan(cid, "Q2", packed).path is None
+    chats.set_system_prompt(cid, "Be brief.")
+    assert session.send_plan(cid, "Q2", packed).path == packed.data
+    session.send(cid, "Q2")  # stale: the leaf moved
+    moved = session.send_plan(cid, "Q3", packed)
+    assert moved.path is None and [m.content for m in moved.messages][-2:] == ["Q2", "Q3"]
+

@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from app.session.packed_prompt import PackedPrompt, prompt_ids
 from app.session.recorder import ReplyRecorder, ReplyState
 from engine.chat_template import ChatMessage, conversation_messages
 from engine.documents.attach import prompt_messages, with_attachments  # conversation_messages with attachments rendered in
+from engine.events import pack_after
 from storage.chat_records import DEFAULT_SAMPLING
 from storage.errors import NotFoundError
 
@@ -46,6 +48,7 @@ class SendPlan:
     messages: list[ChatMessage]
     parent_id: int | None
     sampling: dict
+    path: bytes | None = None  # pack_messages bytes of the messages before ``messages`` (then only the new one)
 
 
 def suggested_context_size(prompt_tokens: int, n_ctx: int, max_tokens: int, trained: int = 0) -> int:
@@ -64,12 +67,6 @@ def is_empty_reply(message) -> bool:
     first token): the transcript shows it as stopped, with Retry."""
     return message.role == "assistant" and not message.content and message.status in (
         ReplyState.STOPPED, ReplyState.ERROR)
-
-
-def _prompt_ids(messages: list[ChatMessage], path) -> list[int | None]:
-    """The message id of each of ``messages`` (``conversation_messages`` of ``path``)."""
-    turns = [m.id for m in path if m.role in ("user", "assistant")]
-    return [None] * (len(messages) - len(turns)) + turns
 
 
 class ConversationSession:
@@ -98,22 +95,30 @@ class ConversationSession:
         conv = self.chats.get_conversation(m.conversation_id)
         path = self.chats.branches.path_to(m.parent_id) if m.parent_id is not None else []
         return prompt_messages(self.chats, conv.system_prompt, path)
-    def prompt_for_send(self, conversation_id: int | None, text: str,
-                        system_prompt: str = "") -> tuple[list[ChatMessage], list[int | None]]:
+    def prompt_for_send(self, conversation_id: int | None, text: str, system_prompt: str = "",
+                        packed: PackedPrompt | None = None) -> tuple[list[ChatMessage] | bytes, list[int | None]]:
         """The engine's messages for sending ``text`` under the active leaf of
         ``conversation_id`` (None: a new chat with ``system_prompt``), before it is stored;
-        and the message id of each (None for the system prompt and the new message)."""
+        and the message id of each (None for the system prompt and the new message). With
+        ``packed`` still current, the messages are its bytes with the new one appended
+        (``engine.events.pack_after``), and the path is not read again."""
+        if conversation_id is not None and packed is not None:
+            if packed.current_for(self.chats.get_conversation(conversation_id)):
+                return pack_after(packed.data, [ChatMessage("user", text)]), [*packed.ids, None]
         path = self.chats.active_path(conversation_id) if conversation_id is not None else []
         if conversation_id is not None:
             system_prompt = self.chats.get_conversation(conversation_id).system_prompt
         messages = prompt_messages(self.chats, system_prompt, path) + [ChatMessage("user", text)]
-        return messages, _prompt_ids(messages[:-1], path) + [None]
+        return messages, prompt_ids(messages[:-1], path) + [None]
 
-    def send_plan(self, conversation_id: int, text: str) -> SendPlan:
+    def send_plan(self, conversation_id: int, text: str, packed: PackedPrompt | None = None) -> SendPlan:
         """What sending ``text`` under the active leaf of ``conversation_id`` takes, before it
         is stored (the window sends the request first and stores the message right after,
-        under ``SendPlan.parent_id``, with ``send``)."""
+        under ``SendPlan.parent_id``, with ``send``). With ``packed`` still current (its leaf
+        and system prompt), the path is not read again: the plan carries its bytes."""
         conv = self.chats.get_conversation(conversation_id)
+        if packed is not None and packed.current_for(conv):
+            return SendPlan([ChatMessage("user", text)], packed.leaf_id, dict(conv.sampling), packed.data)
         path = self.chats.active_path(conversation_id)
         messages = prompt_messages(self.chats, conv.system_prompt, path) + [ChatMessage("user", text)]
         return SendPlan(messages, path[-1].id if path else None, dict(conv.sampling))
@@ -124,7 +129,7 @@ class ConversationSession:
         conv = self.chats.get_conversation(m.conversation_id)
         path = self.chats.branches.path_to(user_message_id)
         messages = prompt_messages(self.chats, conv.system_prompt, path)
-        return messages, _prompt_ids(messages, path)
+        return messages, prompt_ids(messages, path)
 
     def active_prompt(self, conversation_id: int) -> list[ChatMessage]:
         """The engine's messages for the active path of ``conversation_id`` (for a token count)."""

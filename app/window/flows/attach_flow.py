@@ -360,13 +360,13 @@ class AttachingSession(ConversationSession):
         super().__init__(chats)
         self.flow = flow
 
-    def send_plan(self, conversation_id: int, text: str):
+    def send_plan(self, conversation_id: int, text: str, packed=None):
         """``ConversationSession.send_plan`` with the attached files rendered into ``text``."""
-        return super().send_plan(conversation_id, self.flow.rendered(text))
+        return super().send_plan(conversation_id, self.flow.rendered(text), packed)
 
-    def prompt_for_send(self, conversation_id: int | None, text: str, system_prompt: str = ""):
+    def prompt_for_send(self, conversation_id: int | None, text: str, system_prompt: str = "", packed=None):
         """``ConversationSession.prompt_for_send`` with the attached files rendered into ``text``."""
-        return super().prompt_for_send(conversation_id, self.flow.rendered(text), system_prompt)
+        return super().prompt_for_send(conversation_id, self.flow.rendered(text), system_prompt, packed)
 
     def edit(self, message_id: int, text: str):
         """``ConversationSession.edit``, the new sibling holding the edited message's files

@@ -30,7 +30,7 @@ def install_extras(window) -> Extras:
     continuing = ContinueFlow(chat, window)
     window.transcript.continue_requested.connect(continuing.continue_reply)
     exporting = ExportFlow(chat=chat, reader=window.reader, banner=window.banner, parent=window)
-    draft = DraftCount(chat=chat, model=window.model, composer=window.composer, reader=window.reader, parent=window)
+    draft = DraftCount(chat=chat, model=window.model, composer=window.composer, parent=window)
     box = window.composer.parentWidget().layout()
     box.insertWidget(box.indexOf(window.composer) + 1, draft.label)
     titles = TitleJob(chat=chat, model=window.model, reader=window.reader, parent=window)

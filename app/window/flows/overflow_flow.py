@@ -68,7 +68,7 @@ class OverflowFlow(QObject):
             self.chat.store_and_reply(cid, text, new_chat)
             return
         try:
-            messages, ids = self.chat.session.prompt_for_send(cid, text, system)
+            messages, ids = self.chat.session.prompt_for_send(cid, text, system, self.chat.shown_prompt.current())
         except StorageError as exc:
             self.composer.set_text(text)
             self.banner.storage_failed(exc)

@@ -16,8 +16,9 @@ between batches and reuses what it computed. Nothing is asked while the setting 
 local model is ready, a reply streams, the cache is off, or the window is hidden or
 minimized. Qt has no battery API (PySide6 6.11 has none in QtCore or QtGui), so the
 setting is the way to save battery. The shown path's messages are read and pickled once per
-path, on the window's reader thread (in proportion to the conversation: a 10,000-message
-branch took 0.5 s on the UI thread), and every keystroke's request carries those bytes.
+path, on the window's reader thread (``ChatController.shown_prompt``: in proportion to the
+conversation, a 10,000-message branch took 0.5 s on the UI thread), and every keystroke's
+request carries those bytes.
 """
 
 from __future__ import annotations
@@ -39,21 +40,26 @@ from app.window.workers.chat_reader import ChatReader
 from engine.chat_template import ChatMessage
 from engine.events import pack_messages
 from engine.prewarm import stable_prefix
-from storage.errors import StorageError
 
 if TYPE_CHECKING:
     from app.window.transcript.chat_controller import ChatController
 
 log = logging.getLogger(__name__)
 
+
+def _packed(messages: list[ChatMessage]) -> tuple[bytes, int]:
+    """``messages`` pickled on the reader thread (``pack_messages``) and how many they are."""
+    return pack_messages(messages), len(messages)
+
 PARTIAL_MS = 300  # while typing: the draft's stable part at most this often
+_EMPTY = pack_messages([])  # the path of a chat not created yet
 IDLE_MS = 30  # after each keystroke (a burst, a paste or auto-repeat coalesced): the whole prompt
 
 
 class PrewarmController(QObject):
     """Prewarms of ``chat``'s shown path on ``model``'s engine, from what ``composer`` and
-    ``transcript`` (its inline editors, its Regenerate buttons) report; the path is read with
-    ``reader``. Nothing is asked while ``window`` is hidden or minimized, ``lifetime`` is
+    ``transcript`` (its inline editors, its Regenerate buttons) report; the shown path is
+    ``chat.shown_prompt``, the others are read with ``reader``. Nothing is asked while ``window`` is hidden or minimized, ``lifetime`` is
     closed, ``settings.prewarm`` is off or the chat generates without the cache
     (``chat.use_cache``).
 
@@ -68,11 +74,8 @@ class PrewarmController(QObject):
         super().__init__(window)
         self.chat, self.model, self.settings, self.reader, self.lifetime = chat, model, settings, reader, lifetime
         self.composer, self.transcript, self.visible_in = composer, transcript, window
-        # the shown path's messages as (pickled bytes, how many), read on the reader thread
-        self._path: tuple[bytes, int] | None = None
-        self._reading: object | None = None  # the read of the current path in flight (a token)
         self._editing: int | None = None  # the message an inline editor is open on
-        self._edit_path: list[ChatMessage] = []
+        self._edit_path: tuple[bytes, int] | None = None  # the path before it, packed (None: being read)
         self._edit_text = ""
         self._last: tuple | None = None  # the last request sent (not repeated)
         self._hovered: int | None = None  # the reply whose Regenerate was prepared (once per path)
@@ -102,8 +105,6 @@ class PrewarmController(QObject):
 
     def path_changed(self) -> None:
         """The shown path changed (or a reply ended): prewarm it, with the draft if any."""
-        self._path = None
-        self._reading = None  # a read in flight is of the old path: its answer is dropped
         self._last = None
         self._hovered = None
         if self._editing is None:
@@ -130,18 +131,19 @@ class PrewarmController(QObject):
         self.idle.start()
 
     def edit_changed(self, message_id: int, text: str) -> None:
-        """An inline editor on ``message_id`` opened or changed: prewarm up to its parent."""
-        if self._editing != message_id:
-            try:
-                self._edit_path = self.chat.session.prompt_before(message_id)
-            except StorageError as exc:
-                log.info("no prewarm for the edit: %s", exc)
-                return
-            self._editing = message_id
-            self._last = None
-            self._edit_text = text
-            self._draft(complete=False)
+        """An inline editor on ``message_id`` opened or changed: prewarm up to its parent
+        (that path read on the reader thread, once per editor)."""
         self._edit_text = text
+        if self._editing != message_id:
+            self._editing, self._edit_path, self._last = message_id, None, None
+
+            def done(path: tuple[bytes, int]) -> None:
+                if self._editing == message_id:
+                    self._edit_path = path
+                    self._draft(complete=False)
+
+            self.reader.submit("prewarm-edit", lambda store: _packed(ConversationSession(store).prompt_before(message_id)),
+                               done, lambda exc: log.info("no prewarm for the edit: %s", exc))
         self.draft_changed()
 
     def edit_ended(self, message_id: int) -> None:
@@ -150,16 +152,21 @@ class PrewarmController(QObject):
             self._last = None
 
     def regenerate_hovered(self, message_id: int) -> None:
+        """The pointer entered the Regenerate button of ``message_id``: prewarm the prompt a
+        regeneration would send (read on the reader thread)."""
         if not self.active() or message_id == self._hovered:
             return
         self._hovered = message_id
-        try:
-            session = self.chat.session
-            messages = session.prompt(session.regenerate_target(message_id))
-        except (StorageError, ValueError) as exc:
-            log.info("no prewarm for regenerate: %s", exc)
-            return
-        self._send(messages, None, True)
+
+        def job(store):
+            session = ConversationSession(store)
+            return _packed(session.prompt(session.regenerate_target(message_id)))
+
+        def done(path: tuple[bytes, int]) -> None:
+            if self._hovered == message_id and self.active():
+                self._send(path[0], None, True, path[1])
+
+        self.reader.submit("prewarm-hover", job, done, lambda exc: log.info("no prewarm for regenerate: %s", exc))
 
     # -- asking --------------------------------------------------------------------------
 
@@ -172,41 +179,18 @@ class PrewarmController(QObject):
 
     def _messages(self) -> tuple[list[ChatMessage] | bytes, int] | None:
         """The path the draft goes under, as ``(messages or their pickled bytes, count)``;
-        None while the shown path is still being read (the prewarm starts when it arrives)."""
+        None while the shown path is still being read (``ChatController.shown_prompt``; the
+        prewarm starts when it arrives)."""
         if self._editing is not None:
-            return self._edit_path, len(self._edit_path)
-        if self._path is None:
-            self._read_path()
-            return None
-        return self._path
+            return self._edit_path
+        if self.chat.conversation_id is None:
+            return _EMPTY, 0
+        packed = self.chat.shown_prompt.want(self._path_read)
+        return None if packed is None else (packed.data, packed.count)
 
-    def _read_path(self) -> None:
-        cid = self.chat.conversation_id
-        if cid is None:
-            self._path = (pack_messages([]), 0)
-            return
-        if self._reading is not None or self.reader.closed:
-            return
-        token = self._reading = object()
-
-        def job(store):  # on the reader thread: read the path and pickle it
-            messages = ConversationSession(store).active_prompt(cid)
-            return pack_messages(messages), len(messages)
-
-        def done(result) -> None:
-            if token is not self._reading:
-                return  # the path changed meanwhile
-            self._reading = None
-            self._path = result
-            if self._editing is None:
-                self._prewarm_shown()
-
-        def failed(exc: Exception) -> None:
-            if token is self._reading:
-                self._reading = None
-            log.info("no prewarm: %s", exc)
-
-        self.reader.submit("prewarm-path", job, done, failed)
+    def _path_read(self, _packed) -> None:
+        if self._editing is None:
+            self._prewarm_shown()
 
     def _draft(self, complete: bool) -> None:
         if not self.active():

@@ -21,6 +21,7 @@ the message. What the controller does not own it says by signal: the sidebar fol
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from PySide6.QtCore import QObject, QTimer, Signal
@@ -45,6 +46,7 @@ from app.window.transcript.transcript_view import TranscriptView, is_first_turn
 from app.window.tree.tree_panel import TreePanel
 from app.window.workers.chat_reader import ChatReader
 from app.window.workers.engine_client import PendingRequest
+from app.window.workers.shown_prompt import ShownPrompt
 from engine.events import DoneEvent, ErrorEvent, ErrorKind, SnapshotEvent
 from storage.chats import ChatStore
 from storage.errors import NotFoundError, StorageError
@@ -98,6 +100,7 @@ class ChatController(QObject):
         self._new_chat: tuple[str, dict] | None = None  # set in Settings before a new chat's first message
         self.unanswered_box: QMessageBox | None = None  # "Your last message has no reply" while it is shown
         self.figures = PathFigures(self, reader)  # the context figure and the tree's coverage
+        self.shown_prompt = ShownPrompt(self, reader, self)  # the branch's prompt, read off the UI thread
         self.view = ReplyView(self)
         self.timeline = SendTimeline(self)
         # the watchdog behind Stop: offer to end a slow engine, then end one that never answers
@@ -261,24 +264,23 @@ class ChatController(QObject):
     def store_and_reply(self, cid: int | None, text: str, new_chat: tuple[str, dict] | None = None) -> None:
         """Store ``text`` (``store_message``) and generate the reply, if the model is still ready.
 
-        In a chat that exists, the request goes first (read with ``ConversationSession.send_plan``)
-        and the message is stored right after, in the same call: the engine starts while the
-        database writes, and no event (no token, no crash report) is handled in between, so
-        the message is as safe as when stored first. If it cannot be stored, the request is
-        cancelled and the text goes back to the composer. With the engine gone, the message
-        is stored and shown unanswered (Retry answers it)."""
+        In a chat that exists, the request goes first (``ConversationSession.send_plan``, with
+        the branch read off the UI thread, ``shown_prompt``) and the message is stored right
+        after, in the same call: the engine starts while the database writes, and no event (no
+        token, no crash report) is handled in between, so the message is as safe as when stored
+        first. If it cannot be stored, the request is cancelled and the text goes back to the
+        composer. With the engine gone, the message is stored and shown unanswered (Retry)."""
         if not self.can_generate():
             self.composer.set_text(text)
             return
         plan, handle = None, None
         if cid is not None:
-            try:
-                plan = self.session.send_plan(cid, text)
-            except StorageError:
-                plan = None  # ``store_message`` says why
+            with contextlib.suppress(StorageError):  # ``store_message`` says why
+                plan = self.session.send_plan(cid, text, self.shown_prompt.current())
         if plan is not None:
             self.timeline.mark("request")
-            handle = self.client.generate(plan.messages, plan.sampling, use_cache=self.use_cache, **self.tools.request_args(plan.messages))
+            handle = self.client.generate(plan.messages, plan.sampling, use_cache=self.use_cache, path=plan.path,
+                                          **self.tools.request_args(plan.messages))
         user_id = self.store_message(cid, text, new_chat, plan.parent_id if plan else None)
         if user_id is None:
             if handle is not None:

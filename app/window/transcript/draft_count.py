@@ -5,7 +5,7 @@ Counted by the engine with the loaded model's tokenizer and chat template
 (``EngineClient.count_draft``): the draft alone, and the prompt the shown path plus the
 draft would make (what sending it now puts in the context). Nothing is tokenized on the
 UI thread: ``DEBOUNCE_MS`` after the last keystroke the draft's text and the path's
-pickled messages (read and pickled once per shown path on the window's reader thread) go
+pickled messages (``ChatController.shown_prompt``, read once per shown branch off it) go
 to the engine; one count is in flight at a time, and a draft changed meanwhile is counted
 when it answers. The figure turns red when the draft does not fit. The composer has no
 attachments API yet, so attached files are not counted.
@@ -19,13 +19,13 @@ from PySide6.QtCore import QObject, Qt, QTimer
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QLabel
 
-from app.session import ConversationSession
 from app.window.flows.model_controller import ModelState
 from engine.events import CountEvent, pack_messages
 
 log = logging.getLogger(__name__)
 
 DEBOUNCE_MS = 250
+_EMPTY = pack_messages([])  # the path of a chat not created yet
 
 
 def draft_figure(message_tokens: int, context_tokens: int, n_ctx: int) -> str:
@@ -38,12 +38,12 @@ def draft_figure(message_tokens: int, context_tokens: int, n_ctx: int) -> str:
 
 class DraftCount(QObject):
     """The label (``label``) under ``composer`` for ``chat``'s shown path, counted on
-    ``model``'s engine; the path is read with ``reader``. ``counted``: the last figures,
+    ``model``'s engine (the path is ``chat.shown_prompt``). ``counted``: the last figures,
     (message tokens, context tokens, n_ctx), or None."""
 
-    def __init__(self, *, chat, model, composer, reader, parent: QObject):
+    def __init__(self, *, chat, model, composer, parent: QObject):
         super().__init__(parent)
-        self.chat, self.model, self.composer, self.reader = chat, model, composer, reader
+        self.chat, self.model, self.composer = chat, model, composer
         self.label = QLabel()
         self.label.setObjectName("draft_count")
         self.label.setTextFormat(Qt.TextFormat.PlainText)
@@ -54,8 +54,6 @@ class DraftCount(QObject):
         self.label.hide()
         self.counted: tuple[int, int, int] | None = None
         self.requests = 0  # counts sent (tests)
-        self._path: tuple[object, bytes] | None = None  # (path key, pickled messages)
-        self._reading: object | None = None
         self._in_flight = False
         self._dirty = False
         self.timer = QTimer(self, singleShot=True, interval=DEBOUNCE_MS)
@@ -68,13 +66,8 @@ class DraftCount(QObject):
         self.timer.start()
 
     def path_changed(self) -> None:
-        self._path = None
-        self._reading = None
         if self.composer.text().strip():
             self.timer.start()
-
-    def _key(self):
-        return self.chat.conversation_id, self.chat.shown_leaf
 
     def _count(self) -> None:
         text = self.composer.text()
@@ -87,42 +80,20 @@ class DraftCount(QObject):
         if self._in_flight:
             self._dirty = True
             return
-        if self._path is None or self._path[0] != self._key():
-            self._read_path()
-            return
-        handle = self.model.client.count_draft(self._path[1], text)
+        if self.chat.conversation_id is None:
+            path = _EMPTY
+        else:  # read on the reader thread once per shown branch (ShownPrompt)
+            packed = self.chat.shown_prompt.want(lambda _packed: self._count())
+            if packed is None:
+                return
+            path = packed.data
+        handle = self.model.client.count_draft(path, text)
         if handle is None:
             return
         self._in_flight, self._dirty = True, False
         self.requests += 1
         handle.done.connect(self._answered)
         handle.failed.connect(lambda e: (log.info("draft count failed: %s", e.message), self._settled()))
-
-    def _read_path(self) -> None:
-        key, cid = self._key(), self.chat.conversation_id
-        if cid is None:
-            self._path = (key, pack_messages([]))
-            self._count()
-            return
-        if self._reading is not None or self.reader.closed:
-            return
-        token = self._reading = object()
-
-        def job(store):  # on the reader thread: in proportion to the conversation
-            return pack_messages(ConversationSession(store).active_prompt(cid))
-
-        def done(packed: bytes) -> None:
-            if token is self._reading:
-                self._reading = None
-                self._path = (key, packed)
-                self._count()
-
-        def failed(exc: Exception) -> None:
-            if token is self._reading:
-                self._reading = None
-            log.info("no draft count: %s", exc)
-
-        self.reader.submit("draft-count-path", job, done, failed)
 
     def _settled(self) -> None:
         self._in_flight = False

@@ -224,14 +224,15 @@ class EngineClient(QObject):
 
     def generate(self, messages: list[ChatMessage], sampling: dict, use_cache: bool = True,
                  reply_prefix: list[int] | None = None, tools: list[dict] | None = None,
-                 grammar: str | None = None) -> PendingRequest | None:
+                 grammar: str | None = None, path: bytes | None = None) -> PendingRequest | None:
         """Start a reply; None if the engine is gone. ``reply_prefix``: the token ids of a
         reply to continue (its prompt goes on from them; the events carry only the new part).
         ``tools`` (OpenAI function objects) go to the chat template, ``grammar`` (GBNF)
-        constrains sampling (the tool loop)."""
+        constrains sampling (the tool loop). ``path``: the ``pack_messages`` bytes of the
+        messages before ``messages`` (the shown branch, read off the UI thread)."""
         prefix = list(reply_prefix) if reply_prefix else None
         return self._track(lambda rid: ev.GenerateRequest(rid, list(messages), dict(sampling), use_cache,
-                                                          reply_prefix=prefix, tools=tools, grammar=grammar),
+                                                          reply_prefix=prefix, tools=tools, grammar=grammar, path=path),
                            is_reply=True, expects_snapshot=use_cache)
 
     def count_draft(self, messages: list[ChatMessage] | bytes, draft: str) -> PendingRequest | None:
@@ -260,10 +261,11 @@ class EngineClient(QObject):
         """Stop a reply; it still ends with ``done`` (finish_reason "cancelled")."""
         self._send(ev.CancelRequest(handle.id))
 
-    def count(self, messages: list[ChatMessage], per_message: bool = False) -> PendingRequest | None:
-        """How many tokens ``messages`` take as a prompt: ``done(CountEvent)``; with
-        ``per_message``, each message's too (``CountEvent.message_tokens``)."""
-        return self._track(lambda rid: ev.CountRequest(rid, list(messages), per_message))
+    def count(self, messages: list[ChatMessage] | bytes, per_message: bool = False) -> PendingRequest | None:
+        """How many tokens ``messages`` (or their ``pack_messages`` bytes) take as a prompt:
+        ``done(CountEvent)``; with ``per_message``, each message's too (``CountEvent.message_tokens``)."""
+        return self._track(lambda rid: ev.CountRequest(rid, messages if isinstance(messages, bytes) else list(messages),
+                                                       per_message))
 
     def coverage(self, paths: list[list[ChatMessage]]) -> PendingRequest | None:
         """How many tokens of each path's prompt the prefix store holds: ``done(CoverageEvent)``."""
