@@ -431,3 +431,19 @@ def test_a_send_plan_goes_with_the_packed_branch_only_while_it_is_current(chats,
     moved = session.send_plan(cid, "Q3", packed)
     assert moved.path is None and [m.content for m in moved.messages][-2:] == ["Q2", "Q3"]
 
+
+def test_a_reply_cut_by_a_crash_says_why_it_cannot_go_on(chats, session):
+    from app.session.continuation import can_continue, why_not_continued
+
+    user = session.send(None, "Hi")
+    cut = session.start_reply(user.id, "M")
+    cut.add_text("Half a rep")
+    mid = cut.abandon(ReplyState.STOPPED)  # what a start finds after a kill: text, no token ids
+    m = chats.get_message(mid)
+    assert not can_continue(m) and m.content and not m.token_ids
+    assert "cut off when Branchwise ended unexpectedly" in why_not_continued(m)
+    assert f"branchwise regenerate {mid}" in why_not_continued(m)
+    assert "your own message" in why_not_continued(chats.get_message(user.id))
+    done = session.start_reply(user.id, "M")
+    finished = chats.get_message(done.complete("Hello", [1, 2], {"finish_reason": "stop"}))
+    assert "only a reply that was stopped or hit max tokens" in why_not_continued(finished)

@@ -30,6 +30,22 @@ def can_continue(message) -> bool:
             and bool(message.content) and message.reasoning is None)
 
 
+def why_not_continued(message) -> str:
+    """One sentence on why ``message`` (a ``storage.chats.Message`` that ``can_continue``
+    refuses) cannot go on, with what to do instead."""
+    regenerate = f"use 'branchwise regenerate {message.id}' for a new reply"
+    if message.role != "assistant":
+        return f"Message {message.id} is your own message, not a reply; {regenerate}."
+    if message.reasoning is not None:
+        return f"Message {message.id} has the model's thinking apart from its answer, which does not resume; {regenerate}."
+    reason = (message.stats or {}).get("finish_reason")
+    if message.content and not message.token_ids and reason not in ("stop", "context"):
+        return (f"Message {message.id} was cut off when Branchwise ended unexpectedly (a crash or a kill), "
+                f"before its token ids were saved, so it cannot go on exactly; {regenerate}.")
+    return (f"Message {message.id} cannot be continued: only a reply that was stopped or hit max "
+            f"tokens, with its token ids, goes on; {regenerate}.")
+
+
 class ContinuationRecorder(ReplyRecorder):
     """Records the continuation of ``message`` (a continuable ``Message`` of ``chats``) into
     that same row: ``text`` starts as its content, the engine's text is appended.

@@ -29,13 +29,12 @@ def run(args) -> int:
         ValueError: the message is not a reply that was stopped or cut at max tokens, or
             other messages follow it (then its text is part of their history).
     """
-    from app.session.continuation import can_continue
+    from app.session.continuation import can_continue, why_not_continued
 
     chats = opening.open_chats(args)
     msg = chats.get_message(args.message_id)
     if not can_continue(msg):
-        raise ValueError(f"Message {msg.id} cannot be continued: only a reply that was stopped or hit max "
-                         "tokens, with its token ids, goes on (use 'branchwise regenerate' for a new one).")
+        raise ValueError(why_not_continued(msg))
     if chats.branches.children(msg.id, msg.conversation_id):
         raise ValueError(f"Message {msg.id} has replies under it; continue works on the last reply of a branch.")
     conversation = chats.get_conversation(msg.conversation_id)
