@@ -167,3 +167,19 @@ def test_enter_sends_the_branch_read_off_the_ui_thread(qtbot, open_window, data_
     assert isinstance(path, bytes) and [m.content for m in messages] == ["Another one?"]
     reply = w.store.get_message(blocker.args[0])
     assert unpack_messages(path) + messages == w.chat.session.prompt(reply.parent_id)
+
+
+def test_opening_a_chat_reads_its_branch_once_for_the_count_and_the_prewarm(qtbot, open_window, data_dir):
+    w = open_window(data_dir)
+    cid = new_chat(w)
+    send_and_wait(qtbot, w, "Name a colour.")
+    leaf = w.store.get_conversation(cid).active_leaf_id
+    other = w.store.create_conversation(title="Other")
+    w.show_conversation(other.id)
+    reads, prewarms = w.chat.shown_prompt.reads, w.prewarm.requests
+    w.chat.figures.counted_path = None
+    w.show_conversation(cid)
+    qtbot.waitUntil(lambda: (w.chat.figures.counted_path or (None, None))[:2] == (cid, leaf), timeout=REPLY_TIMEOUT_MS)
+    qtbot.waitUntil(lambda: w.prewarm.requests > prewarms, timeout=REPLY_TIMEOUT_MS)
+    assert w.chat.shown_prompt.reads == reads + 1  # one read of the branch, shared
+    assert w.chat.figures.counted_path[2] == w.status.context_used > 0

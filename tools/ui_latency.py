@@ -9,8 +9,9 @@ how many gaps exceeded 50 ms (the target is none), plus ``--json``.
 ``--big`` measures the same for a 1 MB message (20,000 lines): pressing Enter with it in
 the composer until the "too long" dialog shows (the engine counts it in its own process),
 opening a chat that holds it, and searching for a word in it; for opening a chat of
-200 messages (the first second after the click); and for opening a branch of 10,000
-messages with the tree panel shown (``open_deep``).
+200 messages (the first second after the click); for opening a branch of 10,000
+messages with the tree panel shown (``open_deep``); and for pressing Enter in it, until
+the "too long" dialog shows (``send_deep``).
 
 ``--scenario typing`` measures zero-wait turns instead (``tools/zero_wait.py``): a message
 typed at a human pace into a 2,000-token conversation, TTFT with the feature on and off.
@@ -199,6 +200,19 @@ def measure_big() -> dict:
             out["open_deep"] = {**beat.stop(), "seconds": round(time.perf_counter() - t0, 2)}
             w.tree.setVisible(False)
 
+            # Enter in it (it does not fit the context: until the "too long" dialog shows)
+            w.composer.input.setPlainText("And what comes next?")
+            end = time.perf_counter() + 1.0  # the draft count reads the branch meanwhile, as while typing
+            wait_until(lambda: time.perf_counter() > end)
+            beat.start()
+            t0 = time.perf_counter()
+            w.composer.button.click()
+            wait_until(lambda: w.overflow_flow.box is not None and w.overflow_flow.box.isVisible(), 600_000)
+            out["send_deep"] = {**beat.stop(), "seconds": round(time.perf_counter() - t0, 2)}
+            w.overflow_flow.box.reject()
+            w.overflow_flow.box = None
+            w.composer.input.clear()
+
             # searching for a word that is only in it
             beat.start()
             t0 = time.perf_counter()
@@ -233,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(r))
             return 0
         print(f"a {r['message_bytes']:,}-byte message of {r['message_lines']:,} lines; UI thread stalls:")
-        for phase in ("send", "open", "open_long", "open_deep", "search"):
+        for phase in ("send", "open", "open_long", "open_deep", "send_deep", "search"):
             f = r[phase]
             print(f"  {phase:<9} max {f['max_stall_ms']} ms, median {f['median_stall_ms']} ms, "
                   f"{f['stalls_over_50ms']} over 50 ms "

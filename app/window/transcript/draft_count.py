@@ -83,7 +83,7 @@ class DraftCount(QObject):
         if self.chat.conversation_id is None:
             path = _EMPTY
         else:  # read on the reader thread once per shown branch (ShownPrompt)
-            packed = self.chat.shown_prompt.want(lambda _packed: self._count())
+            packed = self.chat.shown_prompt.want(self._path_read)
             if packed is None:
                 return
             path = packed.data
@@ -94,6 +94,9 @@ class DraftCount(QObject):
         self.requests += 1
         handle.done.connect(self._answered)
         handle.failed.connect(lambda e: (log.info("draft count failed: %s", e.message), self._settled()))
+
+    def _path_read(self, _packed) -> None:
+        self._count()
 
     def _settled(self) -> None:
         self._in_flight = False

@@ -12,7 +12,6 @@ from PySide6.QtCore import QObject
 
 from typing import TYPE_CHECKING
 
-from app.session import ConversationSession
 from app.window.flows.model_controller import ModelState
 from app.window.tree.tree_coverage import TreeCoverage
 from app.window.workers.chat_reader import ChatReader
@@ -57,8 +56,8 @@ class PathFigures(QObject):
     def request_context_count(self) -> None:
         """Ask the engine how many tokens the shown path takes (the context figure); older
         answers are dropped. Does nothing while a reply streams or no model is ready. The
-        path is read and the request pickled on the window's reader thread (in proportion
-        to the conversation); only the bytes are sent from the UI thread."""
+        path is the shown branch's prompt, read and pickled on the window's reader thread
+        once per branch (``ChatController.shown_prompt``); only its bytes are sent from here."""
         chat = self.chat
         if chat.lifetime.closed:  # a deferred call after the window shut down
             return
@@ -67,30 +66,21 @@ class PathFigures(QObject):
             if cid is None:
                 self.status.set_context(0, self.n_ctx())
             return
-        client = self.model.client
-
-        def job(store):  # on the worker: read the path, build and pickle the request
-            messages = ConversationSession(store).active_prompt(cid)
-            leaf = store.get_conversation(cid).active_leaf_id
-            return leaf, (client.pack_count(messages) if messages else None)
-
-        self.reader.submit("count", job, lambda result: self._send_count(cid, client, *result),
-                        lambda exc: log.info("no context count: %s", exc))
-
-    def _send_count(self, cid: int, client, leaf: int | None, packed: tuple[int, bytes] | None) -> None:
-        chat = self.chat
-        if (cid != chat.conversation_id or chat.streaming or client is not self.model.client
-                or self.model.state != ModelState.READY):
-            return
+        packed = chat.shown_prompt.want(self._prompt_read)
         if packed is None:
+            return  # asked again when it has been read
+        if not packed.count:
             if not self._overflow_shown():
                 self.status.set_context(0, self.n_ctx())
             return
-        handle = client.send_packed(packed)
+        handle = self.model.client.count(packed.data)
         if handle is not None:
             self._count = handle
-            handle.done.connect(lambda e, h=handle, c=cid, leaf=leaf: self._counted(h, c, e, leaf))
+            handle.done.connect(lambda e, h=handle, c=cid, leaf=packed.leaf_id: self._counted(h, c, e, leaf))
             handle.failed.connect(lambda e: log.info("count failed: %s", e.message))
+
+    def _prompt_read(self, _packed) -> None:
+        self.request_context_count()
 
     def _counted(self, handle: PendingRequest, cid: int, event: CountEvent, leaf: int | None = None) -> None:
         self.counted_path = (cid, leaf, event.prompt_tokens)

@@ -1,7 +1,7 @@
 """The shown branch's prompt, read off the UI thread once per branch: ``ShownPrompt``.
 
-Three parts of the window need the engine's messages for the branch on screen: the
-draft's token count, the zero-wait prewarm and the send. Reading them is in proportion to
+Four parts of the window need the engine's messages for the branch on screen: the
+context figure, the draft's token count, the zero-wait prewarm and the send. Reading them is in proportion to
 the conversation (``app.session.packed_prompt``), so it is a job of the window's
 ``ChatReader``, run when one of them first asks after the branch changed, and its pickled
 bytes are shared. A send checks them against the conversation's row (one read) and goes
@@ -26,7 +26,8 @@ class ShownPrompt(QObject):
 
     ``current()`` gives it when it was read for the branch shown now; ``want(ready)`` also
     starts the read when it was not, and calls ``ready(packed)`` on the UI thread when it
-    arrives, unless the branch changed meanwhile. ``reads`` counts the reads (tests)."""
+    arrives, unless the branch changed meanwhile (once, however often it asked while the
+    read ran). ``reads`` counts the reads (tests)."""
 
     def __init__(self, chat, reader, parent: QObject | None = None):
         super().__init__(parent)
@@ -57,7 +58,8 @@ class ShownPrompt(QObject):
         packed = self.current()
         if packed is not None or self.chat.conversation_id is None or self.reader.closed:
             return packed
-        self._waiting.append(ready)
+        if ready not in self._waiting:  # a bound method asking twice is called once
+            self._waiting.append(ready)
         key = self._key()
         if self._reading == key:
             return None
