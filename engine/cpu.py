@@ -216,29 +216,40 @@ _params_lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def model_params_with_repack(repack: bool):
-    """Inside this block, ``llama_cpp.Llama(...)`` loads with ``use_extra_bufts = repack``.
+def model_params_with_repack(repack: bool, sequences: int = 1):
+    """Inside this block, ``llama_cpp.Llama(...)`` loads with ``use_extra_bufts = repack``
+    and, with ``sequences`` > 1, a context of that many sequences sharing one KV cache
+    (``n_seq_max``, ``kv_unified``: the engine's scratch sequence,
+    ``engine.live_context.SCRATCH_SEQ``; the cache keeps its size in cells).
 
-    llama-cpp-python 0.3.36 builds its ``llama_model_params`` from
-    ``llama_model_default_params()`` inside ``Llama.__init__`` and has no argument for this
-    field, so the defaults function is wrapped for the duration of the load (one load at a
-    time, under a lock).
+    llama-cpp-python 0.3.36 builds its ``llama_model_params`` and ``llama_context_params``
+    from ``llama_model_default_params()`` / ``llama_context_default_params()`` inside
+    ``Llama.__init__`` and has no arguments for these fields, so the defaults functions are
+    wrapped for the duration of the load (one load at a time, under a lock).
     """
     import llama_cpp.llama_cpp as low
 
     with _params_lock:
-        original = low.llama_model_default_params
+        model_defaults, context_defaults = low.llama_model_default_params, low.llama_context_default_params
 
-        def defaults():
-            params = original()
+        def model_params():
+            params = model_defaults()
             params.use_extra_bufts = repack
             return params
 
-        low.llama_model_default_params = defaults
+        def context_params():
+            params = context_defaults()
+            params.n_seq_max = sequences
+            params.kv_unified = True
+            return params
+
+        low.llama_model_default_params = model_params
+        if sequences > 1:
+            low.llama_context_default_params = context_params
         try:
             yield
         finally:
-            low.llama_model_default_params = original
+            low.llama_model_default_params, low.llama_context_default_params = model_defaults, context_defaults
 
 
 def load_llama(path: str | Path, *, setting: str = "auto", data_dir: Path | None = None,

@@ -355,9 +355,14 @@ def assemble(
     seq_id: int = 0,
     buffer: np.ndarray | None = None,
     check: Callable[[int, Any], bool] | None = None,
+    pos0: int = 0,
 ) -> np.ndarray:
     """A whole-state blob for ``llama_state_seq_set_data``: the blocks (as :func:`join`)
     followed by a checkpoint's partial state (:func:`partial_tokens` describes it).
+
+    ``pos0`` is the position of the first block's first token: a piece of a dense state
+    to append after ``pos0`` live tokens (``LiveContext.append``); it must be 0 with a
+    checkpoint.
 
     For :attr:`StateKind.ISWA` the sliding-window section of the checkpoint holds only
     the cells of the window; it is written back padded with zero cells from position 0, so
@@ -374,6 +379,8 @@ def assemble(
     n = sum(use for _, _, use in payloads)
     swa: ParsedState | None = None
     tail = b""
+    if pos0 and (partial is not None or kind == StateKind.RECURRENT):
+        raise ValueError("a state with a checkpoint starts at position 0")
     if partial is not None:
         if kind == StateKind.ISWA:
             r = _Reader(memoryview(partial).cast("B"))
@@ -398,7 +405,7 @@ def assemble(
     struct.pack_into("<Ii", out, 0, STATE_MAGIC, seq_id)
     off = 8
     if kind != StateKind.RECURRENT:
-        off = _write_kv(out, off, layout, payloads, n, seq_id, check)
+        off = _write_kv(out, off, layout, payloads, n, seq_id, check, pos0)
     if swa is not None:
         front = [(None, swa.pos0, swa.pos0)] if swa.pos0 else []
         body = block_payload(swa, 0, swa.n_tokens)
@@ -411,8 +418,8 @@ def assemble(
 
 
 def _write_kv(out: np.ndarray, off: int, layout: KvLayout, payloads, n: int, seq_id: int,
-              check: Callable[[int, Any], bool] | None = None) -> int:
-    """Write one KV section of ``n`` cells (positions 0..n-1) at ``out[off:]``; returns
+              check: Callable[[int, Any], bool] | None = None, pos0: int = 0) -> int:
+    """Write one KV section of ``n`` cells (positions pos0..pos0+n-1) at ``out[off:]``; returns
     the offset after it. The payloads are copied by ``engine.kv_gather.scatter`` (which
     calls ``check``)."""
     L = layout.n_layer
@@ -421,7 +428,7 @@ def _write_kv(out: np.ndarray, off: int, layout: KvLayout, payloads, n: int, seq
     struct.pack_into("<II", out, off, 1, n)
     off += 8
     cells = out[off : off + n * _CELL_RECORD.itemsize].view(_CELL_RECORD)
-    cells["pos"] = np.arange(n, dtype=np.int32)
+    cells["pos"] = np.arange(pos0, pos0 + n, dtype=np.int32)
     cells["n_seq_id"] = 1
     cells["seq_id"] = seq_id
     off += n * _CELL_RECORD.itemsize

@@ -39,6 +39,10 @@ log = logging.getLogger(__name__)
 
 MIN_BATCH = 2  # never evaluate a prompt batch of one token (see the module docstring)
 PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY (include/llama.h)
+SCRATCH_SEQ = 1
+"""The context's second sequence, where a restored piece of state lands before it joins
+sequence 0 (:meth:`LiveContext.append`); it holds no cells between calls."""
+SEQUENCES = 2  # sequences of every engine context: 0 (the conversation) and SCRATCH_SEQ
 
 
 class LiveStatus(StrEnum):
@@ -162,6 +166,31 @@ class LiveContext:
         log.warning("llama_state_seq_set_data rejected a %d-byte state; prefilling instead", blob.nbytes)
         self.clear()
         return False
+
+    def append(self, blob: np.ndarray) -> bool:
+        """Add the state piece ``blob`` (uint8, assembled for :data:`SCRATCH_SEQ` with
+        positions from :attr:`n_tokens` on, ``kv_codec.assemble(..., pos0=n_tokens)``)
+        after the cells of sequence 0, which are kept: llama.cpp places the piece in
+        :data:`SCRATCH_SEQ` (``llama_state_seq_set_data``), then the cells are shared with
+        sequence 0 (``llama_memory_seq_cp``, which moves no bytes in a unified cache) and
+        the scratch sequence let go of them. Returns False when llama.cpp refused the piece
+        (sequence 0 is then unchanged). The caller records the tokens.
+
+        Where the cells land decides the bits of later attention (its sums run in cell
+        order), so this relies on sequence 0 holding cells ``0 .. n_tokens - 1`` with every
+        cell after them free, as every prefill, restore and cut here leaves it: llama.cpp
+        then takes the first free cells, ``n_tokens`` on (``tests/test_engine.py``
+        compares the state restored in pieces with the original byte for byte)."""
+        ctx = self.llama.ctx
+        mem = llama_cpp.llama_get_memory(ctx)
+        ptr = blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        ok = llama_cpp.llama_state_seq_set_data(ctx, ptr, blob.nbytes, SCRATCH_SEQ) == blob.nbytes
+        if ok:
+            llama_cpp.llama_memory_seq_cp(mem, SCRATCH_SEQ, 0, -1, -1)
+        else:
+            log.warning("llama_state_seq_set_data rejected a %d-byte piece of state", blob.nbytes)
+        llama_cpp.llama_memory_seq_rm(mem, SCRATCH_SEQ, -1, -1)
+        return ok
 
     def state_blob(self) -> np.ndarray:
         """The live sequence's state blob, written into the reusable :attr:`buffer` (its

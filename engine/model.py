@@ -19,6 +19,7 @@ from engine.chat_template import (PromptBuilder, TemplateLimitError, disable_lib
                                   template_from_metadata)
 from engine.errors import ContextOverflowError, ModelLoadError
 from engine.kv_codec import StateKind
+from engine.live_context import SEQUENCES
 from engine.model_file import check_gguf
 from engine.reasoning import model_syntax
 from engine.settings import KV_TYPES, EngineSettings
@@ -99,7 +100,7 @@ class LoadedModel:
                                         crash_verdict)
         log.info("weight repacking %s: %s", "on" if self.repack.repack else "off", self.repack.reason)
         try:
-            with cpu.model_params_with_repack(self.repack.repack):
+            with cpu.model_params_with_repack(self.repack.repack, sequences=SEQUENCES):
                 self.llama = llama_cpp.Llama(
                     str(p),
                     n_ctx=settings.n_ctx,

@@ -11,6 +11,10 @@ memory bandwidth and on what else the machine runs (measured with `branchwise be
 
 :func:`in_halves` is the one way this project does that: a single long-lived helper
 thread takes the first half of the work while the calling thread does the second.
+:func:`pipelined` uses the same thread for a producer/consumer pair: it prepares item
+``i + 1`` while the caller consumes item ``i`` (a restore's pieces: one is checked and
+copied while llama.cpp reads the one before). Work already on the helper thread runs
+``in_halves`` on that thread alone, so the two never wait for each other.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import ctypes
 import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TypeVar
 
 import numpy as np
@@ -33,15 +37,23 @@ MIN_PARALLEL_BYTES = 4 * 1024 * 1024
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
+_on_helper = threading.local()  # .yes on the helper thread itself
+
+
+def _mark_helper() -> None:
+    _on_helper.yes = True
 
 
 def _helper() -> ThreadPoolExecutor | None:
+    """The helper thread's executor; None on a one-core machine and on the helper thread
+    itself (a task there that asked it for more work would wait for itself)."""
     global _pool
-    if (os.cpu_count() or 1) < 2:
+    if (os.cpu_count() or 1) < 2 or getattr(_on_helper, "yes", False):
         return None
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="branchwise-copy")
+            _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="branchwise-copy",
+                                       initializer=_mark_helper)
         return _pool
 
 
@@ -60,6 +72,37 @@ def in_halves(fn: Callable[[Sequence[T]], list[R]], items: Sequence[T], nbytes: 
     finally:
         head = first.result()
     return head + second
+
+
+def pipelined(produce: Callable[[int], T], consume: Callable[[int, T], bool], n: int) -> int:
+    """``consume(i, produce(i))`` for ``i`` in ``0 .. n-1``, in order, stopping after the
+    first ``consume`` that returns False. ``produce(0)`` runs on the calling thread (free to
+    use :func:`in_halves`); each later ``produce(i + 1)`` runs on the helper thread while
+    the caller runs ``consume(i, ...)`` (serially on a one-core machine). ``produce(i + 1)``
+    and ``consume(i, ...)`` must be safe to run at once.
+
+    Returns how many items were consumed with True. An exception from ``produce`` is
+    raised here once the helper is idle again (the items before it were consumed).
+    """
+    pool = _helper()
+    item = produce(0) if n else None
+    done = 0
+    for i in range(n):
+        ahead = pool.submit(produce, i + 1) if pool is not None and i + 1 < n else None
+        try:
+            ok = consume(i, item)
+        except BaseException:
+            if ahead is not None:
+                wait([ahead])
+            raise
+        if not ok:
+            if ahead is not None:
+                wait([ahead])  # it writes into memory the caller reuses: let it finish
+            return done
+        done += 1
+        if i + 1 < n:
+            item = ahead.result() if ahead is not None else produce(i + 1)
+    return done
 
 
 def _c_xxh3():

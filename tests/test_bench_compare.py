@@ -18,8 +18,9 @@ RESULT = {
     "prompt_tokens": {"speed": 536, "quote": 1600, "chat": 30, "restore": 1559},
     "branchwise": {
         "restore": {"tokens": 1559, "kv_mb": 35.9, "total_ms": 30.0, "cold_ms": 120.0, "lookup_ms": 1.0,
-                    "read_verify_ms": 9.0, "join_ms": 11.0, "set_data_ms": 9.0},
+                    "map_ms": 9.0, "copy_ms": 11.0, "set_data_ms": 9.0, "pieces": 5},
         "snapshot": {"median_ms": 45.0},
+        "switch": {"tokens": 1650, "kept": 1536, "copied": 114, "source": "store", "median_ms": 1.5, "whole_ms": 31.0},
         "prefill": {"tokens": 536, "tok_s": 80.0}, "decode": {"tokens": 96, "tok_s": 31.0},
         "quote": _lookup(30.0, 48.0, True), "chat": _lookup(32.0, 32.0, False),
     },
@@ -68,3 +69,12 @@ def test_a_llama_server_that_cannot_run_is_named_in_one_line():
     t = format_compare(r)
     assert "llama-server: not compared: llama-server died by signal 4 at start-up; see /tmp/x/llama-server.log" in t
     assert "31.0 tok/s" in _row(t, "decode, plain (96 tokens)")
+
+
+def test_the_breakdown_and_the_branch_switch_are_spelled_out():
+    t = format_compare(RESULT)
+    assert ("Restore breakdown (warm): lookup 1.0 ms, map 9.0 ms, check+copy of the first of 5 pieces 11.0 ms "
+            "(the others while llama.cpp reads), llama_state_seq_set_data 9.0 ms.") in t
+    assert ("Branch switch (two branches of the conversation above, sharing 1,536 tokens up to a block start): "
+            "1.5 ms to have 1,650 tokens in place, 114 of them copied from the store; a whole restore of the same "
+            "tokens: 31.0 ms.") in t

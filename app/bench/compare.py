@@ -87,7 +87,7 @@ def _workloads(engine) -> dict:
 
 def _branchwise(engine, work: Path, log) -> dict:
     """Every Branchwise figure of the table (see the module docstring)."""
-    from app.bench.store import bench_restore, bench_snapshot
+    from app.bench.store import bench_restore, bench_snapshot, bench_switch
     from engine.chat_template import ChatMessage
     from engine.settings import SamplingParams
 
@@ -102,6 +102,8 @@ def _branchwise(engine, work: Path, log) -> dict:
     log("restore and snapshot ...")
     out: dict = {"restore": bench_restore(engine, restore_prompt),
                  "snapshot": bench_snapshot(engine, restore_prompt, work)}
+    log("branch switch ...")
+    out["switch"] = bench_switch(engine, history, quote)
     runs: dict[str, list] = {k: [] for k in ("speed", "quote_plain", "quote_lookup", "chat_plain", "chat_lookup")}
     log(f"prefill and decode, {REPEATS} rounds ...")
     for _ in range(REPEATS):
@@ -204,6 +206,8 @@ def _ratio(a, b) -> str:
 
 def format_compare(r: dict) -> str:
     """The table, as text (one row a figure; ratio = Branchwise ÷ llama-server)."""
+    from app.bench.store import restore_breakdown
+
     bw, ls = r["branchwise"], r.get("llama_server")
     ok = ls is not None and not ls.get("error")
     slots = ls["slots"] if ok else {}
@@ -246,8 +250,12 @@ def format_compare(r: dict) -> str:
             extra = note if note and note not in ("slot restore", "slot save", "its timings") else ""
             lines.append(f"{label:44}{fa:>12}  {extra}".rstrip())
     lines.append("")
-    lines.append(f"Restore breakdown: lookup {x.get('lookup_ms')} ms, read+verify {x.get('read_verify_ms')} ms, "
-                 f"join {x.get('join_ms')} ms, set_data {x.get('set_data_ms')} ms.")
+    lines.append(f"Restore breakdown (warm): {restore_breakdown(x)}.")
+    sw = bw.get("switch") or {}
+    if sw.get("tokens"):
+        lines.append(f"Branch switch (two branches of the conversation above, sharing {sw['kept']:,} tokens up to a "
+                     f"block start): {sw['median_ms']} ms to have {sw['tokens']:,} tokens in place, {sw['copied']:,} "
+                     f"of them copied from the store; a whole restore of the same tokens: {sw['whole_ms']} ms.")
     if ok:
         lines.append(f"llama-server: -fa off, -t/-tb {r['threads']}, weight repacking {slots.get('repack', 'on')} "
                      f"({slots.get('repack_note', 'as Branchwise')}); lookup rows run --spec-type ngram-simple. "

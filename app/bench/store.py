@@ -5,8 +5,9 @@ includes a checkpoint; see engine/core.py).
 1. Resume: a conversation whose first turn is about N tokens (N = 500, 1,000, 2,000) is
    continued by a *new process*, once with ``--no-cache`` (cold prefill) and once through
    the prefix store; TTFT of both, tokens restored, and whether the replies are equal.
-2. Restore throughput (MB/s of KV from the store into llama.cpp, end to end: lookup,
-   map (``read_verify_ms``), copy+verify (``join_ms``) and ``llama_state_seq_set_data``), on a warm page cache and once
+2. Restore throughput (MB/s of KV from the store into llama.cpp, end to end: lookup, map
+   the files, check and copy the blocks, ``llama_state_seq_set_data``; for a dense model in
+   pieces, each copied while llama.cpp reads the one before), on a warm page cache and once
    cold; the snapshot cost of a first turn (all blocks new: once in the resume run's new
    process, and the median of five into an empty store in this one) and of the next turn.
 3. Sharing: ten branches off one 1,500-token prefix; bytes stored against the bytes of
@@ -95,33 +96,52 @@ def bench_resume(engine, data_dir: Path, sizes: list[int], model: Path | None = 
 
 
 def bench_restore(engine, prompt: list[int], repeats: int = 7) -> dict:
-    """Restore the stored prefix of ``prompt`` repeatedly, end to end: lookup, map the
-    files (``read_verify_ms``), copy each block checking it first (``join_ms``),
-    ``llama_state_seq_set_data``. Medians in ms on a warm page cache, then
-    once cold (the store's files dropped from the page cache with posix_fadvise after an
-    fsync; None where the OS has no posix_fadvise). MB/s of KV. For a model with
-    checkpoints the restore is blocks plus the deepest checkpoint."""
+    """Restore the stored prefix of ``prompt`` repeatedly into an emptied context, end to
+    end: the lookup, then the restore itself (``CacheStrategy.restore``: map the files,
+    check and copy each block, ``llama_state_seq_set_data``). Medians in ms on a warm page
+    cache, then once cold (the store's files dropped from the page cache with
+    posix_fadvise after an fsync; None where the OS has no posix_fadvise). MB/s of KV.
+
+    For a dense model the breakdown is the restore's own (``RestoreTiming``): the copy of
+    the first piece (``copy_ms``; the later pieces are copied while llama.cpp reads the
+    earlier ones) and llama.cpp's part (``set_data_ms``). For a model with checkpoints the
+    restore is blocks plus the deepest checkpoint, as one blob: the breakdown is map,
+    check-and-copy, set_data."""
     from storage.block_files import drop_file_cache
 
     store = engine.store
-    parts = {"lookup": [], "read": [], "join": [], "set": []}
-    nbytes, blob_bytes, ref = 0, 0, None
+    dense = not engine.mode.checkpoints
+    parts: dict[str, list[float]] = {"lookup": [], "map": [], "copy": [], "set": [], "restore": []}
+    nbytes, ref = 0, None
 
     def once() -> None:
-        nonlocal nbytes, blob_bytes, ref
+        nonlocal nbytes, ref
+        engine.live.clear(data=False)
         t0 = time.perf_counter()
         match, ref = _restore_lookup(engine, prompt)
         t1 = time.perf_counter()
-        mapped, data = _restore_read(engine, match, ref)
-        t2 = time.perf_counter()
-        blob = _restore_join(engine, mapped, data, ref)
-        t3 = time.perf_counter()
-        assert engine.live.apply(blob)
-        t4 = time.perf_counter()
-        for name, dt in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
-            parts[name].append(dt)
-        nbytes = sum(memoryview(p).nbytes * use // count for p, count, use in mapped.payloads) + (len(data) if data else 0)
-        blob_bytes = blob.nbytes
+        if dense:
+            n, _ = engine.cache.restore(match)
+            t2 = time.perf_counter()
+            assert n == match.n_tokens, (n, match.n_tokens)
+            timing = engine.cache.last_restore
+            parts["map"].append(t2 - t1 - timing.total_ms / 1000)
+            parts["copy"].append(timing.copy_ms / 1000)
+            parts["set"].append(timing.set_data_ms / 1000)
+            nbytes = match.n_tokens * engine.layout.bytes_per_token
+        else:
+            mapped, data = _restore_read(engine, match, ref)
+            t_map = time.perf_counter()
+            blob = _restore_join(engine, mapped, data, ref)
+            t_copy = time.perf_counter()
+            assert engine.live.apply(blob)
+            t2 = time.perf_counter()
+            parts["map"].append(t_map - t1)
+            parts["copy"].append(t_copy - t_map)
+            parts["set"].append(t2 - t_copy)
+            nbytes = sum(memoryview(p).nbytes * use // count for p, count, use in mapped.payloads) + (len(data) if data else 0)
+        parts["lookup"].append(t1 - t0)
+        parts["restore"].append(t2 - t0)
 
     match, ref = _restore_lookup(engine, prompt)
     if (ref if engine.mode.checkpoints else match.n_tokens) in (None, 0):
@@ -130,13 +150,13 @@ def bench_restore(engine, prompt: list[int], repeats: int = 7) -> dict:
     for _ in range(repeats):
         once()
     med = statistics.median
-    total = med([sum(x) for x in zip(*parts.values())])
+    total = med(parts["restore"])
     out = {
         "tokens": tokens, "kv_mb": round(nbytes / 1e6, 1),
         "checkpoint_mb": round(ref.nbytes / 1e6, 2) if ref is not None else 0.0,
-        "blob_mb": round(blob_bytes / 1e6, 1),
+        "pieces": engine.cache.last_restore.pieces if dense else 1,
         "lookup_ms": round(med(parts["lookup"]) * 1000, 2),
-        "read_verify_ms": round(med(parts["read"]) * 1000, 2), "join_ms": round(med(parts["join"]) * 1000, 2),
+        "map_ms": round(med(parts["map"]) * 1000, 2), "copy_ms": round(med(parts["copy"]) * 1000, 2),
         "set_data_ms": round(med(parts["set"]) * 1000, 2), "total_ms": round(total * 1000, 2),
         "mb_per_s": round(nbytes / 1e6 / total, 0),
         "cold_ms": None, "cold_mb_per_s": None,
@@ -147,7 +167,7 @@ def bench_restore(engine, prompt: list[int], repeats: int = 7) -> dict:
         for values in parts.values():
             values.clear()
         once()
-        cold = sum(v[0] for v in parts.values())
+        cold = parts["restore"][0]
         out.update(cold_ms=round(cold * 1000, 2), cold_mb_per_s=round(nbytes / 1e6 / cold, 0))
     return out
 
@@ -182,6 +202,55 @@ def bench_snapshot(engine, prompt: list[int], work: Path, repeats: int = 5) -> d
     ms = statistics.median(times) * 1000
     return {"tokens": n, "bytes": written, "median_ms": round(ms, 1), "min_ms": round(min(times) * 1000, 1),
             "mb_per_s": round(written / 1e6 / (ms / 1000))}
+
+
+def bench_switch(engine, history: list, branch_a: list, repeats: int = 7) -> dict:
+    """Switching between two branches that share ``history`` (engine messages): branch A
+    (``branch_a``, which continues ``history``) and a branch B with another question are
+    each answered once (both stored), then the live context is brought to B's follow-up
+    and A's in turn, ``repeats`` times (``Engine.position``, statistics untouched). For A:
+    the live tokens kept (those the branches share, up to a block start), the tokens copied
+    from the store, the median ms, and a whole restore of the same tokens into an emptied
+    context for comparison. For dense models only ({} otherwise)."""
+    from engine.chat_engine import GenerationStats
+    from engine.chat_template import ChatMessage
+    from engine.settings import SamplingParams
+
+    if engine.mode.checkpoints:
+        return {}
+    sp = SamplingParams(temperature=0, max_tokens=32)
+    branch_b = [*history, ChatMessage("user", "Which town does the text name most often?")]
+    prompts = []
+    for branch in (branch_a, branch_b):
+        r = engine.generate(branch, sp)
+        prompts.append(engine.prompt_tokens([*branch, ChatMessage("assistant", r.text, r.token_ids),
+                                             ChatMessage("user", "Thank you.")]))
+    pa, pb = prompts
+    switch, whole, stats = [], [], GenerationStats()
+    for _ in range(repeats):
+        engine.position(pb, GenerationStats(), record=False)
+        stats = GenerationStats()
+        t = time.perf_counter()
+        engine.position(pa, stats, record=False)
+        switch.append(time.perf_counter() - t)
+        kept = engine.cache.last_restore.kept_tokens
+        engine.live.clear(data=False)
+        t = time.perf_counter()
+        engine.position(pa, GenerationStats(), record=False)
+        whole.append(time.perf_counter() - t)
+    med = statistics.median
+    return {"tokens": stats.restored_tokens, "kept": kept, "copied": stats.restored_tokens - kept,
+            "source": stats.restore_source, "median_ms": round(med(switch) * 1000, 2),
+            "whole_ms": round(med(whole) * 1000, 2)}
+
+
+def restore_breakdown(x: dict) -> str:
+    """Where a restore's time went, in words (``bench_restore``'s figures)."""
+    pieces = x.get("pieces", 1)
+    copy = (f"check+copy of the first of {pieces} pieces {x.get('copy_ms')} ms (the others while llama.cpp "
+            f"reads)" if pieces > 1 else f"check+copy {x.get('copy_ms')} ms")
+    return (f"lookup {x.get('lookup_ms')} ms, map {x.get('map_ms')} ms, {copy}, "
+            f"llama_state_seq_set_data {x.get('set_data_ms')} ms")
 
 
 def _restore_lookup(engine, prompt: list[int]):
@@ -379,13 +448,11 @@ def format_table(r: dict) -> str:
                      f"{'yes' if row['same_reply'] else 'NO':>10} {row['next_turn_snapshot_ms']:>7.1f}ms")
     x = r["restore"]
     if x.get("tokens"):
-        ckpt = (f"; of it a {x['checkpoint_mb']} MB checkpoint, handed over as a {x['blob_mb']} MB state"
-                if x.get("checkpoint_mb") else "")
+        ckpt = f"; of it a {x['checkpoint_mb']} MB checkpoint" if x.get("checkpoint_mb") else ""
         cold = (f"; cold page cache {x['cold_ms']} ms = {x['cold_mb_per_s'] / 1000:.2f} GB/s"
                 if x.get("cold_ms") else "; cold page cache: not measured (no posix_fadvise here)")
         lines += ["", f"Restore from the store: {x['tokens']:,} tokens, {x['kv_mb']} MB of KV in {x['total_ms']} ms "
-                  f"= {x['mb_per_s'] / 1000:.2f} GB/s warm (lookup {x['lookup_ms']} ms, map "
-                  f"{x['read_verify_ms']} ms, copy+verify {x['join_ms']} ms, set_data {x['set_data_ms']} ms){cold}{ckpt}"]
+                  f"= {x['mb_per_s'] / 1000:.2f} GB/s warm ({restore_breakdown(x)}){cold}{ckpt}"]
     if r["resume"]:
         big = r["resume"][-1]
         y = r.get("snapshot") or {}

@@ -14,14 +14,16 @@ import json
 import logging
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine import kv_codec
 from engine.chat_engine import GenerationStats, ProgressFn
-from engine.live_context import MIN_BATCH, HeldState, LiveContext
+from engine.live_context import MIN_BATCH, SCRATCH_SEQ, HeldState, LiveContext
 from storage.errors import StorageFullError
+from storage.parallel import pipelined
 from storage.prefix_store import CheckpointRef, MappedBlocks, NewBlock, PrefixMatch, StoreError
 
 if TYPE_CHECKING:
@@ -33,6 +35,12 @@ log = logging.getLogger(__name__)
 # blob, a llama_state_seq_set_data call: about 2 ms, while prefilling a handful of tokens
 # costs one batched forward pass of similar length). Measured with `branchwise bench`.
 MIN_RESTORE_TOKENS = 16
+
+RESTORE_PIECE_BYTES = 8 * 1024 * 1024
+"""A dense restore hands llama.cpp its blocks in pieces of at most this many bytes (a
+single larger block is a piece of its own), so that copying the next piece overlaps
+llama.cpp reading this one (``CacheStrategy.restore_blocks``; measured with
+``branchwise bench``)."""
 
 CUT_CHUNK_BYTES = 64 * 1024 * 1024
 """Most payload bytes cut out of a state before they are stored: a first snapshot of a long
@@ -55,6 +63,7 @@ class CacheStrategy:
     def __init__(self, engine: Engine, cut_buffer: np.ndarray | None = None):
         self.engine = engine
         self.cut_buffer = cut_buffer if cut_buffer is not None else np.empty(0, dtype=np.uint8)
+        self.last_restore = RestoreTiming()
 
     @property
     def live(self) -> LiveContext:
@@ -119,10 +128,9 @@ class CacheStrategy:
         if found >= max(live + 1, MIN_RESTORE_TOKENS):
             if on_progress:
                 on_progress("restore", 0, found)
-            restored, dropped = self.restore(match, ref)
+            restored, dropped = self.restore(match, ref, live)
             stats.cache_blocks_dropped = dropped
-            if not restored and live_ctx.n_tokens == 0:
-                live = 0  # a failed restore cleared the live context
+            live = min(live, live_ctx.n_tokens)  # a restore keeps at most a block-aligned part of it
         if restored > live:
             stats.restore_source = "store"
             if ref is not None:
@@ -151,11 +159,17 @@ class CacheStrategy:
 
     # -- restoring ---------------------------------------------------------------------------
 
-    def restore(self, match: PrefixMatch, ref: CheckpointRef | None = None) -> tuple[int, int]:
+    def restore(self, match: PrefixMatch, ref: CheckpointRef | None = None, live: int = 0) -> tuple[int, int]:
         """Restore the blocks of ``match`` (and, for a model with checkpoints, the
-        checkpoint ``ref`` after them) into sequence 0. Returns ``(tokens restored, blocks
-        dropped)``; ``(0, n)`` when anything fails (the sequence is then empty). The caller
-        records the tokens (``LiveContext.adopt``).
+        checkpoint ``ref`` after them) into sequence 0. Returns ``(tokens the live context
+        holds now, blocks dropped)``. The caller records the tokens (``LiveContext.adopt``).
+
+        Without a checkpoint the blocks go in pieces (:meth:`restore_blocks`), and the
+        first ``live`` tokens of the live context, when they are the match's (exact and
+        shared), are kept up to the start of the block they end in: only the blocks from
+        there are copied (a switch between branches that share a long prefix moves only
+        what differs). With a checkpoint the whole state is one blob; ``(0, n)`` when
+        anything fails (the sequence is then empty).
 
         The byte path, one pass over the bytes: the block files are mapped
         (``PrefixStore.map_blocks``), then ``kv_codec.assemble`` copies each block into its
@@ -164,9 +178,12 @@ class CacheStrategy:
         buffer in place. A block that fails its checksum is dropped with its descendants
         and the state is assembled again from the blocks before it: a damaged block never
         reaches llama.cpp."""
-        e, live = self.engine, self.live
+        e = self.engine
         assert e.store is not None
         recurrent = e.kind == kv_codec.StateKind.RECURRENT
+        if ref is None and not recurrent:
+            return self.restore_blocks(match, live)
+        live = self.live
         try:
             data = e.store.read_checkpoint(ref) if ref is not None else None
             mapped = MappedBlocks() if recurrent else e.store.map_blocks(match)
@@ -210,6 +227,89 @@ class CacheStrategy:
                 live.swa_valid_from = kv_codec.partial_start(e.kind, data)
         return n, dropped
 
+    def restore_blocks(self, match: PrefixMatch, live: int = 0) -> tuple[int, int]:
+        """Restore the blocks of ``match`` into sequence 0, keeping the first ``live``
+        tokens of the live context up to a block start (see :meth:`restore`). Returns
+        ``(tokens the live context holds now, blocks dropped)``: after a failure, those
+        that were in place before it (0 when nothing was).
+
+        The bytes go to llama.cpp in pieces of about :data:`RESTORE_PIECE_BYTES`: piece
+        ``i + 1`` is checked and copied into its own half of the reusable state buffer on
+        the helper thread while ``llama_state_seq_set_data`` reads piece ``i`` on this one
+        (``storage.parallel.pipelined``), and each piece joins sequence 0 after the cells
+        before it (``LiveContext.append``). Every block's xxh3 is checked just before it is
+        copied; a block that fails is dropped with its descendants, the blocks before it are
+        restored, and nothing after it: a damaged block never reaches llama.cpp."""
+        e, lc = self.engine, self.live
+        keep = max((b.start for b in match.blocks if b.start <= live), default=0) if live else 0
+        if keep and not lc.truncate(keep):
+            keep = 0
+        todo = PrefixMatch([b for b in match.blocks if b.start >= keep])
+        try:
+            mapped = e.store.map_blocks(todo)
+        except StoreError:
+            return keep, 0
+        dropped = mapped.n_bad
+        if not mapped.payloads or e.layout is None:
+            return keep, dropped
+        per_token = e.layout.bytes_per_token
+        pieces = _pieces([use for _, _, use in mapped.payloads], per_token, RESTORE_PIECE_BYTES)
+        size = 8 + kv_codec.kv_section_bytes(e.layout, max(sum(mapped.payloads[i][2] for i in p) for p in pieces))
+        if lc.buffer.nbytes < 2 * size:
+            lc.buffer = np.empty(2 * size, dtype=np.uint8)
+        halves = (lc.buffer[:size], lc.buffer[size : 2 * size])
+        starts = [keep]
+        for p in pieces:
+            starts.append(starts[-1] + sum(mapped.payloads[i][2] for i in p))
+
+        def produce(k: int) -> np.ndarray | Exception:
+            first = pieces[k][0]
+            try:
+                return kv_codec.assemble(
+                    kv_codec.StateKind.DENSE, e.layout, [mapped.payloads[i] for i in pieces[k]], None,
+                    seq_id=0 if k == 0 and not keep else SCRATCH_SEQ, buffer=halves[k % 2],
+                    check=lambda j, data: mapped.check(first + j, data), pos0=starts[k])
+            except kv_codec.DamagedPayloadError as bad:
+                return kv_codec.DamagedPayloadError(first + bad.index)
+            except (ValueError, kv_codec.UnsupportedStateError) as exc:
+                return exc
+
+        failed: list[Exception] = []
+        timing = RestoreTiming(pieces=len(pieces), kept_tokens=keep)
+
+        def consume(k: int, blob) -> bool:
+            t = time.perf_counter()
+            timing.copy_ms = (t - t0) * 1000 if k == 0 else timing.copy_ms
+            if isinstance(blob, Exception):
+                failed.append(blob)
+                return False
+            ok = lc.apply(blob) if k == 0 and not keep else lc.append(blob)
+            timing.set_data_ms += (time.perf_counter() - t) * 1000
+            return ok
+
+        t0 = time.perf_counter()
+        done = pipelined(produce, consume, len(pieces))
+        timing.total_ms = (time.perf_counter() - t0) * 1000
+        self.last_restore = timing
+        n = starts[done]
+        if failed and not isinstance(failed[0], kv_codec.DamagedPayloadError):
+            log.warning("stored KV does not fit (%s); prefilling the rest", failed[0])
+        elif failed:  # the blocks of its piece before it passed: restore them, then stop
+            k, bad = done, failed[0].index
+            before = [i for i in pieces[k] if i < bad]
+            if before:
+                blob = kv_codec.assemble(kv_codec.StateKind.DENSE, e.layout, [mapped.payloads[i] for i in before],
+                                         None, seq_id=0 if k == 0 and not keep else SCRATCH_SEQ,
+                                         buffer=halves[0], pos0=n)
+                if lc.apply(blob) if k == 0 and not keep else lc.append(blob):
+                    n += sum(mapped.payloads[i][2] for i in before)
+            try:
+                dropped += e.store.reject(mapped, bad)
+            except StoreError:
+                pass
+        del mapped  # unmaps the block files
+        return n, dropped
+
     # -- storing -----------------------------------------------------------------------------
 
     def learn_layout(self, layout: kv_codec.KvLayout) -> None:
@@ -242,6 +342,34 @@ class CacheStrategy:
         if not missing:
             e.store.put(e.fingerprint, [], active_path=chain)
         return written
+
+
+@dataclass
+class RestoreTiming:
+    """Where the time of the last dense restore went (``CacheStrategy.last_restore``, for
+    ``branchwise bench``), in ms: ``copy_ms`` checking and copying the first piece (the
+    rest overlap ``set_data_ms``, llama.cpp reading the pieces), ``total_ms`` from the
+    first copy to the last piece in place. ``kept_tokens``: live tokens kept, not copied."""
+
+    pieces: int = 0
+    kept_tokens: int = 0
+    copy_ms: float = 0.0
+    set_data_ms: float = 0.0
+    total_ms: float = 0.0
+
+
+def _pieces(uses: list[int], per_token: int, limit: int) -> list[list[int]]:
+    """Consecutive block indices grouped into pieces of at most ``limit`` bytes of KV
+    (``uses[i]`` tokens of ``per_token`` bytes each), at least one block a piece."""
+    out: list[list[int]] = []
+    size = limit
+    for i, use in enumerate(uses):
+        if size + use * per_token > limit:
+            out.append([])
+            size = 0
+        out[-1].append(i)
+        size += use * per_token
+    return out
 
 
 def cut_blocks(state: kv_codec.ParsedState, missing: list[NewBlock], buffer: np.ndarray) -> Iterator[list[NewBlock]]:
