@@ -15,6 +15,7 @@ def _lookup(plain: float, lookup: float, same: bool) -> dict:
 
 RESULT = {
     "model": "m.gguf", "cpu_count": 2, "threads": 1, "repeats": 3, "load_before": [0.5], "load_after": [0.7],
+    "interleaved": True,
     "prompt_tokens": {"speed": 536, "quote": 1600, "chat": 30, "restore": 1559},
     "branchwise": {
         "restore": {"tokens": 1559, "kv_mb": 35.9, "total_ms": 30.0, "cold_ms": 120.0, "lookup_ms": 1.0,
@@ -52,6 +53,7 @@ def test_each_figure_stands_beside_llama_servers_with_their_ratio():
     assert "same reply as plain: NO" in _row(t, "decode, lookup: plain chat")
     assert "-t/-tb 1" in t and "ngram-simple" in t
     assert "Both decode at temperature 0 with repeat penalty 1.1 over the last 64 tokens." in t  # one sampler chain
+    assert "Each Branchwise run ran next to the same run of llama-server's." in t
 
 
 def test_without_llama_server_only_the_branchwise_column_is_printed():

@@ -3,21 +3,26 @@ server, measured in the same run on the same model, prompts and thread count.
 
 Rows (Branchwise's figure, llama-server's, and the ratio of the two):
 
-* restore, warm and cold: the prefix store's end-to-end restore of a ~1,560-token
-  conversation (``app.bench.store.bench_restore``) against llama-server's slot restore of
-  the same token ids (``app.bench.llama_server``);
-* first-turn snapshot: the same state into an empty store (median of 5) against slot save;
+* restore, warm (median of 7) and cold: the prefix store's end-to-end restore of a
+  ~1,600-token conversation (``app.bench.store.RestoreRuns``) against llama-server's slot
+  restore of the same token ids (``app.bench.llama_server``);
+* first-turn snapshot: the same state into an empty store against slot save into a new
+  file (medians of 5);
 * prefill tokens/s and plain decode tokens/s: a ~530-token prompt, 96 tokens generated at
   temperature 0, Branchwise with speculative decoding off, against the server's own
   ``timings`` (``prompt_per_second``, ``predicted_per_second``) for the same token ids;
-* speculative decode tokens/s on two workloads, Branchwise's default (prompt lookup,
-  ``engine/speculative.py``) against llama-server ``--spec-type ngram-simple``:
+* speculative decode tokens/s on two workloads, Branchwise's prompt lookup
+  (``--speculative lookup``, ``engine/speculative.py``) against llama-server
+  ``--spec-type ngram-simple``:
   "quote" (a follow-up that asks for a verbatim quote of a pasted ~1,500-token text) and
   "chat" (a plain question). Each also states the speed-up over Branchwise's own plain
   decoding and whether the reply is token for token the plain one.
 
-Speeds are medians of ``REPEATS`` runs, interleaved so that drifting load hits each alike.
-Without ``--llama-server`` the table has the Branchwise column only. Nothing is asserted.
+Speeds are medians of ``REPEATS`` runs. With ``--llama-server`` every run of Branchwise's
+sits next to the same run of llama-server's (a snapshot before each slot save, a restore
+before each slot restore, each request before the same request), so that drifting load
+hits both alike. Without it the table has the Branchwise column only. A branch-switch
+line follows the table (``app.bench.store.bench_switch``). Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -29,7 +34,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from app.bench.llama_server import Interleave
+
 REPEATS = 3
+RESTORE_REPEATS = 7  # warm restores (medians), then one cold
+SNAPSHOT_REPEATS = 5  # first-turn snapshots into an empty store (median)
 N_DECODE = 96
 REPEAT_PENALTY = 1.1
 """Both programs decode with Branchwise's default repeat penalty (over the last 64 tokens,
@@ -85,76 +94,132 @@ def _workloads(engine) -> dict:
     }
 
 
-def _branchwise(engine, work: Path, log) -> dict:
-    """Every Branchwise figure of the table (see the module docstring)."""
-    from app.bench.store import bench_restore, bench_snapshot, bench_switch
-    from engine.chat_template import ChatMessage
-    from engine.settings import SamplingParams
+class _Branchwise(Interleave):
+    """Branchwise's side of the table on ``engine`` (the default model, prompt lookup
+    loaded): the workloads, the first turn stored, and each measurement one run at a time,
+    so that with ``--llama-server`` every run of Branchwise's sits next to the same run of
+    llama-server's (``Interleave``: before each slot save a snapshot, before each slot
+    restore a restore; before each of its requests the same request here)."""
 
-    spec = engine.speculation
-    w = _workloads(engine)
-    greedy = SamplingParams(temperature=0, max_tokens=N_DECODE, repeat_penalty=REPEAT_PENALTY)
-    first = engine.generate(w["first"], SamplingParams(temperature=0, max_tokens=32))  # into the store
-    history = [*w["first"], ChatMessage("assistant", first.text, first.token_ids)]
-    quote = [*history, ChatMessage("user", QUOTE_ASK)]
-    chat = [ChatMessage("user", CHAT_ASK)]
-    restore_prompt = engine.prompt_tokens(quote)
-    log("restore and snapshot ...")
-    out: dict = {"restore": bench_restore(engine, restore_prompt),
-                 "snapshot": bench_snapshot(engine, restore_prompt, work)}
-    log("branch switch ...")
-    out["switch"] = bench_switch(engine, history, quote)
-    runs: dict[str, list] = {k: [] for k in ("speed", "quote_plain", "quote_lookup", "chat_plain", "chat_lookup")}
-    log(f"prefill and decode, {REPEATS} rounds ...")
-    for _ in range(REPEATS):
-        engine.speculation = None
-        runs["speed"].append(engine.generate(w["speed"], greedy, use_cache=False, snapshot=False))
-        for name, msgs in (("quote", quote), ("chat", chat)):
-            engine.speculation = None
-            runs[f"{name}_plain"].append(engine.generate(msgs, greedy, snapshot=False))
-            engine.speculation = spec
-            runs[f"{name}_lookup"].append(engine.generate(msgs, greedy, snapshot=False))
-    engine.speculation = spec
-    med = statistics.median
-    speed = runs["speed"]
-    out["prefill"] = {"tokens": speed[-1].stats.prefilled_tokens,
-                      "tok_s": round(med(r.stats.prefilled_tokens / (r.stats.prefill_ms / 1000) for r in speed), 1)}
-    out["decode"] = {"tokens": speed[-1].stats.generated_tokens,
-                     "tok_s": round(med(r.stats.decode_tokens_per_s for r in speed), 1)}
-    for name in ("quote", "chat"):
-        plain, lookup = runs[f"{name}_plain"], runs[f"{name}_lookup"]
-        s = lookup[-1].stats
-        plain_tok_s = med(r.stats.decode_tokens_per_s for r in plain)
-        lookup_tok_s = med(r.stats.decode_tokens_per_s for r in lookup)
-        out[name] = {"prompt_tokens": s.prompt_tokens, "generated": s.generated_tokens,
-                     "plain_tok_s": round(plain_tok_s, 1), "lookup_tok_s": round(lookup_tok_s, 1),
-                     "speedup": round(lookup_tok_s / max(plain_tok_s, 1e-9), 2),
-                     "drafted": s.drafted_tokens, "accepted": s.accepted_tokens,
-                     "same_reply": all(a.token_ids == b.token_ids for a, b in zip(plain, lookup)),
-                     "ids": plain[-1].token_ids}
-    out["prompts"] = {"speed": engine.prompt_tokens(w["speed"]), "quote": engine.prompt_tokens(quote),
-                      "chat": engine.prompt_tokens(chat), "restore": restore_prompt}
-    return out
+    def __init__(self, engine, work: Path, log):
+        from app.bench.store import RestoreRuns
+        from engine.chat_template import ChatMessage
+        from engine.settings import SamplingParams
+
+        self.engine, self.work, self.log = engine, work, log
+        self.spec = engine.speculation
+        w = _workloads(engine)
+        self.greedy = SamplingParams(temperature=0, max_tokens=N_DECODE, repeat_penalty=REPEAT_PENALTY)
+        first = engine.generate(w["first"], SamplingParams(temperature=0, max_tokens=32))  # into the store
+        self.history = [*w["first"], ChatMessage("assistant", first.text, first.token_ids)]
+        self.messages = {"speed": w["speed"], "quote": [*self.history, ChatMessage("user", QUOTE_ASK)],
+                         "chat": [ChatMessage("user", CHAT_ASK)]}
+        self.prompts = {name: engine.prompt_tokens(m) for name, m in self.messages.items()}
+        self.prompts["restore"] = self.prompts["quote"]
+        self.restores = RestoreRuns(engine, self.prompts["restore"])
+        self.snapshots = None
+        self.runs: dict[str, list] = {k: [] for k in ("speed", "quote_plain", "quote_lookup", "chat_plain",
+                                                       "chat_lookup")}
+
+    # -- one run of each (Interleave, and the request hooks) -----------------------------
+
+    def save(self) -> None:
+        from app.bench.store import SnapshotRuns
+
+        if self.snapshots is None:  # restores the prompt into the live context once
+            self.snapshots = SnapshotRuns(self.engine, self.prompts["restore"], self.work)
+        if self.snapshots.tokens:
+            self.snapshots.once()
+
+    def restore(self) -> None:
+        if self.restores.tokens:
+            self.restores.once()
+
+    def cold(self) -> None:
+        if self.restores.tokens:
+            self.restores.cold()
+
+    def plain(self, name: str) -> None:
+        """One plain run of workload ``name`` ("speed": prefill and decode, no cache)."""
+        e = self.engine
+        e.speculation = None
+        key = "speed" if name == "speed" else f"{name}_plain"
+        self.runs[key].append(e.generate(self.messages[name], self.greedy, use_cache=name != "speed",
+                                         snapshot=False))
+        e.speculation = self.spec
+
+    def lookup(self, name: str) -> None:
+        """One prompt-lookup run of workload ``name`` ("quote" or "chat")."""
+        self.engine.speculation = self.spec
+        self.runs[f"{name}_lookup"].append(self.engine.generate(self.messages[name], self.greedy, snapshot=False))
+
+    # -- the whole of it ------------------------------------------------------------------------
+
+    def alone(self) -> None:
+        """Every run, without llama-server."""
+        self.log("restore and snapshot ...")
+        for _ in range(RESTORE_REPEATS):
+            self.restore()
+        self.cold()
+        for _ in range(SNAPSHOT_REPEATS):
+            self.save()
+        self.log(f"prefill and decode, {REPEATS} rounds ...")
+        for _ in range(REPEATS):
+            for name in ("speed", "quote", "chat"):
+                self.plain(name)
+            for name in ("quote", "chat"):
+                self.lookup(name)
+
+    def result(self) -> dict:
+        """Every Branchwise figure of the table (see the module docstring)."""
+        from app.bench.store import bench_switch
+
+        self.log("branch switch ...")
+        out: dict = {"restore": self.restores.result(),
+                     "snapshot": self.snapshots.result() if self.snapshots is not None else {},
+                     "switch": bench_switch(self.engine, self.history, self.messages["quote"])}
+        runs, med = self.runs, statistics.median
+        speed = runs["speed"]
+        out["prefill"] = {"tokens": speed[-1].stats.prefilled_tokens,
+                          "tok_s": round(med(r.stats.prefilled_tokens / (r.stats.prefill_ms / 1000) for r in speed), 1)}
+        out["decode"] = {"tokens": speed[-1].stats.generated_tokens,
+                         "tok_s": round(med(r.stats.decode_tokens_per_s for r in speed), 1)}
+        for name in ("quote", "chat"):
+            plain, lookup = runs[f"{name}_plain"], runs[f"{name}_lookup"]
+            s = lookup[-1].stats
+            plain_tok_s = med(r.stats.decode_tokens_per_s for r in plain)
+            lookup_tok_s = med(r.stats.decode_tokens_per_s for r in lookup)
+            out[name] = {"prompt_tokens": s.prompt_tokens, "generated": s.generated_tokens,
+                         "plain_tok_s": round(plain_tok_s, 1), "lookup_tok_s": round(lookup_tok_s, 1),
+                         "speedup": round(lookup_tok_s / max(plain_tok_s, 1e-9), 2),
+                         "drafted": s.drafted_tokens, "accepted": s.accepted_tokens,
+                         "same_reply": all(a.token_ids == b.token_ids for a, b in zip(plain, lookup)),
+                         "ids": plain[-1].token_ids}
+        return out
 
 
-def _llama_server(binary: str, model: Path, bw: dict, work: Path, repack: bool, threads: int, log) -> dict:
+def _llama_server(binary: str, model: Path, bw: _Branchwise, work: Path, repack: bool, threads: int,
+                  log) -> dict:
+    """llama-server's figures, each run next to Branchwise's same run (``bw``)."""
     from app.bench.llama_server import bench_llama_server, bench_llama_server_speed
 
-    prompts = bw["prompts"]
-    log(f"llama-server slot save and restore ({binary}) ...")
-    slots = bench_llama_server(binary, model, prompts["restore"], work / "slots", repack=repack, threads=threads)
+    prompts = bw.prompts
+    log(f"restore and snapshot, beside llama-server's slot save and restore ({binary}) ...")
+    slots = bench_llama_server(binary, model, prompts["restore"], work / "slots", repeats=RESTORE_REPEATS,
+                               repack=repack, threads=threads, saves=SNAPSHOT_REPEATS, between=bw)
     if slots.get("error"):
         return {"error": slots["error"]}
     repack = slots.get("repack") != "off"
-    log("llama-server prefill and decode ...")
+    log(f"prefill and decode, {REPEATS} rounds, each request beside llama-server's ...")
     plain = bench_llama_server_speed(binary, model, work / "slots", {
         "speed": (prompts["speed"], N_DECODE), "quote": (prompts["quote"], N_DECODE),
         "chat": (prompts["chat"], N_DECODE)}, repack=repack, threads=threads, repeats=REPEATS,
-        repeat_penalty=REPEAT_PENALTY)
-    log("llama-server --spec-type ngram-simple ...")
+        repeat_penalty=REPEAT_PENALTY, before_each=bw.plain)
+    log("prompt lookup beside llama-server --spec-type ngram-simple ...")
     lookup = bench_llama_server_speed(binary, model, work / "slots", {
         "quote": (prompts["quote"], N_DECODE), "chat": (prompts["chat"], N_DECODE)},
-        repack=repack, threads=threads, repeats=REPEATS, speculative=True, repeat_penalty=REPEAT_PENALTY)
+        repack=repack, threads=threads, repeats=REPEATS, speculative=True, repeat_penalty=REPEAT_PENALTY,
+        before_each=bw.lookup)
     return {"slots": slots, "plain": plain, "lookup": lookup}
 
 
@@ -175,14 +240,21 @@ def collect(model: str | None = None, llama_server: str | None = None, log=lambd
         engine = Engine(model_path, EngineSettings(n_ctx=4096, speculative=LOOKUP), store)
         threads, repack = engine.settings.threads, engine.model.repack.repack
         try:
-            bw = _branchwise(engine, work, log)
+            side = _Branchwise(engine, work, log)
+            ls = None
+            if llama_server:
+                ls = _llama_server(llama_server, model_path, side, work, repack, threads, log)
+            if ls is None or ls.get("error"):
+                side = _Branchwise(engine, work, log) if ls else side  # a failed comparison may have run a part
+                side.alone()
+            bw = side.result()
+            prompts = side.prompts
         finally:
             engine.close()
             store.close()
-        ls = _llama_server(llama_server, model_path, bw, work, repack, threads, log) if llama_server else None
-    prompts = bw.pop("prompts")
     out = {"model": model_path.name, "cpu_count": os.cpu_count(), "threads": threads,
-           "speculative_default": DEFAULT, "repeats": REPEATS, "branchwise": bw, "llama_server": ls,
+           "speculative_default": DEFAULT, "repeats": REPEATS, "interleaved": bool(ls and not ls.get("error")),
+           "branchwise": bw, "llama_server": ls,
            "load_before": [round(x, 2) for x in load_before],
            "load_after": [round(x, 2) for x in os.getloadavg()],
            "prompt_tokens": {k: len(v) for k, v in prompts.items()}}
@@ -260,7 +332,8 @@ def format_compare(r: dict) -> str:
         lines.append(f"llama-server: -fa off, -t/-tb {r['threads']}, weight repacking {slots.get('repack', 'on')} "
                      f"({slots.get('repack_note', 'as Branchwise')}); lookup rows run --spec-type ngram-simple. "
                      f"Both decode at temperature 0 with repeat penalty {REPEAT_PENALTY} over the last 64 tokens. "
-                     "Ratio: Branchwise ÷ llama-server (times: lower is better; tok/s: higher is better).")
+                     + ("Each Branchwise run ran next to the same run of llama-server's. " if r.get("interleaved") else "")
+                     + "Ratio: Branchwise ÷ llama-server (times: lower is better; tok/s: higher is better).")
     elif ls is not None:
         lines.append(f"llama-server: not compared: {ls['error']}")
     else:

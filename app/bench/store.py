@@ -96,31 +96,47 @@ def bench_resume(engine, data_dir: Path, sizes: list[int], model: Path | None = 
 
 
 def bench_restore(engine, prompt: list[int], repeats: int = 7) -> dict:
-    """Restore the stored prefix of ``prompt`` repeatedly into an emptied context, end to
-    end: the lookup, then the restore itself (``CacheStrategy.restore``: map the files,
-    check and copy each block, ``llama_state_seq_set_data``). Medians in ms on a warm page
-    cache, then once cold (the store's files dropped from the page cache with
-    posix_fadvise after an fsync; None where the OS has no posix_fadvise). MB/s of KV.
+    """Restore the stored prefix of ``prompt`` ``repeats`` times on a warm page cache,
+    then once cold (:class:`RestoreRuns`); its result."""
+    runs = RestoreRuns(engine, prompt)
+    if runs.tokens:
+        for _ in range(repeats):
+            runs.once()
+        runs.cold()
+    return runs.result()
+
+
+class RestoreRuns:
+    """Restores of the stored prefix of ``prompt`` into an emptied context, end to end: the
+    lookup, then the restore itself (``CacheStrategy.restore``: map the files, check and
+    copy each block, ``llama_state_seq_set_data``), one at a time (:meth:`once`, and
+    :meth:`cold` after the store's files were dropped from the page cache with
+    posix_fadvise), so that a comparison can run another program's restores between them.
+    :meth:`result` gives medians in ms and MB/s of KV.
 
     For a dense model the breakdown is the restore's own (``RestoreTiming``): the copy of
     the first piece (``copy_ms``; the later pieces are copied while llama.cpp reads the
     earlier ones) and llama.cpp's part (``set_data_ms``). For a model with checkpoints the
     restore is blocks plus the deepest checkpoint, as one blob: the breakdown is map,
-    check-and-copy, set_data."""
-    from storage.block_files import drop_file_cache
+    check-and-copy, set_data. ``tokens`` is 0 when nothing of ``prompt`` is stored."""
 
-    store = engine.store
-    dense = not engine.mode.checkpoints
-    parts: dict[str, list[float]] = {"lookup": [], "map": [], "copy": [], "set": [], "restore": []}
-    nbytes, ref = 0, None
+    def __init__(self, engine, prompt: list[int]):
+        self.engine, self.prompt = engine, prompt
+        self.dense = not engine.mode.checkpoints
+        self.parts: dict[str, list[float]] = {"lookup": [], "map": [], "copy": [], "set": [], "restore": []}
+        self.nbytes, self.cold_s = 0, None
+        match, ref = _restore_lookup(engine, prompt)
+        self.tokens = (ref.n_tokens if ref is not None else 0) if engine.mode.checkpoints else match.n_tokens
+        self.ref = ref
 
-    def once() -> None:
-        nonlocal nbytes, ref
+    def once(self) -> float:
+        """One restore; returns its seconds."""
+        engine, parts = self.engine, self.parts
         engine.live.clear(data=False)
         t0 = time.perf_counter()
-        match, ref = _restore_lookup(engine, prompt)
+        match, ref = _restore_lookup(engine, self.prompt)
         t1 = time.perf_counter()
-        if dense:
+        if self.dense:
             n, _ = engine.cache.restore(match)
             t2 = time.perf_counter()
             assert n == match.n_tokens, (n, match.n_tokens)
@@ -128,7 +144,7 @@ def bench_restore(engine, prompt: list[int], repeats: int = 7) -> dict:
             parts["map"].append(t2 - t1 - timing.total_ms / 1000)
             parts["copy"].append(timing.copy_ms / 1000)
             parts["set"].append(timing.set_data_ms / 1000)
-            nbytes = match.n_tokens * engine.layout.bytes_per_token
+            self.nbytes = match.n_tokens * engine.layout.bytes_per_token
         else:
             mapped, data = _restore_read(engine, match, ref)
             t_map = time.perf_counter()
@@ -139,69 +155,99 @@ def bench_restore(engine, prompt: list[int], repeats: int = 7) -> dict:
             parts["map"].append(t_map - t1)
             parts["copy"].append(t_copy - t_map)
             parts["set"].append(t2 - t_copy)
-            nbytes = sum(memoryview(p).nbytes * use // count for p, count, use in mapped.payloads) + (len(data) if data else 0)
+            self.nbytes = (sum(memoryview(p).nbytes * use // count for p, count, use in mapped.payloads)
+                           + (len(data) if data else 0))
         parts["lookup"].append(t1 - t0)
         parts["restore"].append(t2 - t0)
+        return t2 - t0
 
-    match, ref = _restore_lookup(engine, prompt)
-    if (ref if engine.mode.checkpoints else match.n_tokens) in (None, 0):
-        return {"tokens": 0}
-    tokens = ref.n_tokens if ref is not None else match.n_tokens
-    for _ in range(repeats):
-        once()
-    med = statistics.median
-    total = med(parts["restore"])
-    out = {
-        "tokens": tokens, "kv_mb": round(nbytes / 1e6, 1),
-        "checkpoint_mb": round(ref.nbytes / 1e6, 2) if ref is not None else 0.0,
-        "pieces": engine.cache.last_restore.pieces if dense else 1,
-        "lookup_ms": round(med(parts["lookup"]) * 1000, 2),
-        "map_ms": round(med(parts["map"]) * 1000, 2), "copy_ms": round(med(parts["copy"]) * 1000, 2),
-        "set_data_ms": round(med(parts["set"]) * 1000, 2), "total_ms": round(total * 1000, 2),
-        "mb_per_s": round(nbytes / 1e6 / total, 0),
-        "cold_ms": None, "cold_mb_per_s": None,
-    }
-    if hasattr(os, "posix_fadvise"):
+    def cold(self) -> None:
+        """One restore after the store's files were dropped from the page cache (nothing
+        where the OS has no posix_fadvise); not part of the warm medians."""
+        from storage.block_files import drop_file_cache
+
+        if not hasattr(os, "posix_fadvise"):
+            return
+        store = self.engine.store
         store.files.drop_cache()
         drop_file_cache(store.path)
-        for values in parts.values():
-            values.clear()
-        once()
-        cold = parts["restore"][0]
-        out.update(cold_ms=round(cold * 1000, 2), cold_mb_per_s=round(nbytes / 1e6 / cold, 0))
-    return out
+        saved = {k: list(v) for k, v in self.parts.items()}
+        self.cold_s = self.once()
+        self.parts = saved
+
+    def result(self) -> dict:
+        if not self.tokens or not self.parts["restore"]:
+            return {"tokens": 0}
+        med, parts = statistics.median, self.parts
+        total = med(parts["restore"])
+        out = {
+            "tokens": self.tokens, "kv_mb": round(self.nbytes / 1e6, 1), "runs": len(parts["restore"]),
+            "checkpoint_mb": round(self.ref.nbytes / 1e6, 2) if self.ref is not None else 0.0,
+            "pieces": self.engine.cache.last_restore.pieces if self.dense else 1,
+            "lookup_ms": round(med(parts["lookup"]) * 1000, 2),
+            "map_ms": round(med(parts["map"]) * 1000, 2), "copy_ms": round(med(parts["copy"]) * 1000, 2),
+            "set_data_ms": round(med(parts["set"]) * 1000, 2), "total_ms": round(total * 1000, 2),
+            "mb_per_s": round(self.nbytes / 1e6 / total, 0),
+            "cold_ms": None, "cold_mb_per_s": None,
+        }
+        if self.cold_s:
+            out.update(cold_ms=round(self.cold_s * 1000, 2), cold_mb_per_s=round(self.nbytes / 1e6 / self.cold_s, 0))
+        return out
 
 
 def bench_snapshot(engine, prompt: list[int], work: Path, repeats: int = 5) -> dict:
-    """A first-turn snapshot, repeated: the stored prefix of ``prompt`` is restored into the
-    live context, then snapshotted into an empty store (a new one each time, the old one
-    deleted). Median ms, bytes, and MB/s. For dense models only ({} otherwise)."""
-    from storage.prefix_store import PrefixStore
+    """A first-turn snapshot ``repeats`` times (:class:`SnapshotRuns`); its result."""
+    runs = SnapshotRuns(engine, prompt, work)
+    if runs.tokens:
+        for _ in range(repeats):
+            runs.once()
+    return runs.result()
 
-    if engine.mode.checkpoints:
-        return {}
-    store = engine.store
-    match, _ = _restore_lookup(engine, prompt)
-    n, _ = engine.cache.restore(match)
-    if not n:
-        return {}
-    engine.live.adopt(prompt[:n])
-    times, written = [], 0
-    try:
-        for i in range(repeats):
-            folder = work / f"snapshot-{i}"
+
+class SnapshotRuns:
+    """First-turn snapshots: the stored prefix of ``prompt`` is restored into the live
+    context once, then each :meth:`once` snapshots it into an empty store (a new one each
+    time, deleted after). :meth:`result` gives the median ms, bytes and MB/s. For dense
+    models only (``tokens`` 0 otherwise)."""
+
+    def __init__(self, engine, prompt: list[int], work: Path):
+        self.engine, self.work = engine, work
+        self.times: list[float] = []
+        self.written = self.tokens = 0
+        if engine.mode.checkpoints:
+            return
+        match, _ = _restore_lookup(engine, prompt)
+        engine.live.clear(data=False)
+        n, _ = engine.cache.restore(match)
+        if n:
+            engine.live.adopt(prompt[:n])
+            self.tokens = n
+
+    def once(self) -> float:
+        """One snapshot into an empty store; returns its seconds."""
+        from storage.prefix_store import PrefixStore
+
+        engine = self.engine
+        store = engine.store
+        folder = self.work / f"snapshot-{len(self.times)}"
+        try:
             engine.store = PrefixStore(folder / "kv.sqlite3", budget_bytes=store.budget_bytes,
                                        block_size=store.block_size)
             t = time.perf_counter()
-            written = engine.snapshot()
-            times.append(time.perf_counter() - t)
+            self.written = engine.snapshot()
+            self.times.append(time.perf_counter() - t)
             engine.store.close()
             shutil.rmtree(folder)
-    finally:
-        engine.store = store
-    ms = statistics.median(times) * 1000
-    return {"tokens": n, "bytes": written, "median_ms": round(ms, 1), "min_ms": round(min(times) * 1000, 1),
-            "mb_per_s": round(written / 1e6 / (ms / 1000))}
+        finally:
+            engine.store = store
+        return self.times[-1]
+
+    def result(self) -> dict:
+        if not self.times:
+            return {}
+        ms = statistics.median(self.times) * 1000
+        return {"tokens": self.tokens, "bytes": self.written, "runs": len(self.times), "median_ms": round(ms, 1),
+                "min_ms": round(min(self.times) * 1000, 1), "mb_per_s": round(self.written / 1e6 / (ms / 1000))}
 
 
 def bench_switch(engine, history: list, branch_a: list, repeats: int = 7) -> dict:
