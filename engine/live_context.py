@@ -169,18 +169,18 @@ class LiveContext:
 
     def append(self, blob: np.ndarray) -> bool:
         """Add the state piece ``blob`` (uint8, assembled for :data:`SCRATCH_SEQ` with
-        positions from :attr:`n_tokens` on, ``kv_codec.assemble(..., pos0=n_tokens)``)
-        after the cells of sequence 0, which are kept: llama.cpp places the piece in
+        positions from ``p`` on, ``kv_codec.assemble(..., pos0=p)``, where ``p`` is the
+        number of cells sequence 0 holds) after those cells, which are kept: llama.cpp places the piece in
         :data:`SCRATCH_SEQ` (``llama_state_seq_set_data``), then the cells are shared with
         sequence 0 (``llama_memory_seq_cp``, which moves no bytes in a unified cache) and
         the scratch sequence let go of them. Returns False when llama.cpp refused the piece
         (sequence 0 is then unchanged). The caller records the tokens.
 
         Where the cells land decides the bits of later attention (its sums run in cell
-        order), so this relies on sequence 0 holding cells ``0 .. n_tokens - 1`` with every
-        cell after them free, as every prefill, restore and cut here leaves it: llama.cpp
-        then takes the first free cells, ``n_tokens`` on (``tests/test_engine.py``
-        compares the state restored in pieces with the original byte for byte)."""
+        order), so this relies on sequence 0 holding cells ``0 .. p - 1`` with every cell
+        after them free, as every prefill, restore and cut here leaves it: llama.cpp then
+        takes the first free cells, ``p`` on (``tests/test_restore_pieces.py`` compares the
+        state restored in pieces with a from-scratch prefill byte for byte)."""
         ctx = self.llama.ctx
         mem = llama_cpp.llama_get_memory(ctx)
         ptr = blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
