@@ -89,8 +89,23 @@ def test_sigint_to_the_supervisor_alone_stops_the_chat_and_keeps_the_reply(tmp_p
     assert err.strip().splitlines() == [
         "branchwise: stopping… (press Ctrl+C again to end the engine at once)",
         f"branchwise: stopped. The reply so far is saved as message 2 in conversation 1 (marked stopped, "
-        f"{len(reply.content):,} characters). Go on with 'branchwise chat --conversation 1 \"...\"', "
-        "or get a new reply with 'branchwise regenerate 2'."]
+        f"{len(reply.content):,} characters). Finish it with 'branchwise continue 2', reply with "
+        "'branchwise chat --conversation 1 \"...\"', or get a new reply with 'branchwise regenerate 2'."]
+
+
+def test_a_reply_stopped_by_ctrl_c_keeps_its_kv_and_continue_restores_it(tmp_path):
+    proc = _start(tmp_path, *LONG)
+    _read_at_least(proc, 40)
+    os.kill(proc.pid, signal.SIGINT)
+    _, err = _finish(proc)
+    assert proc.returncode == 130, err
+    env = {**os.environ, "BRANCHWISE_DATA_DIR": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-m", "app.cli", "continue", "2", "--json", "--temperature", "0",
+                        "--max-tokens", "4"], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)["stats"]
+    # the prompt and the stopped reply, all but the two tokens a restore always leaves to prefill
+    assert s["restored_tokens"] == s["prompt_tokens"] - 2 and s["prefilled_tokens"] == 2
 
 
 def test_a_terminal_ctrl_c_reaching_both_processes_is_one_stop_and_json_says_what_was_saved(tmp_path):
@@ -103,7 +118,7 @@ def test_a_terminal_ctrl_c_reaching_both_processes_is_one_stop_and_json_says_wha
     result = json.loads(out)
     assert result == {"error": "interrupted", "conversation_id": 1, "user_message_id": 1,
                       "assistant_message_id": 2, "status": "stopped", "text": reply.content,
-                      "saved": {"user_message": True, "reply": True, "stats": True, "kv_cache": False,
+                      "saved": {"user_message": True, "reply": True, "stats": True, "kv_cache": True,
                                 "problems": []}}
     lines = err.strip().splitlines()
     assert lines[0].startswith("branchwise: stopping…") and lines[1].startswith("branchwise: stopped. ")

@@ -145,12 +145,15 @@ def read_reports(fd: int) -> dict:
 
 
 def what_was_kept(conversation_id: int | None, user_id: int | None, reply_id: int | None,
-                  reply_chars: int | None = None) -> str:
-    """Words for what a stopped turn left in the chats and how to go on from it."""
+                  reply_chars: int | None = None, can_continue: bool = False) -> str:
+    """Words for what a stopped turn left in the chats and how to go on from it
+    (``can_continue``: the reply was saved with its token ids, so ``continue`` works)."""
     if reply_id is not None:
         size = f", {reply_chars:,} characters" if reply_chars is not None else ""
+        go_on = (f"Finish it with 'branchwise continue {reply_id}', reply with" if can_continue
+                 else "Go on with")
         return (f"The reply so far is saved as message {reply_id} in conversation {conversation_id} "
-                f"(marked stopped{size}). Go on with 'branchwise chat --conversation {conversation_id} \"...\"', "
+                f"(marked stopped{size}). {go_on} 'branchwise chat --conversation {conversation_id} \"...\"', "
                 f"or get a new reply with 'branchwise regenerate {reply_id}'.")
     if user_id is not None:
         return (f"No reply text had been generated; your message was saved (message {user_id}); "

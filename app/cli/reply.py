@@ -137,8 +137,14 @@ def reply(args, engine, chats, conversation, parent_id, model_label: str, contin
         raise
     except NotFoundError as exc:  # deleted between the check and the save
         raise ConversationDeleted(conversation.id) from exc
-    if result.stats.finish_reason == FinishReason.CANCELLED:  # stored as stopped, with its stats
-        return _stopped(args, conversation.id, parent_id, msg_id, result.text, stats_saved=True)
+    if result.stats.finish_reason == FinishReason.CANCELLED:  # stored as stopped, with its stats and ids
+        kv = False
+        if use_cache and not remote and engine.store is not None and not watch.gone():
+            with interrupts.stops_held():  # its KV too, so that `continue` restores all of it
+                engine.snapshot(result.stats)
+            kv = _covered(engine, list(result.prompt_ids) + list(result.token_ids[:-1]))
+        return _stopped(args, conversation.id, parent_id, msg_id, result.text, stats_saved=True,
+                        can_continue=True, kv_saved=kv)
     saved.reply = saved.stats = True
     _remember_model(chats, conversation.id, "" if remote else str(engine.model.path), model_label)
     held = None
@@ -150,11 +156,7 @@ def reply(args, engine, chats, conversation, parent_id, model_label: str, contin
         if watch.gone():  # deleted while the blocks were written: the delete did not see them
             watch.forget_written(engine, list(result.prompt_ids) + list(result.token_ids))
             raise ConversationDeleted(conversation.id)
-        try:
-            prompt = engine.prompt_tokens(messages)
-            saved.kv_cache = engine.store.coverage(engine.fingerprint, prompt) == len(prompt)
-        except Exception:  # noqa: BLE001 - the cache is optional
-            saved.kv_cache = False
+        saved.kv_cache = _covered(engine, engine.prompt_tokens(messages))
         try:
             recorder.add_snapshot(result.stats.snapshot_ms, result.stats.snapshot_bytes_written)
         except StorageFullError as exc:
@@ -241,12 +243,24 @@ def _partly_kept(conversation_id: int, reply_id: int | None, kept: str, text: st
             f"'branchwise regenerate {reply_id}'.")
 
 
+def _covered(engine, ids: list[int]) -> bool:
+    """Whether the prefix store now holds the KV of all of ``ids`` (False when it cannot
+    tell: the cache is optional)."""
+    try:
+        return engine.store.coverage(engine.fingerprint, ids) == len(ids)
+    except Exception:  # noqa: BLE001 - the cache is optional
+        return False
+
+
 def _stopped(args, conversation_id: int, user_id: int, reply_id: int | None, text: str,
-             stats_saved: bool = False, kept: str | None = None) -> int:
+             stats_saved: bool = False, kept: str | None = None, can_continue: bool = False,
+             kv_saved: bool = False) -> int:
     """After a stop (Ctrl+C, ``kill``): say what was saved and how to go on; with
     ``--json`` one object ``{"error": "interrupted", ..., "saved": {...}}``. ``text`` is
     what was generated, ``kept`` what the reply's row holds (None: all of ``text``; less
-    when a full disk refused the later saves). Returns 130 (143 after a SIGTERM)."""
+    when a full disk refused the later saves); ``can_continue``: the reply was saved with
+    its token ids, so ``branchwise continue`` can pick it up. Returns 130 (143 after a
+    SIGTERM)."""
     from app.cli import interrupts
     from app.cli.storage_commands import Saved
 
@@ -255,11 +269,12 @@ def _stopped(args, conversation_id: int, user_id: int, reply_id: int | None, tex
         sys.stdout.write("\n")
         sys.stdout.flush()
     saved = Saved(user_message=True, reply=reply_id is not None and kept == text,
-                  stats=stats_saved and reply_id is not None and kept == text)
+                  stats=stats_saved and reply_id is not None and kept == text, kv_cache=kv_saved)
     if reply_id is not None and kept != text:
         saved.problems.append(_partly_kept(conversation_id, reply_id, kept, text, args.json))
         print(f"branchwise: {saved.problems[-1]}", file=sys.stderr)
-    said = interrupts.what_was_kept(conversation_id, user_id, reply_id, len(kept) if reply_id else None)
+    said = interrupts.what_was_kept(conversation_id, user_id, reply_id, len(kept) if reply_id else None,
+                                    can_continue=can_continue and kept == text)
     interrupts.say_at_end(f"branchwise: stopped. {said}")
     if args.json:
         print(json.dumps({"error": "interrupted", "conversation_id": conversation_id, "user_message_id": user_id,
