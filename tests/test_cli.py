@@ -301,3 +301,14 @@ def test_chat_refuses_to_answer_under_a_reply_another_process_is_still_streaming
     with ChatStore(tmp_path / "chats.sqlite3") as chats:  # the finished reply is answered under
         assert [m.parent_id for m in chats.tree(conv.id)][2] == a.id
         assert not (tmp_path / "chats.sqlite3-streams" / f"{a.id}.lock").exists()
+
+
+def test_a_usage_error_with_json_puts_one_error_object_on_stdout(tmp_path):
+    r = bw(tmp_path, "chat", "--json", "--temperature", "9", "x", check=False)
+    assert r.returncode == 2
+    assert json.loads(r.stdout) == {"error": "argument --temperature: must be between 0 and 2; got 9 "
+                                             "(see 'branchwise chat --help')", "saved": None}
+    assert r.stderr == "branchwise: argument --temperature: must be between 0 and 2; got 9 (see 'branchwise chat " \
+                       "--help')\n"
+    r = bw(tmp_path, "chat", "--temperature", "9", "x", check=False)  # without --json: stderr only
+    assert r.returncode == 2 and r.stdout == ""

@@ -14,10 +14,21 @@ from engine import limits
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr (exit code 2), not a usage block."""
+    """argparse, but a usage error is one line on stderr (exit code 2), not a usage block;
+    when the command line asks for ``--json`` (:attr:`json_errors`, set by ``main``), stdout
+    also holds one object ``{"error": words, "saved": null}``, as for every other failure."""
+
+    json_errors = False
 
     def error(self, message: str):
-        self.exit(2, f"branchwise: {message} (see '{self.prog} --help')\n")
+        words = f"{message} (see '{self.prog} --help')"
+        if Parser.json_errors:
+            import json
+            import sys
+
+            print(json.dumps({"error": words, "saved": None}, ensure_ascii=False))
+            sys.stdout.flush()
+        self.exit(2, f"branchwise: {words}\n")
 
 
 def _whole(text: str) -> int:

@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     the signal after Ctrl+C or ``kill``)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
+    Parser.json_errors = "--json" in argv
     args = parser.parse_args(argv)
     command = commands.by_name(args.command)
     _model_before_command(parser, args)
