@@ -312,3 +312,47 @@ def test_a_usage_error_with_json_puts_one_error_object_on_stdout(tmp_path):
                        "--help')\n"
     r = bw(tmp_path, "chat", "--temperature", "9", "x", check=False)  # without --json: stderr only
     assert r.returncode == 2 and r.stdout == ""
+
+
+def _two_chats(data_dir):
+    """Two conversations written straight to the chats (no model): the second has two
+    replies to its question, the later one active."""
+    from storage.chats import ChatStore
+
+    with ChatStore(data_dir / "chats.sqlite3") as chats:
+        a = chats.create_conversation(title="Bridges")
+        q = chats.add_message(a.id, None, "user", "How many bridges?")
+        chats.add_message(a.id, q.id, "assistant", "Three.")
+        b = chats.create_conversation(title="Stones")
+        q = chats.add_message(b.id, None, "user", "How many stones?")
+        chats.add_message(b.id, q.id, "assistant", "Nine.")
+        chats.add_message(b.id, q.id, "assistant", "Ninety.")
+    return a.id, b.id
+
+
+def test_export_all_as_markdown_writes_every_conversation(tmp_path):
+    _two_chats(tmp_path)
+    target = tmp_path / "all.md"
+    r = bw(tmp_path, "conversations", "export", "--all", "--format", "markdown", "-o", target)
+    assert r.stderr == f"Exported 2 conversations (markdown) to {target}.\n"
+    md = target.read_text()
+    assert md.index("# Bridges") < md.index("\n---\n") < md.index("# Stones")
+    assert "```text\nHow many bridges?\n```" in md and "Ninety." in md and "Nine.\n" not in md  # active branches
+    assert json.loads(bw(tmp_path, "conversations", "export", "--all").stdout)["branchwise_export"] == 1  # json
+
+
+def test_every_branch_in_markdown_says_what_each_reply_answers(tmp_path):
+    _, b = _two_chats(tmp_path)
+    md = bw(tmp_path, "conversations", "export", b, "--all-branches").stdout
+    assert "## Assistant (branch 1/2) · message 4 · in reply to message 3" in md
+    assert "## Assistant (branch 2/2) · message 5 · in reply to message 3" in md
+    assert "## User · message 3\n" in md  # a root follows nothing
+
+
+def test_export_needs_exactly_one_of_an_id_and_all(tmp_path):
+    a, _ = _two_chats(tmp_path)
+    r = bw(tmp_path, "conversations", "export", check=False)
+    assert r.returncode == 2 and r.stderr == ("branchwise: give a conversation id, or --all for every conversation "
+                                              "(see 'branchwise conversations export --help')\n")
+    r = bw(tmp_path, "conversations", "export", a, "--all", check=False)
+    assert r.returncode == 2 and "not both" in r.stderr

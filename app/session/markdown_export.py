@@ -54,7 +54,8 @@ def _attached_line(a: dict) -> str:
 
 def conversation_markdown(data: dict, active_only: bool = True, left_out_note: bool = True) -> str:
     """Markdown of the active path of ``conversation_json`` output (every message with
-    ``active_only=False``). Message texts are fenced verbatim (see the module docstring);
+    ``active_only=False``, in the order written, each heading naming the message it answers
+    or follows). Message texts are fenced verbatim (see the module docstring);
     a note says how many messages on other branches are left out (``left_out_note`` False:
     no note, for ``data`` that holds only the path and its siblings)."""
     by_id = {m["id"]: m for m in data["messages"]}
@@ -76,7 +77,9 @@ def conversation_markdown(data: dict, active_only: bool = True, left_out_note: b
         branch = f" (branch {siblings.index(m) + 1}/{len(siblings)})" if len(siblings) > 1 else ""
         label = "User" if m["role"] == "user" else "Assistant"
         stopped = " *(stopped)*" if m["status"] == "stopped" else ""
-        out += [f"## {label}{branch} · message {m['id']}{stopped}", ""]
+        # every branch, in the order written: say which message each one follows
+        after = f" · in reply to message {m['parent_id']}" if not active_only and m["parent_id"] is not None else ""
+        out += [f"## {label}{branch} · message {m['id']}{after}{stopped}", ""]
         out += [_attached_line(a) for a in m.get("attachments") or []] + ([""] if m.get("attachments") else [])
         if m.get("reasoning"):  # a reasoning model's thinking, quoted, before its answer
             out += ["> **Reasoning**", ">", *quoted_lines(fenced(m["reasoning"], "text")), ""]

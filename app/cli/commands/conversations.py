@@ -32,7 +32,8 @@ def add_parser(sub) -> None:
     export = conv_sub.add_parser("export", parents=[common],
                                  help="json: the whole tree, every branch; markdown: the active branch")
     export.add_argument("id", type=arguments.row_id, nargs="?")
-    export.add_argument("--format", choices=["json", "markdown"], default="markdown")
+    export.add_argument("--format", choices=["json", "markdown"],
+                        help="markdown (the default for one conversation) or json (the default with --all)")
     export.add_argument("--all-branches", action="store_true", help="markdown: every message, not only the active branch")
     add_delete_parser(conv_sub, common)
     add_export_all_arguments(export)  # `export --all`: the backup `branchwise import` restores
@@ -67,9 +68,12 @@ def run(args) -> int:
 
         return cmd_delete(args, chats, lambda: opening.open_store(args))
     if args.all:
+        if args.id is not None:
+            Parser(prog="branchwise conversations export").error("give a conversation id or --all, not both")
         return run_export_all(args, chats)
-    if args.action == "export" and args.id is None:
-        raise ValueError("conversations export needs a conversation id, or --all for every conversation.")
+    if args.id is None:
+        Parser(prog="branchwise conversations export").error("give a conversation id, or --all for every conversation")
+    args.format = args.format or "markdown"
     data = conversation_json(chats, args.id)
     if args.format == "json":
         text = json.dumps(data, ensure_ascii=False, indent=2)
@@ -97,15 +101,44 @@ def add_export_all_arguments(export: argparse.ArgumentParser) -> None:
 
 
 def run_export_all(args: argparse.Namespace, chats: Any) -> int:
-    """Write every conversation (``export --all``, always JSON) to ``args.output`` or standard output."""
+    """Write every conversation (``export --all``) to ``args.output`` or standard output:
+    one Branchwise JSON file (the default: the backup ``branchwise import`` restores), or
+    with ``--format markdown`` each conversation's Markdown one after the other, oldest
+    first, a rule between them."""
     from storage.importers.branchwise import write_export_all
 
+    write = write_export_all if (args.format or "json") == "json" else (
+        lambda chats, out: write_markdown_all(chats, out, args.all_branches))
     if args.output:
-        count = write_file(Path(args.output), lambda out: write_export_all(chats, out))
-        print(f"Exported {count} conversation{'s' * (count != 1)} to {args.output}.", file=sys.stderr)
+        count = write_file(Path(args.output), lambda out: write(chats, out))
+        print(f"Exported {count} conversation{'s' * (count != 1)} ({args.format or 'json'}) to {args.output}.",
+              file=sys.stderr)
+    elif (args.format or "json") == "json":
+        write(chats, sys.stdout)
     else:
-        write_export_all(chats, sys.stdout)
+        from app.cli.terminal_text import for_stream
+
+        class _Escaped:  # control characters escaped on a terminal, as a single export is
+            def write(self, text: str) -> None:
+                sys.stdout.write(for_stream(text))
+
+        write(chats, _Escaped())
     return 0
+
+
+def write_markdown_all(chats: Any, out: Any, all_branches: bool = False) -> int:
+    """Write the Markdown of every conversation to ``out`` (its ``write``), one at a time,
+    oldest first; returns how many were written."""
+    from app.cli.storage_commands import branch_note
+    from app.session.markdown_export import conversation_markdown
+    from storage.importers.branchwise import conversation_json
+
+    ids = sorted(c.id for c in chats.list_conversations())
+    for n, conversation_id in enumerate(ids):
+        data = conversation_json(chats, conversation_id)
+        out.write(("\n---\n\n" if n else "") + branch_note(data, all_branches) + "\n\n"
+                  + conversation_markdown(data, active_only=not all_branches, left_out_note=False) + "\n")
+    return len(ids)
 
 
 def write_file(target: Path, write: Callable[[IO[str]], Any]) -> Any:
