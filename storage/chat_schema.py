@@ -17,6 +17,7 @@ sqlite-utils (https://sqlite-utils.datasette.io/en/stable/python-api.html#full-t
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Callable
 from typing import Final
@@ -282,8 +283,44 @@ def _migration_tools(conn: sqlite3.Connection) -> None:
         conn.execute("PRAGMA writable_schema = OFF")
 
 
+_PLAIN_KEY = re.compile(r"\bid\s+INTEGER\s+PRIMARY\s+KEY\s*,")
+
+
+def _migration_ids_never_reused(conn: sqlite3.Connection) -> None:
+    """Conversation and message ids are never given out again after a delete (the CLI and
+    the API name messages by id: a ``regenerate 21`` noted before a delete must not reach
+    another chat). A plain ``INTEGER PRIMARY KEY`` takes the largest id plus one, so
+    deleting the newest chat freed its ids; ``AUTOINCREMENT`` keeps the largest id ever
+    used in ``sqlite_sequence`` (https://sqlite.org/autoinc.html). The keyword changes how a
+    new rowid is chosen, not how rows are stored, so the tables' SQL is edited in place as
+    in :func:`_migration_tools`; ``sqlite_sequence`` (made by SQLite with the first
+    AUTOINCREMENT table, here a throwaway one) starts at each table's largest id.
+
+    Raises:
+        sqlite3.DatabaseError: a table's SQL does not have the expected key.
+    """
+    conn.execute("CREATE TABLE branchwise_sequence_probe (id INTEGER PRIMARY KEY AUTOINCREMENT)")
+    conn.execute("DROP TABLE branchwise_sequence_probe")
+    rows = dict(conn.execute(
+        "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name IN ('conversations', 'messages')"))
+    version = conn.execute("PRAGMA schema_version").fetchone()[0]
+    conn.execute("PRAGMA writable_schema = ON")
+    try:
+        for name in ("conversations", "messages"):
+            sql, n = _PLAIN_KEY.subn("id INTEGER PRIMARY KEY AUTOINCREMENT,", rows.get(name, ""), count=1)
+            if n != 1:
+                raise sqlite3.DatabaseError(f"the {name} table has not the id key this migration changes")
+            conn.execute("UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = ?", (sql, name))
+        conn.execute(f"PRAGMA schema_version = {int(version) + 1}")
+    finally:
+        conn.execute("PRAGMA writable_schema = OFF")
+    for name in ("conversations", "messages"):
+        conn.execute("INSERT INTO sqlite_sequence(name, seq) SELECT ?, coalesce(max(id), 0) FROM " + name, (name,))
+
+
 MIGRATIONS: list[Migration] = [_migration_1, _migration_2, _migration_import_sources, _migration_reasoning,
-                                _migration_attachments, _migration_chat_models, _migration_tools]
+                                _migration_attachments, _migration_chat_models, _migration_tools,
+                                _migration_ids_never_reused]
 """Ordered migrations; ``MIGRATIONS[i]`` moves the schema from version i to i + 1."""
 
 

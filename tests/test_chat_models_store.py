@@ -48,5 +48,5 @@ def test_migration_6_adds_the_columns_and_keeps_every_message(tmp_path, monkeypa
         store.models.remember(cid, "/m.gguf", "m")
         assert store.models.of(cid).name == "m"
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == len(shipped) == 7  # 7: tool steps
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == len(shipped) == 8  # 7: tool steps, 8: ids kept
     conn.close()

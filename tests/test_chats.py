@@ -611,6 +611,40 @@ def test_migrations_run_once(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert "color" in columns
 
 
+def test_ids_are_never_given_out_again_after_a_delete(db_path: Path) -> None:
+    with ChatStore(db_path) as store:
+        a = store.create_conversation(title="Kept")
+        store.add_message(a.id, None, "user", "first")
+        b = store.create_conversation(title="Deleted")
+        gone = store.add_message(b.id, None, "user", "second")
+        store.delete_conversation(b.id)  # the newest chat and the newest message
+        c = store.create_conversation(title="New")
+        m = store.add_message(c.id, None, "user", "third")
+        assert (c.id, m.id) == (b.id + 1, gone.id + 1)
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_an_older_database_keeps_its_ids_and_stops_reusing_them(db_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    shipped = chat_schema.MIGRATIONS
+    monkeypatch.setattr(chat_schema, "MIGRATIONS", shipped[:-1])  # the schema before ids were kept
+    with ChatStore(db_path) as store:
+        a = store.create_conversation(title="A")
+        q = store.add_message(a.id, None, "user", "question")
+        r = store.add_message(a.id, q.id, "assistant", "answer")
+        b = store.create_conversation(title="B")
+        store.add_message(b.id, None, "user", "other")
+    monkeypatch.setattr(chat_schema, "MIGRATIONS", shipped)
+    with ChatStore(db_path) as store:
+        assert [m.id for m in store.tree(a.id)] == [q.id, r.id]
+        last = store.tree(b.id)[0].id
+        store.delete_conversation(b.id)
+        c = store.create_conversation(title="C")
+        assert c.id == b.id + 1 and store.add_message(c.id, None, "user", "x").id == last + 1
+        assert [c.id for c, _ in store.search("answer")] == [a.id]  # search still finds the old rows
+
+
 def test_failed_migration_leaves_old_version(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ChatStore(db_path).close()
     shipped = len(chat_schema.MIGRATIONS)

@@ -82,8 +82,8 @@ def test_export_all_is_the_backup_import_restores(tmp_path: Path) -> None:
 
 def test_export_without_an_id_says_what_to_do(tmp_path: Path) -> None:
     r = bw(tmp_path, "conversations", "export")
-    assert r.returncode == 1
-    assert "needs a conversation id, or --all" in r.stderr
+    assert r.returncode == 2  # a usage error
+    assert "give a conversation id, or --all for every conversation" in r.stderr
 
 
 def test_export_to_a_missing_folder_is_one_line(tmp_path: Path) -> None:

@@ -92,7 +92,7 @@ def test_migration_7_widens_the_role_check_of_an_existing_file(tmp_path: Path, m
         assert chats.get_message(q).tool is None
         assert [h.message_id for h in chats.search_hits("Hello")] == [q]
     with closing(sqlite3.connect(db)) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 7
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(shipped)
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         with pytest.raises(sqlite3.IntegrityError):
             conn.execute("INSERT INTO messages (conversation_id, role, content, created_at) VALUES (?, 'robot', '', 0)",
