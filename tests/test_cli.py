@@ -356,3 +356,11 @@ def test_export_needs_exactly_one_of_an_id_and_all(tmp_path):
                                               "(see 'branchwise conversations export --help')\n")
     r = bw(tmp_path, "conversations", "export", a, "--all", check=False)
     assert r.returncode == 2 and "not both" in r.stderr
+
+
+def test_models_list_shows_the_built_in_model(tmp_path):
+    out = bw(tmp_path, "models", "list").stdout.splitlines()
+    assert out[0].startswith("No models downloaded yet")
+    assert "SmolLM2-135M-Instruct.Q4_1 (built-in)" in out[1] and out[1].endswith("[embedded in Branchwise]")
+    data = json.loads(bw(tmp_path, "models", "list", "--json").stdout)
+    assert data["models"] == [] and [m["origin"] for m in data["builtin"]] == ["built-in"]

@@ -145,13 +145,16 @@ def add_remote_arguments(parser) -> None:
                         help="model name to request from --engine-url (default: the first it lists)")
 
 
+DATA_DIR_HELP = ("where chats and the KV cache live (default: the user data folder; env BRANCHWISE_DATA_DIR): a new "
+                 "or empty folder, or one holding Branchwise's databases; a folder of other files is refused (use a "
+                 "Branchwise subfolder of it)")
+
+
 def common_options() -> Parser:
     """The options every command that reads the data folder takes, as an argparse parent:
     ``--data-dir``, ``--json``, ``--quiet``."""
     common = Parser(add_help=False)
-    common.add_argument("--data-dir", help="where chats and the KV cache live (default: the user data folder; env "
-                        "BRANCHWISE_DATA_DIR): a new or empty folder, or one holding Branchwise's databases; a "
-                        "folder of other files is refused (use a Branchwise subfolder of it)")
+    common.add_argument("--data-dir", help=DATA_DIR_HELP)
     common.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     common.add_argument("--quiet", action="store_true", help="no progress bars on the terminal")
     return common

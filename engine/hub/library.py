@@ -120,6 +120,27 @@ def _first_parts(folder: Path):
         yield p
 
 
+BUILTIN = "built-in"
+"""The origin of the embedded default model in a library listing (used, never removed)."""
+
+
+def builtin_models() -> list[LibraryModel]:
+    """The embedded default model as a library entry (origin :data:`BUILTIN`, its name marked
+    "(built-in)"), or [] when it is not installed. Reads the file's header (a few ms)."""
+    from engine.errors import ModelLoadError
+    from engine.model_file import default_model_path
+
+    try:
+        path = default_model_path()
+    except ModelLoadError:
+        return []
+    if not path.is_file():
+        return []
+    model = describe_file(path, BUILTIN)
+    model.name += " (built-in)"
+    return [model]
+
+
 def list_library(data_dir: Path) -> list[LibraryModel]:
     """Every model Branchwise downloaded into ``<data dir>/models``, by name."""
     out = []

@@ -19,7 +19,8 @@ def add_parser(sub) -> None:
     common, engine = common_options(), engine_options()
     cont = sub.add_parser("continue", parents=[common, engine],
                           help="continue a reply that was stopped or hit max tokens, in the same message")
-    cont.add_argument("message_id", type=arguments.row_id)
+    cont.add_argument("message_id", type=arguments.row_id,
+                      help="the stopped or cut reply to go on with, in the same message (its id: conversations show)")
 
 
 def run(args) -> int:

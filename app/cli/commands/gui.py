@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
-from app.cli.arguments import common_options
+from app.cli.arguments import DATA_DIR_HELP
 from app.cli.exit_codes import EXIT_ERROR
 
 NAME = "gui"
@@ -16,8 +17,11 @@ STOP_ON_TERM = False
 
 def add_parser(sub) -> None:
     """Add ``gui`` to ``sub`` (the CLI's subparsers)."""
-    common = common_options()
-    sub.add_parser("gui", parents=[common], help="open the window (the default)")
+    gui = sub.add_parser("gui", help="open the window (the default)")
+    gui.add_argument("--data-dir", help=DATA_DIR_HELP)
+    gui.add_argument("--model", dest="gui_model", metavar="PATH", default=argparse.SUPPRESS,
+                     help="open the window on this GGUF model (default: the last one opened, else the embedded "
+                          "SmolLM2-135M-Instruct)")
 
 
 def run(args) -> int:

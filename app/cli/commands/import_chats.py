@@ -79,7 +79,7 @@ def _print_summary(summary: ImportSummary) -> None:
         name = FORMAT_NAMES.get(ImportFormat(f.format), f.format) if f.format in set(ImportFormat) else f.format
         label = f"{f.path} ({name})" if name else f.path
         if f.status == FileStatus.FAILED:
-            print(f"branchwise: {f.error}. Nothing from this file was imported.", file=sys.stderr)
+            print(f"branchwise: {f.error.rstrip('.')}. Nothing from this file was imported.", file=sys.stderr)
             continue
         if f.status == FileStatus.CANCELLED:
             print(f"{f.path}: cancelled; nothing from this file was imported.")

@@ -217,14 +217,16 @@ def _list(args, data_dir: Path) -> int:
 
     models = library.list_library(data_dir)
     others = library.list_others() if args.others else []
+    builtin = library.builtin_models()
     if args.json:
         print(json.dumps({"folder": str(library.models_dir(data_dir)), "models": [m.to_dict() for m in models],
-                          "others": [m.to_dict() for m in others]}))
+                          "builtin": [m.to_dict() for m in builtin], "others": [m.to_dict() for m in others]}))
         return 0
     if not models:
         print(f"No models downloaded yet ({library.models_dir(data_dir)}); 'branchwise models search' finds some.")
-    for m in models + others:
-        origin = "" if m.origin == "Branchwise" else f"  [{m.origin}, used in place]"
+    for m in builtin + models + others:
+        origin = ("" if m.origin == "Branchwise" else "  [embedded in Branchwise]" if m.origin == library.BUILTIN
+                  else f"  [{m.origin}, used in place]")
         ctx = f"{m.context_length:,}" if m.context_length else "?"
         print(f"  {m.name:<40} {m.quantization:<8} {m.size / 1e9:>6.2f} GB  ctx {ctx:>7}  "
               f"{m.architecture or '?':<10} {m.treatment}{origin}")

@@ -19,7 +19,9 @@ def add_parser(sub) -> None:
     regen = sub.add_parser("regenerate", parents=[common, engine],
                            help="a new sibling reply for an assistant message, or a reply to an unanswered "
                                 "message of yours")
-    regen.add_argument("message_id", type=arguments.row_id)
+    regen.add_argument("message_id", type=arguments.row_id,
+                       help="the reply to write again (a new sibling), or your message to answer (its id: "
+                            "conversations show)")
     add_remote_arguments(regen)
 
 

@@ -15,32 +15,10 @@ from PySide6.QtWidgets import (QCheckBox, QHBoxLayout, QHeaderView, QLabel, QMes
 
 from app.window.shell.plain import plain_label
 from app.window.workers.tasks import Workers
+from engine.hub.library import BUILTIN, builtin_models
 
 ROLE = Qt.ItemDataRole.UserRole
 COLUMNS = ["Name", "Quantization", "Size", "Trained context", "Architecture", "Prefix store", "Where"]
-
-
-BUILTIN = "built-in"
-"""The origin of the embedded default model in the library's list (Use, never Remove)."""
-
-
-def builtin_models() -> list:
-    """The embedded default model as a library entry (``engine.hub.library.LibraryModel``,
-    origin ``BUILTIN``), or [] when it is not installed. Reads the file's header: call it
-    off the UI thread."""
-    from engine.errors import ModelLoadError
-    from engine.hub import library
-    from engine.model_file import default_model_path
-
-    try:
-        path = default_model_path()
-    except ModelLoadError:
-        return []
-    if not path.is_file():
-        return []
-    model = library.describe_file(path, BUILTIN)
-    model.name += " (built-in)"
-    return [model]
 
 
 class LibraryTab(QWidget):
