@@ -150,7 +150,8 @@ def test_ok_refuses_a_seed_that_is_not_a_number_and_a_context_past_the_model_s_t
     assert trained == 8192  # SmolLM2-135M's GGUF metadata
     for setup, words in (
         (lambda d: d.chat_form.seed.setText("abc"), "the seed must be a whole number"),
-        (lambda d: (_app_tab(d), d.n_ctx.setValue(trained * 2)), "trained for at most 8,192 tokens"),
+        (lambda d: (_app_tab(d), d.n_ctx.setValue(trained * 5)),
+         "trained for 8,192 tokens of context, and Branchwise takes at most 4 times that (32,768)"),
     ):
         w.open_settings()
         dlg = w.settings_flow.dialog
@@ -160,7 +161,15 @@ def test_ok_refuses_a_seed_that_is_not_a_number_and_a_context_past_the_model_s_t
         _ok(dlg)
         assert dlg.isVisible() and words in dlg.error.text() and "Nothing was changed" in dlg.error.text()
         dlg.reject()
-        assert w.settings.n_ctx != trained * 2
+        assert w.settings.n_ctx != trained * 5
+    w.open_settings()
+    dlg = w.settings_flow.dialog
+    _app_tab(dlg)
+    assert not dlg.ctx_note.isVisible()
+    dlg.n_ctx.setValue(trained * 2)  # past the training, within 4 times it: allowed, as on the command line
+    assert dlg.ctx_note.isVisible() and "trained for 8,192 tokens" in dlg.ctx_note.text()
+    assert dlg.problem() == ""
+    dlg.reject()
     w.open_settings()
     w.settings_flow.dialog.chat_form.seed.setText("42")
     _ok(w.settings_flow.dialog)

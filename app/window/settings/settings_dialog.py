@@ -31,7 +31,7 @@ from app.window.settings.kv_switch import kv_switch_note
 from app.window.settings.mcp_settings import McpSettingsTab
 from app.window.workers.engine_client import EngineClient
 from engine.events import CacheAction, CacheEvent
-from engine.limits import MAX_CTX, LimitError, check_ctx_size, max_threads
+from engine.limits import CTX_TRAIN_FACTOR, MAX_CTX, LimitError, check_ctx_size, max_threads
 from engine.machine import default_threads, physical_cores
 from storage.chats import Conversation
 
@@ -114,6 +114,12 @@ class SettingsDialog(QDialog):
         # never silently put back to the last value
         self.n_ctx = spin(1, MAX_CTX, settings.n_ctx)
         self.n_ctx.setSingleStep(1024)
+        self.ctx_note = QLabel()  # past the trained context: allowed (as on the command line), with a word
+        self.ctx_note.setObjectName("ctx_note")
+        self.ctx_note.setWordWrap(True)
+        self.ctx_note.setTextFormat(Qt.TextFormat.PlainText)
+        self.n_ctx.valueChanged.connect(self._ctx_changed)
+        self._ctx_changed()
         self.threads = spin(0, max_threads(), settings.n_threads)  # what the engine accepts (cores x 4)
         auto = default_threads()
         self.threads.setSpecialValueText(f"automatic ({auto} of {physical_cores()} cores)")
@@ -170,6 +176,7 @@ class SettingsDialog(QDialog):
         remote_note.setWordWrap(True)
         form2.addRow(remote_note)
         form2.addRow("Context size (tokens)", self.n_ctx)
+        form2.addRow(self.ctx_note)
         form2.addRow("CPU threads", self.threads)
         form2.addRow("KV cache precision", self.kv)
         form2.addRow(self.kv_note)
@@ -249,6 +256,14 @@ class SettingsDialog(QDialog):
         """While the red line shows: update it, or hide it once the values can be used."""
         if self.error.isVisible() or self.error.text():
             self._check_now()
+
+    def _ctx_changed(self, *_args) -> None:
+        trained = self._trained_context
+        text = (f"This model was trained for {trained:,} tokens of context; past that llama.cpp stretches "
+                "its positions (RoPE scaling) and its replies may degrade."
+                if trained and trained < self.n_ctx.value() <= trained * CTX_TRAIN_FACTOR else "")
+        self.ctx_note.setText(text)
+        self.ctx_note.setVisible(bool(text))
 
     def _kv_changed(self, *_args) -> None:
         text = kv_switch_note(self._settings.type_k, self.kv.currentData()[0], *self._kv_figures)
@@ -340,9 +355,10 @@ class SettingsDialog(QDialog):
         if self.budget.value() < MIN_BUDGET_MB:
             return (f"These settings cannot be used: the prefix-store budget must be at least {MIN_BUDGET_MB} MB; "
                     f"got {self.budget.value():,} MB. Nothing was changed.")
-        if self._trained_context and self.n_ctx.value() > self._trained_context:
-            return (f"These settings cannot be used: the loaded model was trained for at most "
-                    f"{self._trained_context:,} tokens of context, and past that its replies fall apart. "
+        if self._trained_context and self.n_ctx.value() > self._trained_context * CTX_TRAIN_FACTOR:
+            return (f"These settings cannot be used: the loaded model was trained for "
+                    f"{self._trained_context:,} tokens of context, and Branchwise takes at most "
+                    f"{CTX_TRAIN_FACTOR} times that ({self._trained_context * CTX_TRAIN_FACTOR:,}). "
                     "Nothing was changed.")
         try:
             replace(self._settings, **{k: v for k, v in self.app_values().items()
