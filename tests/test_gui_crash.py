@@ -163,3 +163,21 @@ def test_stop_ends_an_engine_frozen_while_it_counts_a_long_paste(qtbot, open_win
     assert [(m.role, m.status, m.content) for m in path][1:] == [("assistant", "stopped", "")]
     assert path[0].content.startswith("A question about lighthouses.")
     qtbot.waitUntil(lambda: w.model_state == "ready", timeout=LOAD_TIMEOUT_MS)
+
+
+def test_enter_after_the_engine_was_killed_keeps_the_message_and_the_crash_s_words(qtbot, open_window, data_dir):
+    w = open_window(data_dir)
+    new_chat(w)
+    with qtbot.waitSignal(w.engine_died, timeout=30_000) as died:
+        os.kill(w.client.pid, signal.SIGKILL)
+    crash_words = died.args[0]
+    assert "killed by SIGKILL" in crash_words
+    assert "was not written" in crash_words or str(data_dir / "logs" / "engine.log") in crash_words
+    w.composer.input.setPlainText("Are you there?")
+    qtbot.keyClick(w.composer.input, Qt.Key.Key_Return)
+    assert w.composer.input.toPlainText() == "Are you there?"
+    assert w.composer.input.textCursor().position() == len("Are you there?")  # typing goes on at the end
+    qtbot.keyClicks(w.composer.input, " Hello")
+    assert w.composer.input.toPlainText() == "Are you there? Hello"
+    assert w.banner.text == "Your message was not sent and is still in the box. " + crash_words
+    assert w.banner.button("Restart engine") is not None

@@ -34,6 +34,8 @@ def describe_exit(exitcode: int | None, log_file: Path | str, *, early: bool, re
     that early with repacking not off looks like llama.cpp's AMX crash (the repacked weights
     of the CPU "extra buffer types", llama.cpp #20824), so Restart turns repacking off.
     """
+    details = (f"The details are in {log_file}." if Path(log_file).is_file()
+               else f"It left no details ({log_file} was not written).")
     log_file = str(log_file)
     safe = "Your conversations are safe."
     if exitcode is None:
@@ -46,7 +48,7 @@ def describe_exit(exitcode: int | None, log_file: Path | str, *, early: bool, re
                     "types\"), which avoids a known llama.cpp crash on some CPUs; Branchwise remembers this.")
         else:
             plan = "Restart starts a new engine process; if the crash repeats, try another model file."
-        return CrashReport(f"The engine crashed in llama.cpp ({name}). {safe} The details are in {log_file}. {plan}",
+        return CrashReport(f"The engine crashed in llama.cpp ({name}). {safe} {details} {plan}",
                            True, safe_restart)
     if exitcode < 0:
         try:
@@ -57,5 +59,5 @@ def describe_exit(exitcode: int | None, log_file: Path | str, *, early: bool, re
             how += "; the system may have run out of memory"
     else:
         how = f"exit code {exitcode}"
-    return CrashReport(f"The engine process stopped unexpectedly ({how}). {safe} The details are in {log_file}. "
+    return CrashReport(f"The engine process stopped unexpectedly ({how}). {safe} {details} "
                        "Restart the engine to continue.", False, False)

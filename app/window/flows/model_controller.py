@@ -11,6 +11,7 @@ State (``ModelState``)::
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 
@@ -83,6 +84,9 @@ class ModelController(QObject):
         self.client = EngineClient(self.data_dir, self.logs_dir / "engine.log", self, workers)
         self.state = ModelState.NONE
         self.facts: dict | None = None
+        self.death: tuple[str, Callable[[], None]] | None = None
+        """While DEAD: what the crash banner said and its Restart action (which records a
+        native crash for the repacking decision), for a later banner to repeat."""
         self.path: str | None = None  # the model asked for
         self.good_path: str | None = None  # the last model that loaded
         self.good_engine: dict | None = None  # AppSettings.engine_fields() of the last model that loaded
@@ -117,6 +121,7 @@ class ModelController(QObject):
 
     def restart(self) -> None:
         """A fresh engine process, reloading the last model that loaded (or the default)."""
+        self.death = None
         self.banner.hide()
         self.client.start()
         self.load(self.good_path or self.path)
@@ -269,6 +274,7 @@ class ModelController(QObject):
                     self.settings.update(repack="off")
             self.restart()  # a reply in progress was saved when ``died`` was handled
 
+        self.death = (report.message, restart)
         self.banner.show_message(report.message, "error", [("Restart engine", restart)])
 
     def _restart_unresponsive(self) -> None:
@@ -276,6 +282,7 @@ class ModelController(QObject):
         reply up to where it stopped, and start a new engine at once."""
         log.warning("engine ended after Stop went unanswered")
         self.state = ModelState.DEAD
+        self.death = None
         self.facts = None
         self.after_load = None
         self.died.emit("The engine did not answer Stop.")  # the transcript saves the reply first

@@ -198,7 +198,9 @@ class ChatController(QObject):
 
     # -- changing the conversation ---------------------------------------------------------
 
-    def can_generate(self) -> bool:
+    def can_generate(self, held: str = "") -> bool:
+        """Whether a reply can start now; when not, a banner says why (``held``: what of the
+        user's is kept meanwhile, e.g. "your message is still in the box")."""
         if self.streaming:
             return False
         model = self.model
@@ -207,7 +209,9 @@ class ChatController(QObject):
         if model.state == ModelState.LOADING:
             self.banner.show_message("The model is still loading; send again in a moment.", "info")
         elif model.state == ModelState.DEAD:  # no reply streams: restarting has nothing to save first
-            self.banner.show_message("The engine is not running.", "error", [("Restart engine", model.restart)])
+            said, restart = model.death or ("The engine is not running. Restart it to go on.", model.restart)
+            first = f"{held[:1].upper()}{held[1:]}. " if held else ""  # then the crash's own words again
+            self.banner.show_message(f"{first}{said}", "error", [("Restart engine", restart)])
         else:
             self.banner.show_message("No model is loaded. Open a GGUF model file to chat.", "error",
                                      [("Open model…", model.open_dialog), ("Load default model", lambda: model.load(None))])
@@ -218,7 +222,8 @@ class ChatController(QObject):
         stored and answered, or the overflow choices are offered. A branch moved since it was
         drawn emits ``changed_elsewhere``; a question with no answer asks (``ask_unanswered``)."""
         self.timeline.start()
-        if not self.can_generate() or self.overflow.checking is not None:
+        if not self.can_generate("your message was not sent and is still in the box") \
+                or self.overflow.checking is not None:
             self.composer.set_text(text)
             return
         if self._branch_moved():  # the Navigator redraws it; the text goes back in the box

@@ -6,6 +6,7 @@ move the focus out of the box (no key types a tab; a pasted tab is kept)."""
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import QHBoxLayout, QPlainTextEdit, QPushButton, QWidget
 
 
@@ -93,7 +94,10 @@ class Composer(QWidget):
         return self.input.toPlainText()
 
     def set_text(self, text: str) -> None:
+        """Put ``text`` in the box (a message given back: not sent, or sent and refused),
+        the cursor after it, so that typing goes on where it ended."""
         self.input.setPlainText(text)
+        self.input.moveCursor(QTextCursor.MoveOperation.End)
 
     def add_tool_button(self, button: QWidget) -> None:
         """Put ``button`` (e.g. the paperclip) beside the box, before Send."""
