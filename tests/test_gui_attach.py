@@ -253,3 +253,13 @@ def test_a_document_too_long_is_searched_and_the_reply_lists_its_passages(qtbot,
     shown = " ".join(w.attachment_marks.viewer.view.toPlainText().split())
     assert "A marmoset escaped from the ferry" in shown
     assert shown.count("[Passage ") == len(sent)
+
+
+def test_a_note_about_a_file_goes_once_the_message_is_sent(qtbot, open_window, data_dir, tmp_path):
+    w = open_window(data_dir, start_engine=False, wait=False)
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(bytes(range(256)) * 64)
+    drop_files(w.composer.input.viewport(), binary)
+    qtbot.waitUntil(lambda: w.attachments_bar.note.isVisible(), timeout=READ_TIMEOUT_MS)
+    w.attach.stored(1)  # a message with no file was stored (AttachingSession.send calls it for each)
+    assert not w.attachments_bar.note.isVisible() and w.attachments_bar.note.text() == ""

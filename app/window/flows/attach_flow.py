@@ -300,9 +300,11 @@ class AttachFlow(QObject):
 
     def stored(self, message_id: int) -> None:
         """The message was stored as ``message_id``: link the ready files to it with their
-        figures (``STATS_KEY``), and empty the composer's row."""
+        figures (``STATS_KEY``), and empty the composer's row. A note left from an earlier
+        file (one that could not be attached) goes: it was about a message now sent."""
         items = self.ready
         if not items:
+            self.bar.clear_note()
             return
         docs = [i.doc for i in items]
         sent = [None if i.passages is None else sorted(p.number for p in i.passages) for i in items]
