@@ -16,14 +16,17 @@ import threading  # noqa: E402
 
 from gui_helpers import wait_for_tree  # noqa: E402
 from PySide6.QtCore import QTimer  # noqa: E402
-from PySide6.QtGui import QGuiApplication  # noqa: E402
+from PySide6.QtGui import QGuiApplication, QPalette  # noqa: E402
+from PySide6.QtWidgets import QWidget  # noqa: E402
 
 import app.window.tree.tree_panel as tree_panel  # noqa: E402
 from app.window.tree.sidebar import SNIPPET_ROLE, SPANS_ROLE  # noqa: E402
 from app.window.shell.theme import LIGHT  # noqa: E402
+from app.window.transcript.long_text import LongTextExpander  # noqa: E402
 from app.window.transcript.message_widget import MessageWidget  # noqa: E402
+from app.window.transcript.thought_block import ThoughtBlock  # noqa: E402
 from app.window.transcript.transcript_view import NEAR_TOP_PX  # noqa: E402
-from storage.chats import ChatStore  # noqa: E402
+from storage.chats import ChatStore, Message  # noqa: E402
 from storage.paths import CHATS_DB  # noqa: E402
 
 
@@ -142,6 +145,40 @@ def test_a_long_chat_opens_on_its_newest_exchange_and_builds_the_rest_between_ti
     assert [b.message.id for b in w.transcript.widgets] == ids[-len(w.transcript.widgets):]
     newest = w.transcript.widgets[-1]
     assert newest.mapTo(w.transcript.viewport(), newest.rect().bottomLeft()).y() <= w.transcript.viewport().height()
+
+
+def _message(mid: int, role: str, text: str, reasoning: str | None = None) -> Message:
+    return Message(mid, 1, mid - 1 or None, role, text, None, None, "complete", None, 0.0, reasoning=reasoning)
+
+
+def test_a_bubble_parses_no_style_sheet_and_builds_only_the_blocks_its_message_needs(qtbot):
+    """Issue #27.6: a style sheet on a bubble styled every widget in it through the style-sheet
+    engine, and every bubble built a thinking block and a "Show all" button it rarely shows."""
+    plain = MessageWidget(_message(1, "user", "turn 1"), "user", colors=LIGHT)
+    qtbot.addWidget(plain)
+    assert [w for w in [plain, *plain.findChildren(QWidget)] if w.styleSheet()] == []
+    assert plain.findChildren(ThoughtBlock) == [] and plain.findChildren(LongTextExpander) == []
+    assert plain.reasoning == "" and [a.text() for a in plain.context_menu().actions()
+                                      if "reasoning" in a.text()] == []
+    assert plain.note.palette().color(QPalette.ColorRole.WindowText).name() == LIGHT.muted
+    # the blocks a message needs are there, in their places
+    thinking = MessageWidget(_message(2, "assistant", "It is 4.", reasoning="Add them."), "assistant", colors=LIGHT)
+    qtbot.addWidget(thinking)
+    lay = thinking.layout()
+    assert thinking.findChildren(ThoughtBlock) == [thinking.thought] and thinking.reasoning == "Add them."
+    assert 0 < lay.indexOf(thinking.thought) < lay.indexOf(thinking.body) < lay.indexOf(thinking.footer)
+    long = MessageWidget(_message(3, "user", "\n".join(f"line {i}" for i in range(400))), "user", colors=LIGHT)
+    qtbot.addWidget(long)
+    assert long.findChildren(LongTextExpander) == [long.expander] and long.expander.isVisibleTo(long)
+    assert lay.indexOf(thinking.footer) == lay.count() - 1
+    assert long.layout().indexOf(long.expander) == long.layout().indexOf(long.footer) - 1
+    # the bubble is painted: its border, in the accent colour when highlighted
+    plain.resize(300, 80)
+    edge = (plain.width() // 2, 0)
+    assert plain.grab().toImage().pixelColor(*edge).name() == LIGHT.border
+    plain.set_highlighted(True)
+    assert plain.grab().toImage().pixelColor(*edge).name() == LIGHT.accent
+    assert plain.grab().toImage().pixelColor(plain.width() // 2, 40).name() == LIGHT.user_bubble
 
 
 def test_a_streamed_reply_redraws_only_its_last_block(qtbot):
