@@ -82,6 +82,33 @@ def test_the_tree_panel_is_laid_out_off_the_ui_thread(qtbot, open_window, data_d
     assert canvas.node_at(centre.x(), centre.y() + tree_panel.DY / 2) is None
 
 
+def test_a_chats_first_screen_is_drawn_before_the_reader_starts_its_tree(qtbot, open_window, data_dir, monkeypatch):
+    """Issue #27.6: the reader's Python would compete for the GIL with the turns that build
+    the first screen's bubbles (each took two to three times its CPU time beside it)."""
+    with ChatStore(data_dir / CHATS_DB) as store:
+        long_id, long_ids = _branch(store, 400, "Long")
+        _branch(store, 3, "Short")
+    seen = []
+    real = tree_panel._read_layout
+
+    def recorded(*args):
+        seen.append((w.transcript.filling, len(w.transcript.widgets)))  # read on the worker: plain Python values
+        return real(*args)
+
+    monkeypatch.setattr(tree_panel, "_read_layout", recorded)
+    w = _window(open_window, data_dir, show_tree=True)
+    w.resize(1000, 700)
+    wait_for_tree(qtbot, w)
+    seen.clear()
+    w.show_conversation(long_id)
+    assert w.transcript.filling and w.reader.holding and len(w.transcript.widgets) == 2
+    qtbot.waitUntil(lambda: len(w.tree.canvas.nodes) == 400, timeout=30_000)
+    assert seen[0][0] is False and seen[0][1] > 2  # started once the view was full
+    assert not w.transcript.filling and not w.reader.holding and w.transcript.building
+    bar = w.transcript.verticalScrollBar()
+    assert bar.value() == bar.maximum() >= NEAR_TOP_PX
+
+
 def test_a_search_runs_off_the_ui_thread(qtbot, open_window, data_dir):
     big_text = "\n".join(f"{i:05d} a log line" for i in range(20_000)) + " zebrafinch"
     with ChatStore(data_dir / CHATS_DB) as store:

@@ -12,6 +12,7 @@ import time
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
+from app.window.workers import chat_reader  # noqa: E402
 from app.window.workers.chat_reader import ChatReader  # noqa: E402
 from app.window.workers.tasks import Workers, run_detached  # noqa: E402
 from storage.chats import ChatStore  # noqa: E402
@@ -128,5 +129,38 @@ def test_the_chat_reader_hands_a_turns_jobs_over_when_the_loop_comes_back(qtbot,
     qtbot.waitUntil(lambda: not reader.pending("tree") and not reader.pending("count"), timeout=5_000)
     assert started == ["count", "newest"] and sorted(results) == ["count", "newest"]
     assert reader.held == 0
+    reader.close()
+    assert workers.shutdown(timeout_s=5) == []
+
+
+def test_the_chat_reader_holds_its_jobs_while_asked_and_for_a_bounded_time(qtbot, tmp_path):
+    """Issue #27.6: while the window draws a chat's first screen the reader keeps the jobs
+    (its Python would slow every call the UI thread makes into Python), then hands them over;
+    a hold never lasts longer than ``HOLD_MAX_MS``."""
+    path = tmp_path / "chats.sqlite3"
+    ChatStore(path).close()
+    workers = Workers()
+    reader = ChatReader(path, workers)
+    started, results = [], []
+
+    def job(name):
+        return lambda _store: started.append(name) or name
+
+    reader.hold(True)
+    reader.submit("tree", job("tree"), results.append)
+    reader.submit("tree", job("newer tree"), results.append)
+    qtbot.wait(100)  # turns of the event loop pass: still held
+    assert started == [] and reader.held == 2 and reader.holding
+    reader.hold(False)
+    qtbot.waitUntil(lambda: results == ["newer tree"], timeout=5_000)
+    assert started == ["newer tree"] and reader.held == 0
+    # a hold nobody ends is ended after HOLD_MAX_MS
+    reader.hold(True)
+    reader.submit("count", job("count"), results.append)
+    qtbot.wait(100)
+    assert started == ["newer tree"]
+    t0 = time.perf_counter()
+    qtbot.waitUntil(lambda: "count" in results, timeout=5_000)
+    assert not reader.holding and time.perf_counter() - t0 < chat_reader.HOLD_MAX_MS / 1000 + 1
     reader.close()
     assert workers.shutdown(timeout_s=5) == []

@@ -221,6 +221,7 @@ class MainWindow(QMainWindow):
         transcript.link_requested.connect(self.links.confirm)
         transcript.delete_requested.connect(self.messages.delete_message)
         transcript.copy_conversation_requested.connect(self.messages.copy_conversation_markdown)
+        transcript.filling_changed.connect(self.reader.hold)  # a chat's first screen before its tree and prompt
         self.composer.send_requested.connect(commands.send)
         self.composer.stop_requested.connect(chat.stop)
         self.tree.node_clicked.connect(chat.select)

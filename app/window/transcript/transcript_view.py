@@ -82,6 +82,7 @@ class TranscriptView(QScrollArea):
     edit_ended = Signal(int)
     regenerate_hovered = Signal(int)
     continue_requested = Signal(int)  # MessageWidget's: Continue a stopped reply (flows/continue_flow.py)
+    filling_changed = Signal(bool)  # ``filling``: the window holds the chat reader meanwhile
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -118,6 +119,7 @@ class TranscriptView(QScrollArea):
         self.verticalScrollBar().valueChanged.connect(self._scrolled)
         self._stick_to_bottom = True
         self._revealed: MessageWidget | None = None  # scrolled into view while the layout settles
+        self._filling = False
         self.setAccessibleName("Messages")
         # a real zero-timer, not QTimer.singleShot(0) (a posted event): posted events run before
         # timers, so a chain of them kept every timer (and the heartbeat of tools/ui_latency) waiting
@@ -159,6 +161,7 @@ class TranscriptView(QScrollArea):
             self._add(self._bubble(*item))
         self._stick_to_bottom = True
         self._revealed = None
+        self._set_filling(bool(self._older))
         QTimer.singleShot(0, self._settle)
 
     def reveal(self, message_id: int) -> MessageWidget | None:
@@ -254,6 +257,20 @@ class TranscriptView(QScrollArea):
         """Build no more older bubbles (the window is shutting down: the store closes)."""
         self._older = []
         self._build_timer.stop()
+        self._set_filling(False)
+
+    @property
+    def filling(self) -> bool:
+        """True from ``set_messages`` until the bubbles built fill the view (its top is
+        ``NEAR_TOP_PX`` above them, or none is left to build, or the view is hidden): the
+        first screen of a chat, built a bubble per event-loop turn. ``filling_changed`` says
+        when it changes."""
+        return self._filling
+
+    def _set_filling(self, on: bool) -> None:
+        if on != self._filling:
+            self._filling = on
+            self.filling_changed.emit(on)
 
     def finish_building(self) -> None:
         """Build every remaining bubble now (tests, tools, and finding a message)."""
@@ -374,10 +391,14 @@ class TranscriptView(QScrollArea):
         """While the view's top is near the built bubbles' top, build older ones (next turn)."""
         if self._settled and self._older and self.verticalScrollBar().value() < NEAR_TOP_PX:
             self._build_timer.start()
+        elif self._settled:
+            self._set_filling(False)
 
     def _build_next(self) -> None:
         if self.isVisible():  # not after the window closed (its database is closed too)
             self._build_older()
+        else:
+            self._set_filling(False)
 
     def _range_changed(self, _lo: int, hi: int) -> None:
         bar = self.verticalScrollBar()
