@@ -109,6 +109,27 @@ def test_a_chats_first_screen_is_drawn_before_the_reader_starts_its_tree(qtbot, 
     assert bar.value() == bar.maximum() >= NEAR_TOP_PX
 
 
+def test_opening_a_long_branch_reads_only_the_messages_it_draws(qtbot, open_window, data_dir, monkeypatch):
+    """Issue #27.6: the click's turn read the 200 newest messages (text, token ids, stats) to
+    find the questions left without a reply; each is read when its bubble is built."""
+    with ChatStore(data_dir / CHATS_DB) as store:
+        long_id, ids = _branch(store, 400, "Long")
+        store.add_message(long_id, ids[-2], "user", "a question after a question")  # ids[-2] is a question
+        _branch(store, 3, "Short")
+    w = _window(open_window, data_dir)
+    read: list[int] = []
+    real = w.store.messages
+    monkeypatch.setattr(w.store, "messages", lambda wanted: read.extend(wanted) or real(wanted))
+    w.show_conversation(long_id)
+    assert len(set(read)) <= 6, read  # the newest two, the root and its reply, the leaf's checks
+    qtbot.waitUntil(lambda: not w.transcript.filling, timeout=30_000)
+    assert len(set(read)) <= 6 + len(w.transcript.widgets)
+    w.transcript.finish_building()
+    # Retry on the question followed by a question, and on the unanswered leaf; on no other
+    bubbles = {b.message.id: b for b in w.transcript.widgets}
+    assert [mid for mid, b in bubbles.items() if "retry" in b.buttons] == [ids[-2], max(bubbles)]
+
+
 def test_a_search_runs_off_the_ui_thread(qtbot, open_window, data_dir):
     big_text = "\n".join(f"{i:05d} a log line" for i in range(20_000)) + " zebrafinch"
     with ChatStore(data_dir / CHATS_DB) as store:

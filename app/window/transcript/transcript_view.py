@@ -112,7 +112,7 @@ class TranscriptView(QScrollArea):
         self._layout.insertWidget(1, self.earlier_button)
         self._shown_limit = SHOWN_MESSAGES
         self._args: tuple = ()
-        self._older: list = []  # (message, unanswered) of bubbles not built yet, oldest first
+        self._older = range(0)  # the indexes in the shown path of the messages not built yet
         self._settled = False  # the view was put at the bottom after set_messages
         self._anchor: int | None = None  # keep this distance from the bottom after building older bubbles
         self.verticalScrollBar().rangeChanged.connect(self._range_changed)
@@ -140,29 +140,38 @@ class TranscriptView(QScrollArea):
         self._args = (path, positions, colors, busy, empty_text, unanswered_id)
         self.colors = colors
         self.clear()
-        # every user message with no reply gets Retry: the leaf the controller names, and
-        # one followed by another user message (a reply that failed or was cancelled)
         hidden = max(0, len(path) - self._shown_limit)
-        tail = path[max(0, hidden - 1):]  # the shown messages (and the one before: its pair)
-        unanswered = {m.id for m, nxt in zip(tail, tail[1:]) if m.role == "user" and nxt.role == "user"}
-        if unanswered_id is not None:
-            unanswered.add(unanswered_id)
         self.earlier_button.setText(f"Show earlier messages ({hidden:,} not shown)")
         self.earlier_button.setVisible(hidden > 0)
-        path = path[hidden:]
         self._empty.setText(empty_text)
         self._empty.setStyleSheet(f"color:{colors.muted}; font-size:15px;")
-        self._empty.setVisible(not path and bool(empty_text))
-        # the newest bubbles now, the older ones a batch per event-loop turn (``_build_older``)
-        todo = [(m, m.id in unanswered) for m in path if m.role != "system"]
-        self._older = todo[:-FIRST_BUBBLES] if len(todo) > FIRST_BUBBLES else []
+        self._empty.setVisible(len(path) == hidden and bool(empty_text))
+        # the newest bubbles now, the older ones a batch per event-loop turn (``_build_older``),
+        # each message read when its bubble is built (a PathView reads no more)
         self._settled, self._anchor = False, None
-        for item in todo[len(self._older):]:
-            self._add(self._bubble(*item))
+        newest: list[MessageWidget] = []
+        stop = len(path)
+        while stop > hidden and len(newest) < FIRST_BUBBLES:
+            stop -= 1
+            if path[stop].role != "system":
+                newest.append(self._bubble(path[stop], self._unanswered(stop)))
+        self._older = range(hidden, stop)
+        for w in reversed(newest):
+            self._add(w)
         self._stick_to_bottom = True
         self._revealed = None
         self._set_filling(bool(self._older))
         QTimer.singleShot(0, self._settle)
+
+    def _unanswered(self, index: int) -> bool:
+        """Whether the message at ``index`` of the shown path gets Retry: the user message the
+        controller named (``unanswered_id``), or one followed by another user message (a reply
+        that failed or was cancelled). Reads the message after it, built before it."""
+        path, *_rest, unanswered_id = self._args
+        m = path[index]
+        if m.role != "user":
+            return False
+        return m.id == unanswered_id or (index + 1 < len(path) and path[index + 1].role == "user")
 
     def reveal(self, message_id: int) -> MessageWidget | None:
         """Scroll to the bubble of ``message_id`` (building older bubbles when it is among
@@ -238,9 +247,15 @@ class TranscriptView(QScrollArea):
             return
         bar = self.verticalScrollBar()
         self._anchor = bar.maximum() - bar.value()  # distance from the bottom, kept by _range_changed
-        batch, self._older = self._older[-count:], self._older[:-count]
-        for item in reversed(batch):
-            w = self._bubble(*item)
+        path = self._args[0]
+        lo, hi = max(self._older.start, self._older.stop - count), self._older.stop
+        self._older = range(self._older.start, lo)
+        messages = path[lo:hi]  # one read for the batch
+        for i in range(hi - 1, lo - 1, -1):
+            m = messages[i - lo]
+            if m.role == "system":
+                continue
+            w = self._bubble(m, self._unanswered(i))
             self._layout.insertWidget(self._layout.indexOf(self.earlier_button) + 1, w)  # after "Show earlier"
             self.widgets.insert(0, w)
         self._fill()  # the scroll range may not change (short bubbles): check again next turn
@@ -255,7 +270,7 @@ class TranscriptView(QScrollArea):
 
     def stop_building(self) -> None:
         """Build no more older bubbles (the window is shutting down: the store closes)."""
-        self._older = []
+        self._older = range(0)
         self._build_timer.stop()
         self._set_filling(False)
 
@@ -302,7 +317,7 @@ class TranscriptView(QScrollArea):
             w.deleteLater()
         self.widgets = []
         self.pending = None
-        self._older = []
+        self._older = range(0)
         self._anchor = None
 
     def start_pending(self) -> MessageWidget:
@@ -370,8 +385,12 @@ class TranscriptView(QScrollArea):
                 w.set_busy(busy)
 
     def widget_for(self, message_id: int) -> MessageWidget | None:
-        if any(item[0].id == message_id for item in self._older):
-            self.finish_building()
+        if self._older:
+            path = self._args[0]
+            ids = path.ids[self._older.start:self._older.stop] if hasattr(path, "ids") else \
+                [path[i].id for i in self._older]  # a PathView: its ids, no message read
+            if message_id in ids:
+                self.finish_building()
         return next((w for w in self.widgets if w.message and w.message.id == message_id), None)
 
     def _settle(self) -> None:
