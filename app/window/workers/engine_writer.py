@@ -5,9 +5,10 @@ is full until the engine process reads. A long branch's prompt is half a megabyt
 (10,000 messages: 509 KB, sent for the context count and again for the prewarm), several
 times what the pipe holds, and the engine process reads it on a thread that competes for
 its own GIL with the template rendering of the request before: the UI thread waited 6-40 ms
-per write. So a large request, and any request behind one not yet written, is written by a
-thread of its own, in order; a small one with nothing before it is written at once (Enter's
-request reaches the engine without a hop to another thread).
+per write. A small request cannot be written at once either: a write that returned has
+only filled the pipe, and the engine process may not have read it (a 16-byte request waited
+0.1-0.5 s behind a prompt the engine process was slow to read). So every request is
+written by a thread of its own, in order.
 """
 
 from __future__ import annotations
@@ -21,15 +22,13 @@ from app.window.workers.tasks import Task, Workers
 
 log = logging.getLogger(__name__)
 
-INLINE_BYTES = 16 * 1024
-"""A request at most this large (bytes) is written on the calling thread when nothing waits
-to be written before it: a pipe holds more, so the write does not wait on the engine."""
 _STOP = object()
 
 
 class EngineWriter:
     """Writes the pickled requests given to ``send`` with ``write(bytes)`` (the engine process's
-    ``send_packed``), in the order given, without making the caller wait on the pipe.
+    ``send_packed``) on a thread of its own, in the order given: the caller never waits on the
+    pipe (when ``workers`` is closed already, ``send`` writes at once).
 
     ``send`` is for the UI thread. A write that fails on the writer's thread (the engine
     process is gone) calls ``failed(exception)`` on the UI thread, and nothing more is
@@ -50,17 +49,15 @@ class EngineWriter:
             return self._waiting
 
     def send(self, blob: bytes) -> None:
-        """Write ``blob`` now when it is small and nothing waits before it, else hand it to the
-        writer's thread. Raises as ``write`` does (OSError, EOFError, ValueError) only for a
-        write made now; a later failure goes to ``failed``."""
-        with self._lock:
-            inline = self._task is None or (self._waiting == 0 and len(blob) <= INLINE_BYTES)
-            if not inline:
-                self._waiting += 1
-        if inline:
+        """Hand ``blob`` to the writer's thread (a failure goes to ``failed``). Without a thread
+        (``workers`` was closed) it is written now, raising as ``write`` does (OSError,
+        EOFError, ValueError)."""
+        if self._task is None:
             self._write(blob)
-        else:
-            self._queue.put(blob)
+            return
+        with self._lock:
+            self._waiting += 1
+        self._queue.put(blob)
 
     def close(self, timeout_s: float) -> bool:
         """Let the thread write what it was given, then end; wait at most ``timeout_s`` seconds.
