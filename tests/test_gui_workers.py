@@ -198,4 +198,46 @@ def test_the_engine_writer_never_makes_the_ui_thread_wait_and_keeps_the_order(qt
     qtbot.waitUntil(lambda: len(failures) == 1, timeout=5_000)
     assert isinstance(failures[0], BrokenPipeError)
     assert writer.close(5) and [b for b, _ in written] == [big, b"small"]
-    assert workers.shutdown(timeout_s=5) == []
+    # with a pipe that has room (``socket_room``), a request with nothing before it goes at once
+    room: list[int] = []
+    pipe_read.clear()
+    writer = EngineWriter(write, workers, failures.append, room=lambda n: room.append(n) or n < 1_000)
+    written.clear()
+    pipe_read.set()
+    writer.send(b"now")
+    assert written == [(b"now", True)] and room == [3 + 8]
+    pipe_read.clear()
+    writer.send(big)  # no room for it: the writer's thread
+    writer.send(b"then")  # behind it
+    assert [b for b, _ in written] == [b"now"] and writer.waiting == 2
+    pipe_read.set()
+    qtbot.waitUntil(lambda: writer.waiting == 0, timeout=5_000)
+    assert written == [(b"now", True), (big, False), (b"then", False)]
+    assert writer.close(5) and workers.shutdown(timeout_s=5) == []
+
+
+def test_the_engine_pipe_has_room_for_a_small_request_only_while_its_reader_keeps_up():
+    """On Linux the engine pipe is a Unix socket pair: it polls writable while at most a quarter
+    of its send buffer is unread, and a write up to that quarter then returns at once."""
+    import socket
+    import sys
+
+    import pytest
+
+    from app.window.workers.engine_writer import socket_room
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("told on Linux only: elsewhere every request goes to the writer's thread")
+    a, b = socket.socketpair()
+    with a, b:
+        room = socket_room(a.fileno())
+        limit = a.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 4
+        assert room(1_000) and room(limit) and not room(limit + 1)
+        a.setblocking(False)
+        while room(4_096):  # filled without reading, as a busy engine process leaves it
+            a.send(b"x" * 4_096)
+        assert not room(16)
+        a.send(b"x" * 16_000)  # there was still room for more: poll says "no room" early
+        while not room(limit):
+            b.recv(65_536)
+        assert a.send(b"y" * limit) == limit  # all of it, at once

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
-from app.window.workers.engine_writer import EngineWriter
+from app.window.workers.engine_writer import EngineWriter, socket_room
 from app.window.workers.tasks import Task, Workers
 from engine import events as ev
 from engine.chat_template import ChatMessage
@@ -148,7 +148,8 @@ class EngineClient(QObject):
         proc = self._proc
         self._reader = self._workers.start(lambda task: self._read_loop(proc, task), name="engine-events",
                                            progress=self._dispatch)
-        self._writer = EngineWriter(proc.send_packed, self._workers, lambda _exc: self._write_failed(proc))
+        self._writer = EngineWriter(proc.send_packed, self._workers, lambda _exc: self._write_failed(proc),
+                                    room=socket_room(proc.fileno()))
         log.info("engine process started, pid %s", proc.pid)
 
     def is_running(self) -> bool:
