@@ -16,14 +16,17 @@ import threading  # noqa: E402
 
 from gui_helpers import wait_for_tree  # noqa: E402
 from PySide6.QtCore import QTimer  # noqa: E402
-from PySide6.QtGui import QGuiApplication  # noqa: E402
+from PySide6.QtGui import QGuiApplication, QPalette  # noqa: E402
+from PySide6.QtWidgets import QWidget  # noqa: E402
 
 import app.window.tree.tree_panel as tree_panel  # noqa: E402
 from app.window.tree.sidebar import SNIPPET_ROLE, SPANS_ROLE  # noqa: E402
 from app.window.shell.theme import LIGHT  # noqa: E402
+from app.window.transcript.long_text import LongTextExpander  # noqa: E402
 from app.window.transcript.message_widget import MessageWidget  # noqa: E402
-from app.window.transcript.transcript_view import NEAR_TOP_PX  # noqa: E402
-from storage.chats import ChatStore  # noqa: E402
+from app.window.transcript.thought_block import ThoughtBlock  # noqa: E402
+from app.window.transcript.transcript_view import NEAR_TOP_PX, SHOWN_MESSAGES  # noqa: E402
+from storage.chats import ChatStore, Message  # noqa: E402
 from storage.paths import CHATS_DB  # noqa: E402
 
 
@@ -77,6 +80,83 @@ def test_the_tree_panel_is_laid_out_off_the_ui_thread(qtbot, open_window, data_d
     centre = canvas.center_of(long_ids[-1])
     assert canvas.node_at(centre.x(), centre.y()).message.id == long_ids[-1]
     assert canvas.node_at(centre.x(), centre.y() + tree_panel.DY / 2) is None
+
+
+def test_a_chats_first_screen_is_drawn_before_the_reader_starts_its_tree(qtbot, open_window, data_dir, monkeypatch):
+    """Issue #27.6: the reader's Python would compete for the GIL with the turns that build
+    the first screen's bubbles (each took two to three times its CPU time beside it)."""
+    with ChatStore(data_dir / CHATS_DB) as store:
+        long_id, long_ids = _branch(store, 400, "Long")
+        _branch(store, 3, "Short")
+    seen = []
+    real = tree_panel._read_layout
+
+    def recorded(*args):
+        seen.append((w.transcript.filling, len(w.transcript.widgets)))  # read on the worker: plain Python values
+        return real(*args)
+
+    monkeypatch.setattr(tree_panel, "_read_layout", recorded)
+    w = _window(open_window, data_dir, show_tree=True)
+    w.resize(1000, 700)
+    wait_for_tree(qtbot, w)
+    seen.clear()
+    w.show_conversation(long_id)
+    assert w.transcript.filling and w.reader.holding and len(w.transcript.widgets) == 2
+    qtbot.waitUntil(lambda: len(w.tree.canvas.nodes) == 400, timeout=30_000)
+    assert seen[0][0] is False and seen[0][1] > 2  # started once the view was full
+    assert not w.transcript.filling and not w.reader.holding and w.transcript.building
+    bar = w.transcript.verticalScrollBar()
+    assert bar.value() == bar.maximum() >= NEAR_TOP_PX
+
+
+def test_opening_a_long_branch_reads_only_the_messages_it_draws(qtbot, open_window, data_dir, monkeypatch):
+    """Issue #27.6: the click's turn read the 200 newest messages (text, token ids, stats) to
+    find the questions left without a reply; each is read when its bubble is built."""
+    with ChatStore(data_dir / CHATS_DB) as store:
+        long_id, ids = _branch(store, 400, "Long")
+        store.add_message(long_id, ids[-2], "user", "a question after a question")  # ids[-2] is a question
+        _branch(store, 3, "Short")
+    w = _window(open_window, data_dir)
+    read: list[int] = []
+    real = w.store.messages
+    monkeypatch.setattr(w.store, "messages", lambda wanted: read.extend(wanted) or real(wanted))
+    w.show_conversation(long_id)
+    assert len(set(read)) <= 6, read  # the newest two, the root and its reply, the leaf's checks
+    qtbot.waitUntil(lambda: not w.transcript.filling, timeout=30_000)
+    assert len(set(read)) <= 6 + len(w.transcript.widgets)
+    w.transcript.finish_building()
+    # Retry on the question followed by a question, and on the unanswered leaf; on no other
+    bubbles = {b.message.id: b for b in w.transcript.widgets}
+    assert [mid for mid, b in bubbles.items() if "retry" in b.buttons] == [ids[-2], max(bubbles)]
+
+
+def test_opening_a_long_branch_walks_it_off_the_ui_thread(qtbot, open_window, data_dir, monkeypatch):
+    """Issue #27.6: the click's turn walked the whole branch for its ids (30 ms for 10,000
+    messages of 2 KB); it reads the newest ones, and the reader the rest (the earlier
+    messages' count comes with them)."""
+    with ChatStore(data_dir / CHATS_DB) as store:
+        long_id, ids = _branch(store, 700, "Long")
+        _branch(store, 3, "Short")
+    w = _window(open_window, data_dir)
+    walks = []
+    real = type(w.store.branches).path_ids
+
+    def path_ids(self, mid):
+        walks.append(threading.current_thread() is threading.main_thread())
+        return real(self, mid)
+
+    monkeypatch.setattr(type(w.store.branches), "path_ids", path_ids)
+    w.show_conversation(long_id)
+    path = w.transcript.path
+    assert walks == [] and not path.complete and [b.message.id for b in w.transcript.widgets] == ids[-2:]
+    assert w.transcript.earlier_button.text() == "Show earlier messages" and w.transcript.earlier_button.isVisibleTo(w)
+    qtbot.waitUntil(lambda: path.complete, timeout=30_000)
+    assert walks == [False] and path.ids == ids
+    assert w.transcript.earlier_button.text() == f"Show earlier messages ({700 - SHOWN_MESSAGES:,} not shown)"
+    # a search hit further up than the ids read first is still found and shown
+    w.show_conversation(long_id)
+    hit = w.transcript.reveal(ids[5])
+    assert hit is not None and hit.message.id == ids[5] and hit.highlighted
 
 
 def test_a_search_runs_off_the_ui_thread(qtbot, open_window, data_dir):
@@ -142,6 +222,40 @@ def test_a_long_chat_opens_on_its_newest_exchange_and_builds_the_rest_between_ti
     assert [b.message.id for b in w.transcript.widgets] == ids[-len(w.transcript.widgets):]
     newest = w.transcript.widgets[-1]
     assert newest.mapTo(w.transcript.viewport(), newest.rect().bottomLeft()).y() <= w.transcript.viewport().height()
+
+
+def _message(mid: int, role: str, text: str, reasoning: str | None = None) -> Message:
+    return Message(mid, 1, mid - 1 or None, role, text, None, None, "complete", None, 0.0, reasoning=reasoning)
+
+
+def test_a_bubble_parses_no_style_sheet_and_builds_only_the_blocks_its_message_needs(qtbot):
+    """Issue #27.6: a style sheet on a bubble styled every widget in it through the style-sheet
+    engine, and every bubble built a thinking block and a "Show all" button it rarely shows."""
+    plain = MessageWidget(_message(1, "user", "turn 1"), "user", colors=LIGHT)
+    qtbot.addWidget(plain)
+    assert [w for w in [plain, *plain.findChildren(QWidget)] if w.styleSheet()] == []
+    assert plain.findChildren(ThoughtBlock) == [] and plain.findChildren(LongTextExpander) == []
+    assert plain.reasoning == "" and [a.text() for a in plain.context_menu().actions()
+                                      if "reasoning" in a.text()] == []
+    assert plain.note.palette().color(QPalette.ColorRole.WindowText).name() == LIGHT.muted
+    # the blocks a message needs are there, in their places
+    thinking = MessageWidget(_message(2, "assistant", "It is 4.", reasoning="Add them."), "assistant", colors=LIGHT)
+    qtbot.addWidget(thinking)
+    lay = thinking.layout()
+    assert thinking.findChildren(ThoughtBlock) == [thinking.thought] and thinking.reasoning == "Add them."
+    assert 0 < lay.indexOf(thinking.thought) < lay.indexOf(thinking.body) < lay.indexOf(thinking.footer)
+    long = MessageWidget(_message(3, "user", "\n".join(f"line {i}" for i in range(400))), "user", colors=LIGHT)
+    qtbot.addWidget(long)
+    assert long.findChildren(LongTextExpander) == [long.expander] and long.expander.isVisibleTo(long)
+    assert lay.indexOf(thinking.footer) == lay.count() - 1
+    assert long.layout().indexOf(long.expander) == long.layout().indexOf(long.footer) - 1
+    # the bubble is painted: its border, in the accent colour when highlighted
+    plain.resize(300, 80)
+    edge = (plain.width() // 2, 0)
+    assert plain.grab().toImage().pixelColor(*edge).name() == LIGHT.border
+    plain.set_highlighted(True)
+    assert plain.grab().toImage().pixelColor(*edge).name() == LIGHT.accent
+    assert plain.grab().toImage().pixelColor(plain.width() // 2, 40).name() == LIGHT.user_bubble
 
 
 def test_a_streamed_reply_redraws_only_its_last_block(qtbot):

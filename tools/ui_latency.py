@@ -6,6 +6,11 @@ on the UI thread. A gap between two beats longer than the interval is time the e
 loop could not run: a blocking call. Prints the longest gap, the 99th percentile and
 how many gaps exceeded 50 ms (the target is none), plus ``--json``.
 
+With ``--big``, each phase also gives the most CPU time the UI thread used in one gap
+between beats (``max_cpu_ms``, and how many gaps used over 50 ms): a stall much longer
+than that was time the thread waited (for the GIL, on a pipe, or for a core on a machine
+busy with other programs), not work of its own.
+
 ``--big`` measures the same for a 1 MB message (20,000 lines): pressing Enter with it in
 the composer until the "too long" dialog shows (the engine counts it in its own process),
 opening a chat that holds it, and searching for a word in it; for opening a chat of
@@ -87,21 +92,25 @@ def measure(max_tokens: int) -> dict:
 
 
 class Heartbeat:
-    """A ``BEAT_MS`` timer on the UI thread; ``stop()`` returns the stalls (ms beyond a beat)."""
+    """A ``BEAT_MS`` timer on the UI thread; ``stop()`` returns the stalls (ms beyond a beat),
+    and the UI thread's own CPU time in each gap between beats: a stall with little of it is
+    time the thread was kept from running (a busy machine), not its own work."""
 
     def __init__(self):
         self.gaps: list[float] = []
+        self.cpu: list[float] = []
         self.timer = QTimer(interval=BEAT_MS)
         self.timer.timeout.connect(self._beat)
-        self.last = 0.0
+        self.last = self.last_cpu = 0.0
 
     def _beat(self) -> None:
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.thread_time()
         self.gaps.append((now - self.last) * 1000)
-        self.last = now
+        self.cpu.append((cpu - self.last_cpu) * 1000)
+        self.last, self.last_cpu = now, cpu
 
     def start(self) -> None:
-        self.gaps, self.last = [], time.perf_counter()
+        self.gaps, self.cpu, self.last, self.last_cpu = [], [], time.perf_counter(), time.thread_time()
         self.timer.start()
 
     def stop(self) -> dict:
@@ -110,7 +119,9 @@ class Heartbeat:
         stalls = sorted(g - BEAT_MS for g in self.gaps)
         return {"max_stall_ms": round(stalls[-1], 1) if stalls else 0.0, "beats": len(stalls),
                 "median_stall_ms": round(statistics.median(stalls), 2) if stalls else 0.0,
-                "stalls_over_50ms": sum(s > 50 for s in stalls)}
+                "stalls_over_50ms": sum(s > 50 for s in stalls),
+                "max_cpu_ms": round(max(self.cpu), 1) if self.cpu else 0.0,
+                "cpu_over_50ms": sum(c > 50 for c in self.cpu)}
 
 
 BIG_LINES = 20_000
@@ -251,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
             f = r[phase]
             print(f"  {phase:<9} max {f['max_stall_ms']} ms, median {f['median_stall_ms']} ms, "
                   f"{f['stalls_over_50ms']} over 50 ms "
-                  f"({f['seconds']} s until done)")
+                  f"({f['seconds']} s until done; UI-thread CPU in one gap: max {f['max_cpu_ms']} ms, "
+                  f"{f['cpu_over_50ms']} over 50 ms)")
         return 0
     r = measure(args.max_tokens)
     if args.json:

@@ -9,10 +9,10 @@ here recurses over the tree or talks to the engine; the front end sends the prom
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from app.session.packed_prompt import PackedPrompt, prompt_ids
+from app.session.path_view import PATH_TAIL, PathView, SiblingPositions
 from app.session.recorder import ReplyRecorder, ReplyState
 from engine.chat_template import ChatMessage, conversation_messages
 from engine.documents.attach import prompt_messages, with_attachments  # conversation_messages with attachments rendered in
@@ -136,26 +136,36 @@ class ConversationSession:
         conv = self.chats.get_conversation(conversation_id)
         return prompt_messages(self.chats, conv.system_prompt, self.chats.active_path(conversation_id))
 
-    def shown_path(self, conversation_id: int, reply: ReplyRecorder | None = None) -> PathView:
+    def shown_path(self, conversation_id: int, reply: ReplyRecorder | None = None,
+                   tail: int = PATH_TAIL) -> PathView:
         """The messages to show for ``conversation_id``: its active path; while ``reply``
         streams into this conversation, the path to the message being answered (the reply
-        itself is drawn from its recorder, not from the database). A ``PathView``: only the
-        ids are read now, each message when it is first asked for (a transcript draws the
-        newest few hundred of a branch of any length)."""
+        itself is drawn from its recorder, not from the database). A ``PathView`` of which the
+        ids of the newest ``tail`` messages are read now (a walk of at most that many steps),
+        the rest when asked for, and each message when it is first asked for (a transcript
+        draws the newest few hundred of a branch of any length)."""
         if reply is not None and not reply.finished and reply.conversation_id == conversation_id:
             if reply.message_id is None:
-                return PathView(self.chats, self.chats.branches.path_ids(reply.parent_id))
+                return self._path_up(reply.parent_id, tail)
             leaf = self.chats.get_conversation(conversation_id).active_leaf_id
-            ids = self.chats.branches.path_ids(leaf) if leaf is not None else []
-            return PathView(self.chats, [i for i in ids if i != reply.message_id])
-        leaf = self.chats.get_conversation(conversation_id).active_leaf_id
-        return PathView(self.chats, self.chats.branches.path_ids(leaf) if leaf is not None else [])
+            path = self._path_up(leaf, tail + 1)
+            ids = path.tail_ids
+            if ids and ids[-1] == reply.message_id:  # the reply is the leaf: its parent's path
+                return PathView(self.chats, ids[:-1], path.complete)
+            return PathView(self.chats, [i for i in path.ids if i != reply.message_id])
+        return self._path_up(self.chats.get_conversation(conversation_id).active_leaf_id, tail)
+
+    def _path_up(self, leaf_id: int | None, tail: int) -> PathView:
+        if leaf_id is None:
+            return PathView(self.chats, [])
+        ids, reaches_root = self.chats.branches.path_tail(leaf_id, tail)
+        return PathView(self.chats, ids, complete=reaches_root)
 
     def sibling_positions(self, path) -> SiblingPositions:
         """For each message of ``path``: (its 1-based position among its siblings, their count),
         the ``‹ 2/3 ›`` of the branch navigator; a mapping that reads each one when first asked
-        for (a transcript asks only for the messages it draws)."""
-        return SiblingPositions(self.chats, list(path.ids) if isinstance(path, PathView) else [m.id for m in path])
+        for (a transcript asks only for the messages it draws; a ``PathView`` is not read whole)."""
+        return SiblingPositions(self.chats, path if isinstance(path, PathView) else [m.id for m in path])
 
     def unanswered(self, conversation_id: int, path: list | None = None) -> int | None:
         """The id of the active leaf when it is a user message with no reply (a turn that
@@ -321,76 +331,3 @@ class ConversationSession:
         if len(kept) == len(path):
             return None
         return self.chats.copies.branch_from_path([m.id for m in kept])
-
-
-class SiblingPositions(Mapping):
-    """Message id -> (1-based position among its siblings, their count) for the messages
-    ``ids`` of one path; each is read from ``chats`` (a ChatStore) when first asked for, then kept."""
-
-    def __init__(self, chats, ids: list[int]):
-        self._chats, self._ids, self._known = chats, ids, {}
-        self._wanted = set(ids)
-
-    def __getitem__(self, message_id: int) -> tuple[int, int]:
-        if message_id not in self._wanted:
-            raise KeyError(message_id)
-        if message_id not in self._known:
-            try:
-                sibs = [s.id for s in self._chats.branches.siblings(message_id)]
-            except NotFoundError:  # deleted since the path was read: drawn without a navigator
-                sibs = [message_id]
-            self._known[message_id] = (sibs.index(message_id) + 1, len(sibs))
-        return self._known[message_id]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._ids)
-
-    def __len__(self) -> int:
-        return len(self._ids)
-
-    def plus(self, message_id: int, position: tuple[int, int]) -> SiblingPositions:
-        """These positions and ``message_id``'s (a message drawn below the path); none read again."""
-        more = SiblingPositions(self._chats, [*self._ids, message_id])
-        more._known = {**self._known, message_id: position}
-        return more
-
-
-class PathView(Sequence):
-    """A path of messages (root first) of which only the ids (``ids``) are read up front; a
-    message is read from ``chats`` (a ChatStore) when first asked for, slices in one query.
-    Raises NotFoundError for a message deleted since the ids were read."""
-
-    def __init__(self, chats, ids: list[int]):
-        self._chats, self.ids, self._known = chats, ids, {}
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            wanted = self.ids[index]
-            self._read([i for i in wanted if i not in self._known])
-            return [self._known[i] for i in wanted]
-        mid = self.ids[index]
-        if mid not in self._known:
-            self._read([mid])
-        return self._known[mid]
-
-    def __iter__(self) -> Iterator:
-        for i in range(0, len(self.ids), 200):  # read in slices
-            yield from self[i:i + 200]
-
-    def __reversed__(self) -> Iterator:
-        for i in range(len(self.ids) - 1, -1, -1):
-            yield self[i]
-
-    def plus(self, message) -> PathView:
-        """This path with ``message`` (a Message, a child of its last one) below it; the
-        messages read already are not read again."""
-        more = PathView(self._chats, [*self.ids, message.id])
-        more._known = {**self._known, message.id: message}
-        return more
-
-    def _read(self, ids: list[int]) -> None:
-        if ids:
-            self._known.update((m.id, m) for m in self._chats.messages(ids))

@@ -66,6 +66,25 @@ class Branches(Part):
             raise queries.no_message(message_id)
         return [row[0] for row in rows]
 
+    def path_tail(self, message_id: int, count: int) -> tuple[list[int], bool]:
+        """The ids of the last ``count`` (at least 1) messages of the path from the root down to
+        ``message_id`` (root first, ``message_id`` last), and whether they reach the root: a
+        walk of at most ``count`` steps, however deep the message is (``path_ids`` walks it all).
+        Raises NotFoundError for an unknown message."""
+        with self._lock:
+            rows = self._conn.execute(
+                "WITH RECURSIVE up(id, parent_id, depth) AS ("
+                "  SELECT id, parent_id, 1 FROM messages WHERE id = ?"
+                "  UNION ALL"
+                "  SELECT m.id, m.parent_id, up.depth + 1 FROM messages AS m JOIN up"
+                "  ON m.id = up.parent_id WHERE up.depth < ?"
+                ") SELECT id, parent_id FROM up ORDER BY depth DESC",
+                (message_id, max(1, count)),
+            ).fetchall()
+        if not rows:
+            raise queries.no_message(message_id)
+        return [row[0] for row in rows], rows[0][1] is None
+
     def deepest_leaf(self, message_id: int) -> Message:
         """Follow the most recently created child from ``message_id`` down to a leaf.
 

@@ -56,6 +56,7 @@ from app.window.transcript.transcript_view import TranscriptView
 from app.window.tree.sidebar import Sidebar
 from app.window.tree.tree_panel import TreePanel
 from app.window.workers.chat_reader import ChatReader
+from app.window.workers.path_ids import PathIds
 from app.window.workers.tasks import SHUTDOWN_S, Workers
 from storage.chats import ChatStore
 from storage.paths import CHATS_DB
@@ -201,6 +202,7 @@ class MainWindow(QMainWindow):
         self.prewarm.attachments = self.attach
         self.attachment_marks = AttachmentMarks(store, self.workers, self)
         self.transcript.decorate = self.attachment_marks.decorate
+        self.transcript.complete_path = PathIds(self.reader, self.transcript, self).want
 
     def _connect(self) -> None:
         chat, nav, commands, sidebar, transcript = self.chat, self.navigator, self.commands, self.sidebar, self.transcript
@@ -221,6 +223,7 @@ class MainWindow(QMainWindow):
         transcript.link_requested.connect(self.links.confirm)
         transcript.delete_requested.connect(self.messages.delete_message)
         transcript.copy_conversation_requested.connect(self.messages.copy_conversation_markdown)
+        transcript.filling_changed.connect(self.reader.hold)  # a chat's first screen before its tree and prompt
         self.composer.send_requested.connect(commands.send)
         self.composer.stop_requested.connect(chat.stop)
         self.tree.node_clicked.connect(chat.select)

@@ -9,8 +9,8 @@ import html
 import re
 import time
 
-from PySide6.QtCore import QEvent, Qt, QTimer, Signal
-from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
+from PySide6.QtCore import QEvent, QRectF, Qt, QTimer, Signal
+from PySide6.QtGui import QColor, QGuiApplication, QKeySequence, QPainter, QPalette, QPen, QShortcut
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -43,6 +43,8 @@ STATUS_NOTES = {"stopped": "stopped", "error": "interrupted", "streaming": "writ
 COPIED_MS = 1500
 """How long "Copied" shows on a Copy button or a code block's "Copy code" link (milliseconds)."""
 COPY_CODE_LINK = "Copy code</a>"
+RADIUS_PX = 10
+"""The radius of a bubble's corners (pixels)."""
 _TAG_OR_TEXT = re.compile(r"(<style.*?</style>|<[^>]*>)", re.DOTALL)
 _ENTITY = r"&(?:#\d+|#x[0-9a-fA-F]+|\w+);"
 
@@ -62,6 +64,14 @@ def mark_terms(rich: str, terms: list[str], color: str) -> str:
 
     pieces = _TAG_OR_TEXT.split(rich)
     return "".join(p if i % 2 else pattern.sub(mark, p) for i, p in enumerate(pieces))
+
+
+def muted(label: QLabel, colors: Colors) -> None:
+    """Draw ``label``'s text in ``colors.muted``: its palette, not a style sheet (parsing one per
+    label cost a bubble a millisecond, and styled the label through the style-sheet engine)."""
+    palette = label.palette()
+    palette.setColor(QPalette.ColorRole.WindowText, QColor(colors.muted))
+    label.setPalette(palette)
 
 
 def message_time(when: float, now: float | None = None) -> str:
@@ -136,9 +146,8 @@ class MessageWidget(QFrame):
         self.copied_code: int | None = None  # the code block whose "Copy code" was clicked last
         self.setObjectName("bubble_" + role)
         self.setAccessibleName(f"{ROLE_NAMES.get(role, role)} message")
-        self.set_highlighted(False)
         outer = QVBoxLayout(self)
-        outer.setContentsMargins(12, 8, 12, 8)
+        outer.setContentsMargins(13, 9, 13, 9)  # 12 and 8 inside the 1-pixel border
         outer.setSpacing(4)
 
         header = QHBoxLayout()
@@ -146,7 +155,7 @@ class MessageWidget(QFrame):
         name = QLabel(f"<b>{ROLE_NAMES.get(role, role)}</b>")
         header.addWidget(name)
         self.note = QLabel()
-        self.note.setStyleSheet(f"color:{colors.muted};")
+        muted(self.note, colors)
         # a long note ("no reply (stopped or failed)") gives way in a narrow window, never the bubble
         self.note.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.note.setMinimumWidth(0)
@@ -195,10 +204,7 @@ class MessageWidget(QFrame):
         self.set_busy(busy)
         outer.addLayout(header)
 
-        self.thought = ThoughtBlock(colors)  # a reasoning model's thinking, above the answer
-        outer.addWidget(self.thought)
-        if message is not None and getattr(message, "reasoning", None):
-            self.thought.set_saved(message.reasoning, message.stats)
+        self._thought: ThoughtBlock | None = None  # built when there is thinking (``thought``)
         self.tool_block = ToolCallBlock(message) if message is not None and getattr(message, "tool", None) else None
         if self.tool_block is not None:  # a tool step: the calls, or the result with its arguments
             outer.addWidget(self.tool_block)
@@ -220,14 +226,15 @@ class MessageWidget(QFrame):
             self.stream.link_activated.connect(self._link)
             self.stream.hide()
             outer.addWidget(self.stream)
-        self.expander = LongTextExpander()  # "Show all N lines" of a long message
-        outer.addWidget(self.expander)
+        self._expander: LongTextExpander | None = None  # built for a long message (``expander``)
 
         self.editor: InlineEditor | None = None
         self.footer = QLabel()
-        self.footer.setStyleSheet(f"color:{colors.muted}; font-size:small;")
+        muted(self.footer, colors)
         self.footer.setWordWrap(True)  # the figures wrap in a narrow window instead of widening the bubble
         outer.addWidget(self.footer)
+        if message is not None and getattr(message, "reasoning", None):  # above the answer
+            self.thought.set_saved(message.reasoning, message.stats)
         self.set_text(self._text)
         if message is not None:
             self.set_stats(message.stats, message.status)
@@ -243,11 +250,48 @@ class MessageWidget(QFrame):
 
     def set_highlighted(self, on: bool) -> None:
         """Draw the bubble with an accent border (a search hit that was opened) or without."""
-        self.highlighted = on
-        c, role = self.colors, self.role
-        bg = c.user_bubble if role == "user" else c.assistant_bubble
-        border = f"2px solid {c.accent}" if on else f"1px solid {c.border}"
-        self.setStyleSheet(f"QFrame#bubble_{role} {{ background:{bg}; border:{border}; border-radius:10px; }}")
+        if on != self.highlighted:
+            self.highlighted = on
+            self.update()
+
+    def paintEvent(self, event) -> None:  # noqa: N802 - Qt override
+        """The bubble: its role's background, a 1-pixel border (2 pixels in the accent colour
+        when highlighted), corners of radius ``RADIUS_PX``. Painted, not a style sheet: a style
+        sheet on the bubble made Qt style every widget in it through the style-sheet engine
+        (a bubble took twice as long to build and lay out)."""
+        c = self.colors
+        width = 2 if self.highlighted else 1
+        p = QPainter(self)
+        p.setRenderHint(QPainter.RenderHint.Antialiasing)
+        p.setPen(QPen(QColor(c.accent if self.highlighted else c.border), width))
+        p.setBrush(QColor(c.user_bubble if self.role == "user" else c.assistant_bubble))
+        half = width / 2
+        p.drawRoundedRect(QRectF(self.rect()).adjusted(half, half, -half, -half), RADIUS_PX, RADIUS_PX)
+        p.end()
+
+    @property
+    def thought(self) -> ThoughtBlock:
+        """The block of a reasoning model's thinking above the answer (thought_block.py),
+        built when first asked for: most messages have none."""
+        if self._thought is None:
+            self._thought = ThoughtBlock(self.colors)
+            lay = self.layout()
+            lay.insertWidget(lay.indexOf(self.tool_block if self.tool_block is not None else self.body), self._thought)
+        return self._thought
+
+    @property
+    def reasoning(self) -> str:
+        """The thinking shown above the answer ("" when there is none); builds nothing."""
+        return self._thought.reasoning if self._thought is not None else ""
+
+    @property
+    def expander(self) -> LongTextExpander:
+        """The "Show all N lines" of a long message (long_text.py), built when first asked for."""
+        if self._expander is None:
+            self._expander = LongTextExpander()
+            lay = self.layout()
+            lay.insertWidget(lay.indexOf(self.footer), self._expander)
+        return self._expander
 
     def context_menu(self) -> QMenu:
         """The bubble's menu: copy (the selection, the message, the branch as Markdown), delete."""
@@ -256,7 +300,7 @@ class MessageWidget(QFrame):
             menu.addAction("Copy selection", lambda: QGuiApplication.clipboard().setText(
                 self.body.selectedText().replace("\u200b", "")))  # markdown_view.break_long_runs
         menu.addAction("Copy message", self._copy_all)
-        if self.thought.reasoning:
+        if self.reasoning:
             menu.addAction("Copy with reasoning", self.copy_with_reasoning)
         menu.addAction("Copy conversation as Markdown", self.copy_conversation_requested.emit)
         if self.message is not None:
@@ -289,20 +333,22 @@ class MessageWidget(QFrame):
     def set_text(self, text: str) -> None:
         self._text = text
         if self.stream is not None:  # streaming: only the block being written is redrawn
-            if text:
-                self.thought.fold_live()  # the answer started: the thinking folds
-            self.body.setVisible(not text and not self.thought.reasoning)
+            if text and self._thought is not None:
+                self._thought.fold_live()  # the answer started: the thinking folds
+            self.body.setVisible(not text and not self.reasoning)
             self.body.setText(f'<span style="color:{self.colors.muted};">…</span>' if not text else "")
             self.stream.setVisible(bool(text))
             self.stream.set_text(text)
         elif not text and self.empty_reply:
             what = "Stopped" if self.message.status == "stopped" else "Failed"
             self.body.setText(f'<i style="color:{self.colors.muted};">{what} before the first token.</i>')
-            self.expander.set_text(text, None)
+            if self._expander is not None:
+                self._expander.set_text(text, None)
         else:  # a long saved message is drawn collapsed (its first lines), never whole
             cut = collapsed(text)
             self.body.setText(to_html(cut.preview if cut else text, self.colors))
-            self.expander.set_text(text, cut)
+            if cut is not None or self._expander is not None:
+                self.expander.set_text(text, cut)
 
     def set_stats(self, stats: dict | None, status: str = "complete") -> None:
         when = self.message.created_at if self.message is not None else None
@@ -321,8 +367,7 @@ class MessageWidget(QFrame):
 
     def copy_with_reasoning(self) -> None:
         """The thinking, a blank line, then the answer, to the clipboard (plain text)."""
-        QGuiApplication.clipboard().setText(f"{self.thought.reasoning}\n\n{self._text}" if self.thought.reasoning
-                                            else self._text)
+        QGuiApplication.clipboard().setText(f"{self.reasoning}\n\n{self._text}" if self.reasoning else self._text)
 
     def set_reasoning(self, text: str) -> None:
         """The thinking streamed so far of the reply being written (shown open above it)."""
@@ -385,7 +430,7 @@ class MessageWidget(QFrame):
         self.edit_hint.setObjectName("edit_hint")
         self.edit_hint.setTextFormat(Qt.TextFormat.PlainText)
         self.edit_hint.setWordWrap(True)
-        self.edit_hint.setStyleSheet(f"color:{self.colors.muted}; font-size:small;")
+        muted(self.edit_hint, self.colors)
         row.addWidget(self.edit_hint, 1)
         cancel = QPushButton("Cancel")
         cancel.setToolTip("Cancel the edit (Esc)")
@@ -400,10 +445,12 @@ class MessageWidget(QFrame):
         self._edit_row = QWidget()
         self._edit_row.setLayout(row)
         lay = self.layout()
-        lay.insertWidget(2, self.editor)
-        lay.insertWidget(3, self._edit_row)
+        at = lay.indexOf(self.body)  # where the text was, under the thinking or the tool block
+        lay.insertWidget(at, self.editor)
+        lay.insertWidget(at + 1, self._edit_row)
         self.body.hide()
-        self.expander.hide()
+        if self._expander is not None:
+            self._expander.hide()
         self.editor.save_requested.connect(self._save_edit)
         self.editor.cancel_requested.connect(self.end_edit)
         self.editor.setFocus(Qt.FocusReason.OtherFocusReason)
@@ -423,7 +470,8 @@ class MessageWidget(QFrame):
         self.body.show()
         if self.message is not None:
             self.edit_ended.emit(self.message.id)
-        self.expander.setVisible(collapsed(self._text) is not None)
+        if self._expander is not None:
+            self._expander.setVisible(collapsed(self._text) is not None)
 
     def _save_edit(self) -> None:
         if self.editor is None or self.message is None:

@@ -129,7 +129,7 @@ class PathFigures(QObject):
         restored, not the saved figures of an earlier one)."""
         chat = self.chat
         if (result.get("kind") == "open" and result.get("restored_tokens", 0) > 0 and not chat.streaming
-                and chat.conversation_id is not None and len(chat.transcript.path) >= 2):
+                and chat.conversation_id is not None and len(chat.transcript.path[-2:]) == 2):
             self.status.show_restored(result["restored_tokens"], result.get("ms", 0.0))
 
     def refresh_coverage(self) -> None:

@@ -61,11 +61,30 @@ class _Follower(QObject):
 
 def is_first_turn(path: Sequence[Message], reply: Message) -> bool:
     """Whether ``reply`` answers the first message of ``path`` (root first; a system message
-    at the root does not count). Reads at most the first two messages of the path."""
+    at the root does not count). Reads at most the first two messages of the path; of a
+    ``PathView`` whose start is not known yet, none when ``reply`` is its third known message
+    or a later one (at least the third from the root: too deep to answer the first)."""
+    if not getattr(path, "complete", True) and reply.id in path.tail_ids[2:]:
+        return False
     head = [path[i] for i in range(min(2, len(path)))]
     if head and head[0].role == "system":
         head = head[1:]
     return bool(head) and reply.parent_id == head[0].id
+
+
+def same_start(old: Sequence[Message], new: Sequence[Message]) -> bool:
+    """Whether two paths start at the same message; two paths of one conversation count as the
+    same when one is a ``PathView`` whose start is not known yet (not read for this)."""
+    if not old or not new:
+        return not old and not new
+    if getattr(old, "complete", True) and getattr(new, "complete", True):
+        return old[0].id == new[0].id
+    return old[-1].conversation_id == new[-1].conversation_id
+
+
+def earlier_text(hidden: int | None) -> str:
+    """The "Show earlier messages" button's text; ``hidden`` None: how many is not known yet."""
+    return "Show earlier messages" if hidden is None else f"Show earlier messages ({hidden:,} not shown)"
 
 
 class TranscriptView(QScrollArea):
@@ -82,6 +101,7 @@ class TranscriptView(QScrollArea):
     edit_ended = Signal(int)
     regenerate_hovered = Signal(int)
     continue_requested = Signal(int)  # MessageWidget's: Continue a stopped reply (flows/continue_flow.py)
+    filling_changed = Signal(bool)  # ``filling``: the window holds the chat reader meanwhile
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -98,6 +118,7 @@ class TranscriptView(QScrollArea):
         self.widgets: list[MessageWidget] = []
         self.pending: MessageWidget | None = None
         self.decorate = None  # called with each saved message's bubble as it is built
+        self.complete_path = None  # called with a shown PathView whose older ids are not read yet
         self._empty = QLabel()
         self._empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self._empty.setWordWrap(True)
@@ -111,13 +132,15 @@ class TranscriptView(QScrollArea):
         self._layout.insertWidget(1, self.earlier_button)
         self._shown_limit = SHOWN_MESSAGES
         self._args: tuple = ()
-        self._older: list = []  # (message, unanswered) of bubbles not built yet, oldest first
+        self._older = range(0)  # the (negative) indexes in the shown path of the messages not built yet
+        self._shown = 0  # how many of the path's newest messages are shown (built or not)
         self._settled = False  # the view was put at the bottom after set_messages
         self._anchor: int | None = None  # keep this distance from the bottom after building older bubbles
         self.verticalScrollBar().rangeChanged.connect(self._range_changed)
         self.verticalScrollBar().valueChanged.connect(self._scrolled)
         self._stick_to_bottom = True
         self._revealed: MessageWidget | None = None  # scrolled into view while the layout settles
+        self._filling = False
         self.setAccessibleName("Messages")
         # a real zero-timer, not QTimer.singleShot(0) (a posted event): posted events run before
         # timers, so a chain of them kept every timer (and the heartbeat of tools/ui_latency) waiting
@@ -132,34 +155,55 @@ class TranscriptView(QScrollArea):
         ``unanswered_id``, a user message with no reply, gets a Retry button, as does every user
         message followed by another user message. Only the newest
         ``SHOWN_MESSAGES`` are built; ``show_earlier`` adds more."""
-        new_path = not self._args or [m.id for m in self._args[0][:1]] != [m.id for m in path[:1]]
-        if new_path:
+        if not self._args or not same_start(self._args[0], path):
             self._shown_limit = SHOWN_MESSAGES
         self._args = (path, positions, colors, busy, empty_text, unanswered_id)
         self.colors = colors
         self.clear()
-        # every user message with no reply gets Retry: the leaf the controller names, and
-        # one followed by another user message (a reply that failed or was cancelled)
-        hidden = max(0, len(path) - self._shown_limit)
-        tail = path[max(0, hidden - 1):]  # the shown messages (and the one before: its pair)
-        unanswered = {m.id for m, nxt in zip(tail, tail[1:]) if m.role == "user" and nxt.role == "user"}
-        if unanswered_id is not None:
-            unanswered.add(unanswered_id)
-        self.earlier_button.setText(f"Show earlier messages ({hidden:,} not shown)")
-        self.earlier_button.setVisible(hidden > 0)
-        path = path[hidden:]
+        if not getattr(path, "complete", True) and len(path.tail_ids) <= self._shown_limit:
+            path.read_ids()  # more is drawn than the ids read up front: read them all
+        # the newest ``shown`` messages, by negative index: a PathView is not read whole for them
+        self._shown = min(len(path), self._shown_limit) if getattr(path, "complete", True) else self._shown_limit
+        self.path_completed()
+        if self.complete_path is not None and not getattr(path, "complete", True):
+            self.complete_path(path)  # the count of the earlier messages comes with them
         self._empty.setText(empty_text)
         self._empty.setStyleSheet(f"color:{colors.muted}; font-size:15px;")
-        self._empty.setVisible(not path and bool(empty_text))
-        # the newest bubbles now, the older ones a batch per event-loop turn (``_build_older``)
-        todo = [(m, m.id in unanswered) for m in path if m.role != "system"]
-        self._older = todo[:-FIRST_BUBBLES] if len(todo) > FIRST_BUBBLES else []
+        self._empty.setVisible(not self._shown and bool(empty_text))
+        # the newest bubbles now, the older ones a batch per event-loop turn (``_build_older``),
+        # each message read when its bubble is built (a PathView reads no more)
         self._settled, self._anchor = False, None
-        for item in todo[len(self._older):]:
-            self._add(self._bubble(*item))
+        newest: list[MessageWidget] = []
+        stop = 0
+        while stop > -self._shown and len(newest) < FIRST_BUBBLES:
+            stop -= 1
+            if path[stop].role != "system":
+                newest.append(self._bubble(path[stop], self._unanswered(stop)))
+        self._older = range(-self._shown, stop)
+        for w in reversed(newest):
+            self._add(w)
         self._stick_to_bottom = True
         self._revealed = None
+        self._set_filling(bool(self._older))
         QTimer.singleShot(0, self._settle)
+
+    def path_completed(self) -> None:
+        """Say how many earlier messages are not shown, once the shown path's length is known
+        (a ``PathView`` read from its leaf up knows it when its ids are all read)."""
+        path = self._args[0] if self._args else []
+        hidden = len(path) - self._shown if getattr(path, "complete", True) else None
+        self.earlier_button.setText(earlier_text(hidden))
+        self.earlier_button.setVisible(hidden is None or hidden > 0)
+
+    def _unanswered(self, index: int) -> bool:
+        """Whether the message at ``index`` of the shown path gets Retry: the user message the
+        controller named (``unanswered_id``), or one followed by another user message (a reply
+        that failed or was cancelled). Reads the message after it, built before it."""
+        path, *_rest, unanswered_id = self._args
+        m = path[index]  # a negative index: from the newest
+        if m.role != "user":
+            return False
+        return m.id == unanswered_id or (index + 1 < 0 and path[index + 1].role == "user")
 
     def reveal(self, message_id: int) -> MessageWidget | None:
         """Scroll to the bubble of ``message_id`` (building older bubbles when it is among
@@ -167,7 +211,9 @@ class TranscriptView(QScrollArea):
         if not self._args:
             return None
         path = self._args[0]
-        ids = list(path.ids) if hasattr(path, "ids") else [m.id for m in path]  # a PathView: not read whole
+        ids = path.tail_ids if hasattr(path, "tail_ids") else [m.id for m in path]  # a PathView: not read whole
+        if message_id not in ids and hasattr(path, "tail_ids"):
+            ids = path.ids  # further up than the ids read: all of them
         if message_id not in ids:
             return None
         needed = len(ids) - ids.index(message_id)
@@ -235,9 +281,15 @@ class TranscriptView(QScrollArea):
             return
         bar = self.verticalScrollBar()
         self._anchor = bar.maximum() - bar.value()  # distance from the bottom, kept by _range_changed
-        batch, self._older = self._older[-count:], self._older[:-count]
-        for item in reversed(batch):
-            w = self._bubble(*item)
+        path = self._args[0]
+        lo, hi = max(self._older.start, self._older.stop - count), self._older.stop
+        self._older = range(self._older.start, lo)
+        messages = path[lo:hi]  # one read for the batch
+        for i in range(hi - 1, lo - 1, -1):
+            m = messages[i - lo]
+            if m.role == "system":
+                continue
+            w = self._bubble(m, self._unanswered(i))
             self._layout.insertWidget(self._layout.indexOf(self.earlier_button) + 1, w)  # after "Show earlier"
             self.widgets.insert(0, w)
         self._fill()  # the scroll range may not change (short bubbles): check again next turn
@@ -252,8 +304,22 @@ class TranscriptView(QScrollArea):
 
     def stop_building(self) -> None:
         """Build no more older bubbles (the window is shutting down: the store closes)."""
-        self._older = []
+        self._older = range(0)
         self._build_timer.stop()
+        self._set_filling(False)
+
+    @property
+    def filling(self) -> bool:
+        """True from ``set_messages`` until the bubbles built fill the view (its top is
+        ``NEAR_TOP_PX`` above them, or none is left to build, or the view is hidden): the
+        first screen of a chat, built a bubble per event-loop turn. ``filling_changed`` says
+        when it changes."""
+        return self._filling
+
+    def _set_filling(self, on: bool) -> None:
+        if on != self._filling:
+            self._filling = on
+            self.filling_changed.emit(on)
 
     def finish_building(self) -> None:
         """Build every remaining bubble now (tests, tools, and finding a message)."""
@@ -285,7 +351,7 @@ class TranscriptView(QScrollArea):
             w.deleteLater()
         self.widgets = []
         self.pending = None
-        self._older = []
+        self._older = range(0)
         self._anchor = None
 
     def start_pending(self) -> MessageWidget:
@@ -353,8 +419,12 @@ class TranscriptView(QScrollArea):
                 w.set_busy(busy)
 
     def widget_for(self, message_id: int) -> MessageWidget | None:
-        if any(item[0].id == message_id for item in self._older):
-            self.finish_building()
+        if self._older:
+            path = self._args[0]
+            ids = path.tail_ids[self._older.start:self._older.stop] if hasattr(path, "tail_ids") else \
+                [path[i].id for i in self._older]  # a PathView: its ids, no message read
+            if message_id in ids:
+                self.finish_building()
         return next((w for w in self.widgets if w.message and w.message.id == message_id), None)
 
     def _settle(self) -> None:
@@ -374,10 +444,14 @@ class TranscriptView(QScrollArea):
         """While the view's top is near the built bubbles' top, build older ones (next turn)."""
         if self._settled and self._older and self.verticalScrollBar().value() < NEAR_TOP_PX:
             self._build_timer.start()
+        elif self._settled:
+            self._set_filling(False)
 
     def _build_next(self) -> None:
         if self.isVisible():  # not after the window closed (its database is closed too)
             self._build_older()
+        else:
+            self._set_filling(False)
 
     def _range_changed(self, _lo: int, hi: int) -> None:
         bar = self.verticalScrollBar()

@@ -2,7 +2,9 @@
 
 ``engine.worker.EngineProcess`` speaks the typed requests and events of
 ``engine/events.py`` over a pipe. Here a reader task (``workers/tasks.py``) waits on that
-pipe (so the UI thread never does) and reports every event, which arrives on the UI thread.
+pipe (so the UI thread never does) and reports every event, which arrives on the UI thread;
+a writer (``workers/engine_writer.py``) writes the large requests, so the UI thread never
+waits for the engine process to read either.
 Each request that expects an answer returns a ``PendingRequest``: a handle whose
 signals fire on the UI thread when its events arrive, so no caller keeps request ids.
 When the pipe reports end-of-file the child has died, and ``died`` fires with an
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
+from app.window.workers.engine_writer import EngineWriter, socket_room
 from app.window.workers.tasks import Task, Workers
 from engine import events as ev
 from engine.chat_template import ChatMessage
@@ -124,6 +127,7 @@ class EngineClient(QObject):
         self._workers = workers if workers is not None else Workers(self)
         self._proc: EngineProcess | None = None
         self._reader: Task | None = None
+        self._writer: EngineWriter | None = None
         self._ids = itertools.count(1)
         self._dead_reported = False
         self._unresponsive = False
@@ -144,6 +148,8 @@ class EngineClient(QObject):
         proc = self._proc
         self._reader = self._workers.start(lambda task: self._read_loop(proc, task), name="engine-events",
                                            progress=self._dispatch)
+        self._writer = EngineWriter(proc.send_packed, self._workers, lambda _exc: self._write_failed(proc),
+                                    room=socket_room(proc.fileno()))
         log.info("engine process started, pid %s", proc.pid)
 
     def is_running(self) -> bool:
@@ -168,7 +174,7 @@ class EngineClient(QObject):
         Waits at most ``STOP_TIMEOUT_S`` seconds before killing the child. Events that
         arrive meanwhile are dropped: the caller has already saved what it needs.
         """
-        proc, reader = self._proc, self._reader
+        proc, reader, writer = self._proc, self._reader, self._writer
         self._drop_pending()
         if proc is None:
             return
@@ -176,30 +182,32 @@ class EngineClient(QObject):
             reader.drop()  # events that arrive from now on are not delivered
         requests = ([ev.CancelRequest(cancel.id)] if cancel is not None else []) + [ev.ShutdownRequest()]
         for request in requests:
-            try:
-                proc.send(request)
+            try:  # after whatever the writer still holds
+                writer.send(EngineProcess.pack(request)) if writer is not None else proc.send(request)
             except (OSError, EOFError, ValueError, AssertionError):
                 break
+        if writer is not None:
+            writer.close(0)  # it ends once those are written (or the write fails: the process is gone)
         if reader is not None and not reader.wait(STOP_TIMEOUT_S):  # it ends at end-of-file: the child exited
             proc.kill()
             reader.wait(2)
+        if writer is not None:
+            writer.close(2)  # all written, or failing: the child exited or was killed (before the pipe closes)
         proc.stop(timeout=2)
         self._proc = None
         self._reader = None
+        self._writer = None
 
     # -- requests ------------------------------------------------------------------------
 
     def _send(self, request) -> bool:
         """Send a request (or the bytes of one, from ``_pack``); returns False (and
         reports ``died``) if the engine is gone."""
-        if self._proc is None:
+        if self._proc is None or self._writer is None:
             self._report_death()
             return False
         try:
-            if isinstance(request, bytes):
-                self._proc.send_packed(request)
-            else:
-                self._proc.send(request)
+            self._writer.send(request if isinstance(request, bytes) else EngineProcess.pack(request))
             return True
         except (OSError, EOFError, ValueError) as exc:
             log.warning("send %s failed: %s", type(request).__name__, exc)
@@ -318,6 +326,12 @@ class EngineClient(QObject):
             if event is not None:
                 task.report((event, time.perf_counter()))
 
+    def _write_failed(self, proc: EngineProcess) -> None:
+        """The writer could not write to ``proc``: it is gone (reported once, as the reader's
+        end of file is)."""
+        if proc is self._proc:
+            self._report_death()
+
     def _drop_pending(self) -> None:
         """Forget every request in flight (the process that would answer them is gone)."""
         for handle in self._pending.values():
@@ -333,6 +347,9 @@ class EngineClient(QObject):
         if self._proc is not None:
             self._proc.kill()  # reap it so that no child process is left behind
             code = self._proc.exitcode
+            if self._writer is not None:
+                self._writer.close(1)  # its writes fail now; it ends before the pipe is closed
+                self._writer = None
             self._proc.close()
             self._proc = None
         if self._reader is not None:
