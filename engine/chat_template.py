@@ -260,6 +260,8 @@ class PromptBuilder:
         bos_token / eos_token: the texts the template may reference.
         bos_id: prepended when ``add_bos`` and the rendered text does not begin with BOS.
         missing_reason: why ``template`` is None, when it is known (shown in :attr:`note`).
+        saved_ids: ``usable(ids, text)``: whether a reply's saved ids may stand for it
+            (``engine.generated_ids.SavedIds``); the text is tokenized when not.
 
     Attributes:
         format: a :class:`PromptFormat`.
@@ -282,8 +284,10 @@ class PromptBuilder:
         bos_id: int | None = None,
         add_bos: bool = False,
         missing_reason: str = "",
+        saved_ids: Callable[[Sequence[int], str], bool] | None = None,
     ):
         self._tokenize = TokenCache(tokenize)
+        self._saved_ids_usable = saved_ids  # engine.generated_ids.SavedIds.usable: None trusts every id
         self.bos_token, self.eos_token = bos_token, eos_token
         self.bos_id, self.add_bos = bos_id, add_bos
         self.format = PromptFormat.MODEL_TEMPLATE
@@ -393,7 +397,8 @@ class PromptBuilder:
             content = m.content if match.group(1) == "w" else (m.reasoning or "")
             if m.role == "tool" and text[match.start() - 1 : match.start()] == text[match.end() : match.end() + 1] == '"':
                 content = json.dumps(content, ensure_ascii=False)[1:-1]  # the template tojson'd a tool result
-            if m.role == "assistant" and m.token_ids is not None and m.reasoning is None:
+            if (m.role == "assistant" and m.token_ids is not None and m.reasoning is None
+                    and (self._saved_ids_usable is None or self._saved_ids_usable(m.token_ids, m.content))):
                 flush()
                 ids.extend(int(t) for t in m.token_ids)
             elif self._is_plain(content):

@@ -44,14 +44,14 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from engine import kv_codec, speculative
+from engine import cpu, kv_codec, speculative
 from engine.cache_strategy import CacheStrategy, strategy_for
 from engine.cache_strategy.base import CUT_CHUNK_BYTES, MIN_RESTORE_TOKENS
 from engine.chat_engine import ChatEngine, GenerationResult, GenerationStats, ProgressFn, TokenFn
 from engine.chat_template import ChatMessage
 from engine.decoding import decode_reply
 from engine.errors import ContextOverflowError, EngineError
-from engine.fingerprint import cached_file_digest, fingerprint
+from engine.fingerprint import cached_file_digest, fingerprint, kernels
 from engine.live_context import MIN_BATCH, LiveContext, batches
 from engine.model import LoadedModel
 from engine.reasoning import ReasoningSteer, grammar_from_env
@@ -130,6 +130,7 @@ class Engine:
                 self.fingerprint = fingerprint(
                     digest, llama_cpp.__version__, self.settings.type_k, self.settings.type_v,
                     self.settings.flash_attn, self.store.block_size,
+                    kernels(self.model.repack.repack, cpu.system_info()),
                 )
                 text = self.store.layout(self.fingerprint)
                 self.layout = kv_codec.KvLayout.from_json(json.loads(text)) if text else None
@@ -148,7 +149,7 @@ class Engine:
             # ... and the buffer the snapshot cuts block payloads into
             cut_buffer = _prefaulted(min(size, CUT_CHUNK_BYTES))
         self.lock = threading.RLock()  # generate() holds it while calling snapshot()
-        self.live = LiveContext(self.llama, buffer)
+        self.live = LiveContext(self.llama, buffer, self.model.min_batch)
         self.mode = self.model.cache_mode
         self.kind = self.mode.state_kind
         self.cache = strategy_for(self.mode)(self, cut_buffer)
@@ -284,7 +285,7 @@ class Engine:
     def position(self, prompt: list[int], stats: GenerationStats, *, use_cache: bool = True,
                  on_progress: ProgressFn | None = None, record: bool = True) -> None:
         """Bring the live context to the longest known prefix of ``prompt`` (all but its last
-        ``MIN_BATCH`` tokens): the live context or the prefix store, whichever is longer, by
+        ``min_batch`` tokens): the live context or the prefix store, whichever is longer, by
         the model's cache strategy; ``stats`` gets what was restored. ``record`` False
         leaves the store's statistics and LRU marks alone (a background prewarm,
         ``engine/prewarm.py``: only a sent turn counts). Never raises for cache problems."""
@@ -309,7 +310,7 @@ class Engine:
         for i, segment in enumerate(segments):
             if i == 1 and hold_at is not None:
                 self.cache.hold()
-            for chunk in batches(segment, self.llama.n_batch):
+            for chunk in batches(segment, self.llama.n_batch, self.live.min_batch):
                 if cancel is not None and cancel.is_set():
                     self.live.exact_upto = self.llama.n_tokens
                     stats.prefilled_tokens = done
@@ -321,7 +322,7 @@ class Engine:
                 done += len(chunk)
         if on_progress and rest:
             on_progress("prefill", len(rest), len(rest))
-        self.live.exact_upto = self.llama.n_tokens if len(prompt) >= MIN_BATCH else 0
+        self.live.exact_upto = self.llama.n_tokens if len(prompt) >= self.live.min_batch else 0
         stats.prefill_ms = (time.perf_counter() - t) * 1000
         return True
 

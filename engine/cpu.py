@@ -70,7 +70,33 @@ class RepackDecision:
         return {"repack": self.repack, "source": str(self.source), "reason": self.reason}
 
 
-def decide_repack(setting: str, env: str | None, system_info: str, crash_verdict: bool) -> RepackDecision:
+TILED_TYPES = frozenset({10, 11, 12, 13, 14, 16, 17, 18, 19, 21, 22, 23, 29})
+"""ggml type ids (``ggml.h``: Q2_K..Q6_K, IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ3_S, IQ2_S,
+IQ4_XS, IQ1_M) that llama.cpp's tiled matmul (``ggml-cpu/tiled/tiled.cpp``, x86) multiplies
+when a batch has at least :data:`TILED_MIN_BATCH` rows, and ``vec_dot`` below that: the
+two round differently, so the KV of a token depends on the size of its batch."""
+TILED_MIN_BATCH = 8  # ggml_tiled_min_batch
+REPACK_VARIANT_TYPES = TILED_TYPES | {20}
+"""Types whose repacked weights (extra buffer types, x86 AVX2) are multiplied four batch
+rows at a time and the rest one at a time, by kernels that round differently: measured for
+Q4_K (and Q6_K) with ``tools/step_exactness.py``-style batch scans; IQ4_NL, repacked the same
+way, is counted in unmeasured. Q4_0, Q8_0 and Q4_1 repacked gave the same KV at every batch
+size."""
+
+
+def min_batch(layer_types: frozenset[int] | None) -> int:
+    """The smallest prefill batch whose KV equals a from-scratch prefill's, bit for bit, for a
+    model whose layer weights have ``layer_types`` (``engine.gguf_meta.layer_weight_types``;
+    None: unknown, taken as the strictest): :data:`TILED_MIN_BATCH` when llama.cpp's tiled
+    kernel takes part, else 2 (a single token goes through other kernels than any batch).
+    Measured on x86 AVX2 with weight repacking off for the tiled types (README, "Exact
+    restores"): random splits of a prompt into batches of at least this many tokens gave
+    the KV of one batch for SmolLM2 Q4_1/Q4_0/Q8_0, Gemma 3 270M and Q4_K_M llamas."""
+    return TILED_MIN_BATCH if layer_types is None or layer_types & TILED_TYPES else 2
+
+
+def decide_repack(setting: str, env: str | None, system_info: str, crash_verdict: bool,
+                  layer_types: frozenset[int] | None = None) -> RepackDecision:
     """Decide whether to load with llama.cpp's extra buffer types (weight repacking).
 
     Args:
@@ -79,6 +105,8 @@ def decide_repack(setting: str, env: str | None, system_info: str, crash_verdict
         system_info: ``llama_print_system_info()`` of the loaded llama.cpp, e.g.
             ``"CPU : SSE3 = 1 | AVX2 = 1 | AMX_INT8 = 1 | REPACK = 1 |"``.
         crash_verdict: an engine crashed on this machine and build while repacking was on.
+        layer_types: the ggml types of the model's layer weights (None: not known); with
+            any of :data:`REPACK_VARIANT_TYPES`, "auto" is off (exact restores).
 
     Raises:
         ValueError: ``env`` or ``setting`` is not one of auto/on/off.
@@ -101,6 +129,12 @@ def decide_repack(setting: str, env: str | None, system_info: str, crash_verdict
             False, RepackSource.AUTO,
             "llama.cpp was built with AMX kernels, which crash on some CPUs (llama.cpp #20824); "
             "weights are used as stored")
+    if layer_types and layer_types & REPACK_VARIANT_TYPES:
+        return RepackDecision(
+            False, RepackSource.AUTO,
+            "this model's K-quant weights, repacked, would be multiplied by kernels that round differently "
+            "for different batch sizes, and a restored prefix could then differ from a from-scratch one; "
+            "llama.cpp's tiled kernel multiplies them as stored")
     return RepackDecision(True, RepackSource.AUTO, "no AMX kernels in this llama.cpp build")
 
 

@@ -121,7 +121,8 @@ def decode_reply(engine: Engine, sp: SamplingParams, stats: GenerationStats, t0:
             stats.accepted_tokens += accepted
             spec.budget.update(drafted, accepted)
         live.truncate(n_before + 1 + accepted)  # the rejected drafts' KV goes
-        if exact_run:  # batches of >= 2 after an exact prefix compute a prefill's KV
+        exact_run = exact_run and 1 + len(draft) >= live.min_batch
+        if exact_run:  # batches of >= min_batch after an exact prefix compute a prefill's KV
             live.exact_upto = llama.n_tokens
         pending.extend(out)
     # Accepted drafts past the reply's end (its end of turn, or max_tokens) go, and as after

@@ -3,7 +3,10 @@
 Two requests may share KV blocks only if their fingerprints are equal. The fingerprint
 covers the model file's content (xxh3-128 of every byte, cached by path, size and
 mtime), the llama-cpp-python version (which pins llama.cpp), the K and V types, flash
-attention (which decides whether V is stored transposed) and the block size.
+attention (which decides whether V is stored transposed), the block size, and the CPU
+kernels that compute the KV (:func:`kernels`): whether weights are repacked and what the
+llama.cpp build was compiled for. A Q4_0 model's KV differs with repacking on and off, and
+a build for another CPU multiplies with other kernels.
 """
 
 from __future__ import annotations
@@ -48,11 +51,21 @@ def cached_file_digest(path: Path, cache, progress=None) -> str:
     return digest
 
 
+def kernels(repack: bool, system_info: str) -> str:
+    """What decides the CPU kernels a KV is computed with: weight repacking (on/off) and
+    llama.cpp's system info line (``engine.cpu.system_info``: the instruction sets and
+    backends it was built with)."""
+    return f"repack={int(repack)};{system_info}"
+
+
 def fingerprint(
-    model_digest: str, llama_version: str, type_k: str, type_v: str, flash_attn: bool, block_size: int
+    model_digest: str, llama_version: str, type_k: str, type_v: str, flash_attn: bool, block_size: int,
+    kernel_set: str = "",
 ) -> bytes:
-    """The 32-byte root key for one model and KV configuration."""
+    """The 32-byte root key for one model and KV configuration (``kernel_set``: :func:`kernels`)."""
     h = hashlib.blake2b(FINGERPRINT_VERSION, digest_size=32)
     for part in (model_digest, llama_version, type_k, type_v, str(int(flash_attn)), str(block_size)):
         h.update(b"\0" + part.encode())
+    if kernel_set:
+        h.update(b"\0" + kernel_set.encode())
     return h.digest()

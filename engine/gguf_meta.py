@@ -20,6 +20,7 @@ _FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  
 _FORMAT = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 _MAX_KEYS = 1 << 16
+_MAX_TENSORS = 1 << 20
 _MAX_STRING = 1 << 26  # a chat template of 64 MiB is already absurd
 _KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32,
                   "q5_0": 22 / 32, "q4_1": 20 / 32, "q4_0": 18 / 32}
@@ -107,6 +108,38 @@ def read_metadata(path: str | Path) -> dict | None:
                 if value is not None:
                     meta[key] = value
             return meta
+    except (OSError, EOFError, ValueError, struct.error, OverflowError):
+        return None
+
+
+def layer_weight_types(path: str | Path) -> frozenset[int] | None:
+    """The ggml type ids of the per-layer weight tensors (names ``blk.*``) of the GGUF file at
+    ``path``: what the KV-computing matrix products run on. Reads the tensor infos that
+    follow the metadata (name, dimensions, type, offset each), not the weights. None when the
+    header cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            r = _Reader(f)
+            if r.take(4) != b"GGUF" or r.u32() not in (2, 3):
+                return None
+            n_tensors, n_keys = r.u64(), r.u64()
+            if n_keys > _MAX_KEYS or n_tensors > _MAX_TENSORS:
+                return None
+            for _ in range(n_keys):
+                r.string(keep=False)
+                r.value(r.u32())
+            types = set()
+            for _ in range(n_tensors):
+                name = r.string()
+                n_dims = r.u32()
+                if n_dims > 8:
+                    return None
+                f.seek(8 * n_dims, 1)
+                kind = r.u32()
+                r.u64()
+                if name.startswith("blk."):
+                    types.add(kind)
+            return frozenset(types)
     except (OSError, EOFError, ValueError, struct.error, OverflowError):
         return None
 

@@ -6,20 +6,22 @@ One object owns that state, so the engine, its cache strategies
 methods:
 
 * ``exact_upto``: the leading live tokens whose KV was computed in batches of >=
-  :data:`MIN_BATCH` tokens, and so equals what a from-scratch prefill computes (they may be
+  ``min_batch`` tokens, and so equals what a from-scratch prefill computes (they may be
   reused or stored); decoded tokens are not exact until recomputed;
 * ``logits_at``: the live position whose logits the context holds (after a batch of >=
-  ``MIN_BATCH`` tokens), or -1;
+  ``min_batch`` tokens), or -1;
 * ``held``: a partial state kept in memory (a sliding window, a recurrent state) for the
   models with checkpoints;
 * ``swa_valid_from``: below this position a restored sliding window is zero padding;
 * ``status``: :class:`LiveStatus`, whether the state may be stored at all (``note`` says
   why not, in words).
 
-Exactness rule: llama.cpp computes a token's KV bit for bit the same in any batch of two
-or more tokens, but not in a batch of one (``docs/architecture.md``), so :func:`batches`
-never cuts a one-token batch and :meth:`LiveContext.evaluate` records logits only after a
-batch of >= ``MIN_BATCH`` tokens.
+Exactness rule: llama.cpp computes a token's KV bit for bit the same in any batch of at
+least ``min_batch`` tokens, but not in smaller ones (``docs/architecture.md``): a single
+token goes through other kernels than a batch, and for K-quant weights llama.cpp's tiled
+kernel takes over from 8 rows (``engine.cpu.min_batch``). So :func:`batches` never cuts a
+batch smaller than that and :meth:`LiveContext.evaluate` records logits only after a
+batch of >= ``min_batch`` tokens.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ from engine import kv_codec
 
 log = logging.getLogger(__name__)
 
-MIN_BATCH = 2  # never evaluate a prompt batch of one token (see the module docstring)
+MIN_BATCH = 2
+"""The smallest prompt batch for any model (a single token is never exact); a model's own is
+``LiveContext.min_batch`` (``engine.cpu.min_batch``: 8 for K-quant weights)."""
 PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY (include/llama.h)
 SCRATCH_SEQ = 1
 """The context's second sequence, where a restored piece of state lands before it joins
@@ -69,10 +73,12 @@ class LiveContext:
     Args:
         llama: the loaded model's ``Llama``.
         buffer: the reusable state buffer (uint8; its pages mapped already), grown on demand.
+        min_batch: the smallest prompt batch whose KV is exact for this model (tokens).
     """
 
-    def __init__(self, llama: llama_cpp.Llama, buffer: np.ndarray | None = None):
+    def __init__(self, llama: llama_cpp.Llama, buffer: np.ndarray | None = None, min_batch: int = MIN_BATCH):
         self.llama = llama
+        self.min_batch = max(MIN_BATCH, int(min_batch))
         self.buffer = buffer if buffer is not None else np.empty(0, dtype=np.uint8)
         self.exact_upto = 0
         self.logits_at = -1
@@ -97,7 +103,7 @@ class LiveContext:
         return min(common_prefix(self.ids(), prompt), self.exact_upto)
 
     def logits_ready(self, prompt: Sequence[int]) -> bool:
-        """The context is exactly ``prompt``, its last batch (of >= ``MIN_BATCH`` tokens)
+        """The context is exactly ``prompt``, its last batch (of >= ``min_batch`` tokens)
         ended there: its logits are the prompt's and the first token can be sampled at once."""
         n = len(prompt)
         return (self.logits_at == n == self.llama.n_tokens and self.exact_upto >= n
@@ -107,14 +113,15 @@ class LiveContext:
 
     def evaluate(self, tokens: list[int]) -> None:
         """Evaluate one batch (``llama.eval``), remembering where the logits stand: after a
-        batch of >= ``MIN_BATCH`` tokens they are the last token's, as a from-scratch prefill
+        batch of >= ``min_batch`` tokens they are the last token's, as a from-scratch prefill
         of the same tokens computes them. Does not move ``exact_upto``."""
         self.llama.eval(tokens)
-        self.logits_at = self.llama.n_tokens if len(tokens) >= MIN_BATCH else -1
+        self.logits_at = self.llama.n_tokens if len(tokens) >= self.min_batch else -1
 
     def evaluate_all(self, tokens: list[int]) -> None:
-        """Evaluate ``tokens`` in batches of at most ``n_batch``, none of one token."""
-        for chunk in batches(tokens, self.llama.n_batch):
+        """Evaluate ``tokens`` in batches of at most ``n_batch``, none under ``min_batch``
+        (unless all of them are fewer)."""
+        for chunk in batches(tokens, self.llama.n_batch, self.min_batch):
             self.evaluate(chunk)
 
     def adopt(self, tokens: list[int]) -> None:
@@ -243,12 +250,16 @@ class LiveContext:
         self.held = None
 
 
-def batches(tokens: list[int], size: int) -> list[list[int]]:
-    """``tokens`` in chunks of at most ``size``, none of exactly one token (unless the
-    whole list is one token): a one-token batch takes a different path in llama.cpp."""
+def batches(tokens: list[int], size: int, min_size: int = MIN_BATCH) -> list[list[int]]:
+    """``tokens`` in chunks of at most ``size``, none of fewer than ``min_size`` tokens
+    (unless the whole list is fewer): the last chunk takes what it lacks from the one before
+    (``size`` must be at least twice ``min_size``). A smaller batch takes other kernels in
+    llama.cpp (see the module docstring)."""
+    assert size >= 2 * min_size or len(tokens) <= size
     chunks = [tokens[i : i + size] for i in range(0, len(tokens), size)]
-    if len(chunks) >= 2 and len(chunks[-1]) == 1:
-        chunks[-2], chunks[-1] = chunks[-2][:-1], [chunks[-2][-1], *chunks[-1]]
+    if len(chunks) >= 2 and len(chunks[-1]) < min_size:
+        lack = min_size - len(chunks[-1])
+        chunks[-2], chunks[-1] = chunks[-2][:-lack], [*chunks[-2][-lack:], *chunks[-1]]
     return chunks
 
 

@@ -19,6 +19,8 @@ from engine.chat_template import (PromptBuilder, TemplateLimitError, disable_lib
                                   template_from_metadata)
 from engine.errors import ContextOverflowError, ModelLoadError
 from engine.kv_codec import StateKind
+from engine.generated_ids import SavedIds
+from engine.gguf_meta import layer_weight_types
 from engine.live_context import SEQUENCES
 from engine.model_file import check_gguf
 from engine.reasoning import model_syntax
@@ -96,8 +98,11 @@ class LoadedModel:
         p = check_gguf(path)
         check_context_fits(p, settings)  # before llama.cpp allocates the KV cache
         _recent_log.clear()
+        layer_types = layer_weight_types(p)
+        self.min_batch = cpu.min_batch(layer_types)
+        """The smallest prefill batch that computes exact KV for this model (``cpu.min_batch``)."""
         self.repack = cpu.decide_repack(settings.repack, os.environ.get(cpu.ENV_VAR), cpu.system_info(),
-                                        crash_verdict)
+                                        crash_verdict, layer_types)
         log.info("weight repacking %s: %s", "on" if self.repack.repack else "off", self.repack.reason)
         try:
             with cpu.model_params_with_repack(self.repack.repack, sequences=SEQUENCES):
@@ -140,6 +145,7 @@ class LoadedModel:
             bos_id=bos if bos >= 0 else None,
             add_bos=llama_cpp.llama_vocab_get_add_bos(self.vocab),
             missing_reason=template_missing,
+            saved_ids=SavedIds(self.vocab, llama_cpp.llama_vocab_n_tokens(self.vocab)).usable,
         ))
         # engine/reasoning.py: the reasoning format, from the template and the vocabulary
         self.reasoning, self.reasoning_specials = model_syntax(self.template_text, self.prompts, self.tokenize)

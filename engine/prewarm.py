@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass
 
 from engine.chat_template import ChatMessage
 from engine.core import Engine, GenerationStats
-from engine.live_context import MIN_BATCH, batches, common_prefix
+from engine.live_context import batches, common_prefix
 from engine.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -174,7 +174,7 @@ class Prewarmer:
         with e.lock:
             self._ran = True
             ready = e.live.reusable(target)
-            if ready >= len(target) or len(target) < MIN_BATCH:
+            if ready >= len(target) or len(target) < e.live.min_batch:
                 res.ready_tokens = min(ready, len(target))
                 res.ms = (time.perf_counter() - t) * 1000
                 return res
@@ -199,11 +199,12 @@ class Prewarmer:
 
     def _prefill(self, target: list[int], cancel: threading.Event | None) -> bool:
         e = self.engine
-        for chunk in batches(target[e.llama.n_tokens:], PREWARM_BATCH):
+        # Engine.position left at least min_batch tokens, and no batch here is smaller
+        for chunk in batches(target[e.llama.n_tokens:], PREWARM_BATCH, e.live.min_batch):
             if cancel is not None and cancel.is_set():
                 return False
             e.live.evaluate(chunk)
-            e.live.exact_upto = e.live.n_tokens  # every batch here is >= MIN_BATCH tokens
+            e.live.exact_upto = e.live.n_tokens
         return True
 
     def account(self, stats: GenerationStats) -> dict:

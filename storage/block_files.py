@@ -23,6 +23,13 @@ The rules that keep the store consistent (``storage/prefix_store.py`` applies th
 No fsync on write: the store is disposable, and a power loss that tears a file is caught
 by the checksum. Files are created 0600 and the folder 0700 (``storage/paths.py``).
 
+A file is zeroed in place before it is unlinked, and another process may have it mapped,
+between checking its checksum and copying it (a restore; a tester caught restores that
+copied zeros this way). So a restore checks and copies under :meth:`BlockFiles.reading`, a
+shared lock on ``<folder>.lock`` beside the folder, and zeroing takes it exclusively
+(``flock``; where the platform has none, Windows, nothing is locked, and files are not
+kept mapped there either).
+
 Only Branchwise's own files are ever changed (issue 30). The folder may be a symbolic
 link (a cache moved to another disk): it is followed. But only names of the block-file
 pattern (:data:`storage.paths.BLOCK_NAME`) are opened, zeroed or removed; anything else
@@ -59,6 +66,10 @@ _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _DIR_FD = bool(_DIRECTORY) and {os.open, os.stat, os.unlink} <= os.supports_dir_fd
 _WILLNEED = hasattr(os, "posix_fadvise") and hasattr(os, "POSIX_FADV_WILLNEED")
 _UID = os.getuid() if hasattr(os, "getuid") else None
+try:
+    import fcntl as _fcntl  # flock: the scrub/restore lock (see the module notes)
+except ImportError:  # Windows
+    _fcntl = None
 MAP_CACHE_BYTES = 256 * 1024**2
 """Most bytes of block files kept mapped between restores: the active conversation of a
 context up to ~11,000 tokens of the default model. The pages are the page cache's (shared
@@ -206,11 +217,38 @@ class BlockFiles:
 
     def scrub(self, keys: Iterable[bytes], sync: bool = False) -> None:
         """Overwrite the files of ``keys`` with zeros, then unlink them (missing ones are
-        skipped; a symbolic link is unlinked, its target untouched; see the module notes)."""
-        with self._open_dir() as dir_fd:
+        skipped; a symbolic link is unlinked, its target untouched; see the module notes).
+        Waits for the restores of every process that are copying block bytes now."""
+        keys = list(keys)
+        if not keys:
+            return
+        with self._locked(exclusive=True), self._open_dir() as dir_fd:
             for key in keys:
                 self._forget_map(key)
                 self._scrub_name(key.hex(), sync, dir_fd)
+
+    @contextlib.contextmanager
+    def reading(self):
+        """Held while mapped block bytes are checked and then copied (a restore): no process
+        zeroes a block file meanwhile (:meth:`scrub` waits). Several readers may hold it."""
+        with self._locked(exclusive=False):
+            yield
+
+    @contextlib.contextmanager
+    def _locked(self, exclusive: bool):
+        """``flock`` on ``<folder>.lock`` (a new descriptor each time, so threads of one
+        process exclude each other too); nothing where the platform has no flock or the lock
+        file cannot be opened (a symbolic link planted there is not followed)."""
+        fd = None
+        if _fcntl is not None:
+            with contextlib.suppress(OSError):
+                fd = os.open(f"{self.folder}.lock", os.O_RDWR | os.O_CREAT | _NOFOLLOW, FILE_MODE)
+                _fcntl.flock(fd, _fcntl.LOCK_EX if exclusive else _fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            if fd is not None:
+                os.close(fd)  # releases the lock
 
     @contextlib.contextmanager
     def _open_dir(self):
@@ -300,7 +338,7 @@ class BlockFiles:
         self._made = False
         self._maps.clear()
         self._mapped = 0
-        with self._open_dir() as dir_fd:
+        with self._locked(exclusive=True), self._open_dir() as dir_fd:
             for name in self.names():
                 if name not in keep and self._scrub_name(name, False, dir_fd):
                     gone += 1

@@ -74,10 +74,12 @@ _DATABASES = (CHATS_DB, KVCACHE_DB, "serve-replies.sqlite3")
 OWN_FILES = frozenset(
     [db + suffix for db in _DATABASES for suffix in ("", "-wal", "-shm", "-journal")]
     + ["settings.json", "settings.json.tmp", "settings.json.unreadable",
-       "cpu-verdict.json", "cpu-verdict.tmp", "hub-token"])
+       "cpu-verdict.json", "cpu-verdict.tmp", "hub-token", KVCACHE_DB + "-blocks.lock"])
 """Every file Branchwise makes directly in the data folder: the three databases and
 SQLite's sidecars, the window's settings (with its temporary and set-aside copies) and
-the crash verdict (``engine/cpu.py``) and the model hub's token (``engine/hub/catalog.py``).
+the crash verdict (``engine/cpu.py``), the model hub's token (``engine/hub/catalog.py``) and
+the lock that keeps block files from being zeroed while a restore copies them
+(``storage/block_files.py``).
 The folder also holds :data:`LOGS_DIR`, :data:`BLOCKS_DIR`, :data:`CHECKPOINTS_DIR` and :data:`MODELS_DIR`, and
 ``.branchwise-probe-*`` files live a moment at start."""
 MODELS_DIR = "models"

@@ -125,3 +125,62 @@ def build(path: Path, arch: str, tokenizer_from: Path, seed: int = 0) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+LLAMA_EMBD = 256  # a multiple of 256: K-quant rows are 256 values
+
+
+def build_k_quant_llama(path: Path, tokenizer_from: Path, seed: int = 0) -> Path:
+    """A tiny random-weight llama-architecture model (4 layers of 256, grouped-query
+    attention) quantized to Q4_K_M, llama.cpp's most common download format (its layer
+    weights Q4_K and Q6_K): the KV of such a model depends on batch size below 8 tokens
+    (``engine.cpu.min_batch``). Written in F32, then quantized by llama.cpp itself."""
+    import ctypes
+
+    import gguf
+    import llama_cpp
+
+    rng = np.random.default_rng(seed)
+    f32 = path.with_suffix(".f32.gguf")
+    w = gguf.GGUFWriter(str(f32), "llama")
+    w.add_name("tiny-llama-q4km")
+    w.add_context_length(CTX)
+    w.add_embedding_length(LLAMA_EMBD)
+    w.add_block_count(N_LAYER)
+    w.add_feed_forward_length(3 * LLAMA_EMBD)
+    w.add_head_count(8)
+    w.add_head_count_kv(4)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_file_type(0)
+    n_vocab = _copy_tokenizer(w, tokenizer_from)
+    head = LLAMA_EMBD // 8
+
+    def t(name: str, *shape: int, scale: float = 0.05) -> None:
+        w.add_tensor(name, (rng.standard_normal(shape, dtype=np.float32) * scale))
+
+    t("token_embd.weight", n_vocab, LLAMA_EMBD, scale=1.0)
+    w.add_tensor("output_norm.weight", np.ones(LLAMA_EMBD, dtype=np.float32))
+    t("output.weight", n_vocab, LLAMA_EMBD)
+    for i in range(N_LAYER):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(LLAMA_EMBD, dtype=np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(LLAMA_EMBD, dtype=np.float32))
+        t(f"blk.{i}.attn_q.weight", LLAMA_EMBD, LLAMA_EMBD)
+        t(f"blk.{i}.attn_k.weight", 4 * head, LLAMA_EMBD)
+        t(f"blk.{i}.attn_v.weight", 4 * head, LLAMA_EMBD)
+        t(f"blk.{i}.attn_output.weight", LLAMA_EMBD, LLAMA_EMBD)
+        t(f"blk.{i}.ffn_gate.weight", 3 * LLAMA_EMBD, LLAMA_EMBD)
+        t(f"blk.{i}.ffn_up.weight", 3 * LLAMA_EMBD, LLAMA_EMBD)
+        t(f"blk.{i}.ffn_down.weight", LLAMA_EMBD, 3 * LLAMA_EMBD)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = 15  # LLAMA_FTYPE_MOSTLY_Q4_K_M
+    params.nthread = 2
+    rc = llama_cpp.llama_model_quantize(str(f32).encode(), str(path).encode(), ctypes.byref(params))
+    f32.unlink()
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize returned {rc}")
+    return path

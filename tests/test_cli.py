@@ -364,3 +364,12 @@ def test_models_list_shows_the_built_in_model(tmp_path):
     assert "SmolLM2-135M-Instruct.Q4_1 (built-in)" in out[1] and out[1].endswith("[embedded in Branchwise]")
     data = json.loads(bw(tmp_path, "models", "list", "--json").stdout)
     assert data["models"] == [] and [m["origin"] for m in data["builtin"]] == ["built-in"]
+
+
+def test_a_turn_larger_than_the_cache_budget_says_so(tmp_path):
+    r = bw(tmp_path, "chat", "--json", "--cache-budget", "3M", "--max-tokens", "8", "--temperature", "0",
+           "Tell me about the river town and its bridges. " * 30)
+    saved = json.loads(r.stdout)["saved"]
+    assert saved["kv_cache"] is False
+    assert saved["problems"][0].startswith("the KV cache was not saved: this conversation's ")
+    assert "MiB of KV are more than the cache budget of 3.0 MiB (--cache-budget)" in saved["problems"][0]

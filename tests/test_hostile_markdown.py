@@ -190,3 +190,16 @@ def test_https_link_goes_to_the_hook_not_the_browser(qtbot, monkeypatch):
         view.anchorClicked.emit(QUrl("/dev/zero"))
         view.anchorClicked.emit(QUrl("file:///dev/zero"))
     assert opened == [] and view.source().isEmpty()
+
+
+def test_direction_controls_in_a_message_show_and_do_not_reorder_it():
+    """An override (U+202E) in a body drew "see \u202eexe.live" as "see evil.exe"."""
+    out = to_html("see \u202eexe.live\u202c and \u2067hidden\u2069", LIGHT)
+    assert "\u202e" not in out and "\u2067" not in out
+    assert "[U+202E]exe.live[U+202C]" in out and "[U+2067]hidden[U+2069]" in out
+
+
+def test_a_letter_with_dozens_of_marks_keeps_four():
+    out = to_html("Z" + "\u0301" * 30 + " Việt", LIGHT)
+    assert "Z" + "\u0301" * 4 + " " in out and "\u0301" * 5 not in out
+    assert "Vi\u1ec7t" in out or "Việt" in out  # real text with its marks is untouched

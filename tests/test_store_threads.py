@@ -149,3 +149,40 @@ def test_a_kept_mapping_never_serves_a_replaced_or_scrubbed_file(tmp_path):
     files.scrub([key])
     assert files.map(key) is None
     assert files.map(key, cache=False) is None
+
+
+def test_a_block_file_is_not_zeroed_while_a_restore_copies_it(tmp_path):
+    """A restore checks a mapped block, then copies it; zeroing it in between (a scrub in
+    another process: eviction, forget, delete) made a restore copy zeros (a tester's race).
+    The scrub now waits for the restore's shared lock (``BlockFiles.reading``)."""
+    import threading
+    import time
+
+    files = BlockFiles(tmp_path / "kvcache.sqlite3-blocks")
+    key = bytes(range(32))
+    files.write(key, b"\x07" * 65536)
+    other = BlockFiles(tmp_path / "kvcache.sqlite3-blocks")  # another process's view of the folder
+    done = threading.Event()
+    with files.reading():
+        view = files.map(key)
+        scrub = threading.Thread(target=lambda: (other.scrub([key]), done.set()))
+        scrub.start()
+        time.sleep(0.3)
+        assert not done.is_set() and bytes(view[:4]) == b"\x07" * 4  # still the checked bytes
+    scrub.join(10)
+    assert done.is_set() and not files.path(key).exists()
+    lock = tmp_path / "kvcache.sqlite3-blocks.lock"
+    assert lock.is_file() and lock.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_link_planted_as_the_lock_is_not_followed(tmp_path):
+    target = tmp_path / "outside.txt"
+    target.write_text("not Branchwise's")
+    (tmp_path / "kvcache.sqlite3-blocks.lock").symlink_to(target)
+    files = BlockFiles(tmp_path / "kvcache.sqlite3-blocks")
+    key = bytes(range(32))
+    files.write(key, b"\x01" * 100)
+    with files.reading():
+        pass
+    files.scrub([key])  # no lock to take: the scrub goes on, the link's target untouched
+    assert target.read_text() == "not Branchwise's" and not files.path(key).exists()

@@ -166,7 +166,7 @@ def reply(args, engine, chats, conversation, parent_id, model_label: str, contin
             watch.forget_written(engine, list(result.prompt_ids) + list(result.token_ids))
             raise ConversationDeleted(conversation.id) from exc
     if use_cache and not remote and not saved.kv_cache:
-        saved.problems.append("the KV cache was not saved (the next turn prefills instead; see the log)")
+        saved.problems.append(_kv_not_saved(engine, len(result.prompt_ids) + len(result.token_ids)))
     engine.close()
     for problem in saved.problems:
         print(f"branchwise: {problem}", file=sys.stderr)
@@ -241,6 +241,19 @@ def _partly_kept(conversation_id: int, reply_id: int | None, kept: str, text: st
     return (f"only the first {len(kept):,} characters of the reply are kept{lost}, as message {reply_id} in "
             f"conversation {conversation_id}{said}; once there is room, get a whole reply with "
             f"'branchwise regenerate {reply_id}'.")
+
+
+def _kv_not_saved(engine, n_tokens: int) -> str:
+    """Why this turn's KV cache was not saved, in words: larger than the cache budget, or
+    another reason the log holds."""
+    store, layout = engine.store, getattr(engine, "layout", None)
+    if store is not None and layout is not None:
+        need = n_tokens * layout.bytes_per_token
+        if need > store.budget_bytes:
+            return (f"the KV cache was not saved: this conversation's {need / 2**20:,.1f} MiB of KV are more than "
+                    f"the cache budget of {store.budget_bytes / 2**20:,.1f} MiB (--cache-budget); the next turn "
+                    "prefills instead")
+    return "the KV cache was not saved (the next turn prefills instead; see the log)"
 
 
 def _covered(engine, ids: list[int]) -> bool:

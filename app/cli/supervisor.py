@@ -119,7 +119,7 @@ def run_supervised(argv: list[str], data_dir: Path, repack_setting: str) -> int:
         return 128 - returncode
     if what is None:  # a normal exit, or ended by a signal that is no crash (SIGTERM: 128 + 15)
         return 128 - returncode if returncode < 0 else returncode
-    print(crash_message(what, data_dir, repack_setting, started), file=sys.stderr)
+    print(crash_message(what, data_dir, repack_setting, started, facts.get("repack")), file=sys.stderr)
     return EXIT_CRASHED
 
 
@@ -178,8 +178,11 @@ def _saved_reply_chars(data_dir: Path, message_id: int) -> int | None:
     return None
 
 
-def crash_message(what: str, data_dir: Path, repack_setting: str, started: float) -> str:
-    """The one line printed after a crash (and the verdict recorded, when it applies)."""
+def crash_message(what: str, data_dir: Path, repack_setting: str, started: float,
+                  repack: bool | None = None) -> str:
+    """The one line printed after a crash (and the verdict recorded, when it applies).
+    ``repack``: whether the crashed engine loaded its model with repacking on, as it reported
+    (None: it crashed before saying; then the decision is made again without the model)."""
     log_path = Path(data_dir) / "logs" / LOG_NAME
     parts = [f"branchwise: the engine crashed inside llama.cpp with {what}."]
     kept = _unanswered_message(data_dir, started)
@@ -187,7 +190,7 @@ def crash_message(what: str, data_dir: Path, repack_setting: str, started: float
         parts.append(f"Your message was saved (message {kept}); answer it with 'branchwise regenerate {kept}'.")
     if os.environ.get(CRASH_ENV):
         parts.append(f"(The crash was forced by {CRASH_ENV}.)")
-    elif _repack_was_on(data_dir, repack_setting):
+    elif repack if repack is not None else _repack_was_on(data_dir, repack_setting):
         from engine.cpu import remember_crash
 
         remember_crash(data_dir, what)

@@ -21,7 +21,7 @@ import numpy as np
 
 from engine import kv_codec
 from engine.chat_engine import GenerationStats, ProgressFn
-from engine.live_context import MIN_BATCH, SCRATCH_SEQ, HeldState, LiveContext
+from engine.live_context import SCRATCH_SEQ, HeldState, LiveContext
 from storage.errors import StorageFullError
 from storage.parallel import pipelined
 from storage.prefix_store import CheckpointRef, MappedBlocks, NewBlock, PrefixMatch, StoreError
@@ -111,13 +111,13 @@ class CacheStrategy:
     def position(self, prompt: list[int], use_cache: bool, stats: GenerationStats,
                  on_progress: ProgressFn | None, record: bool = True) -> None:
         """Bring the live context to the longest known prefix of ``prompt`` (all but its
-        last ``MIN_BATCH`` tokens): the live context or the prefix store, whichever is
+        last ``min_batch`` tokens): the live context or the prefix store, whichever is
         longer. ``record`` False leaves the store's statistics and LRU marks alone."""
         t = time.perf_counter()
         live_ctx = self.live
-        # A snapshot has no logits, and no batch may be a single token: leave at least
-        # MIN_BATCH prompt tokens to prefill.
-        limit = max(len(prompt) - MIN_BATCH, 0)
+        # A snapshot has no logits, and no batch may be under the model's min_batch: leave
+        # at least that many prompt tokens to prefill.
+        limit = max(len(prompt) - live_ctx.min_batch, 0)
         live = 0
         if use_cache:
             live = self.live_prefix(min(live_ctx.reusable(prompt), limit))
@@ -181,9 +181,25 @@ class CacheStrategy:
         e = self.engine
         assert e.store is not None
         recurrent = e.kind == kv_codec.StateKind.RECURRENT
-        if ref is None and not recurrent:
-            return self.restore_blocks(match, live)
-        live = self.live
+        rejected: list[tuple[MappedBlocks, int]] = []
+        with e.store.files.reading():  # no process zeroes a block file between its check and copy
+            if ref is None and not recurrent:
+                n, dropped = self.restore_blocks(match, live, rejected)
+            else:
+                n, dropped = self._restore_with_checkpoint(match, ref, rejected)
+        for mapped, index in rejected:  # after the lock: deleting a block waits for every reader
+            try:
+                dropped += e.store.reject(mapped, index)
+            except StoreError:
+                pass
+        return n, dropped
+
+    def _restore_with_checkpoint(self, match: PrefixMatch, ref: CheckpointRef | None,
+                                 rejected: list[tuple[MappedBlocks, int]]) -> tuple[int, int]:
+        """:meth:`restore` for a model with checkpoints: one blob. A damaged block is put in
+        ``rejected`` (``(mapped, index)``) for the caller to drop once it let go of the lock."""
+        e, live = self.engine, self.live
+        recurrent = e.kind == kv_codec.StateKind.RECURRENT
         try:
             data = e.store.read_checkpoint(ref) if ref is not None else None
             mapped = MappedBlocks() if recurrent else e.store.map_blocks(match)
@@ -208,15 +224,12 @@ class CacheStrategy:
                 blob = kv_codec.assemble(kind, e.layout, payloads, data, buffer=live.buffer, check=check)
                 break
             except kv_codec.DamagedPayloadError as bad:
-                try:
-                    dropped += e.store.reject(mapped, bad.index)
-                except StoreError:
-                    pass
+                rejected.append((mapped, bad.index))
                 payloads, check = payloads[: bad.index], None  # the ones before it passed
             except (ValueError, kv_codec.UnsupportedStateError) as exc:
                 log.warning("stored KV does not fit (%s); prefilling instead", exc)
                 return 0, dropped
-        del payloads, mapped  # unmaps the block files
+        del payloads  # the mapping goes with ``mapped`` (kept for a rejected block)
         if blob.base is not live.buffer and blob is not live.buffer:
             live.buffer = blob  # grown: keep the larger buffer for the next restore
         if not live.apply(blob):
@@ -227,7 +240,8 @@ class CacheStrategy:
                 live.swa_valid_from = kv_codec.partial_start(e.kind, data)
         return n, dropped
 
-    def restore_blocks(self, match: PrefixMatch, live: int = 0) -> tuple[int, int]:
+    def restore_blocks(self, match: PrefixMatch, live: int = 0,
+                       rejected: list[tuple[MappedBlocks, int]] | None = None) -> tuple[int, int]:
         """Restore the blocks of ``match`` into sequence 0, keeping the first ``live``
         tokens of the live context up to a block start (see :meth:`restore`). Returns
         ``(tokens the live context holds now, blocks dropped)``: after a failure, those
@@ -238,8 +252,9 @@ class CacheStrategy:
         the helper thread while ``llama_state_seq_set_data`` reads piece ``i`` on this one
         (``storage.parallel.pipelined``), and each piece joins sequence 0 after the cells
         before it (``LiveContext.append``). Every block's xxh3 is checked just before it is
-        copied; a block that fails is dropped with its descendants, the blocks before it are
-        restored, and nothing after it: a damaged block never reaches llama.cpp."""
+        copied; a block that fails is dropped with its descendants (given to ``rejected``
+        for the caller when it passes one, :meth:`restore`; else here), the blocks before it
+        are restored, and nothing after it: a damaged block never reaches llama.cpp."""
         e, lc = self.engine, self.live
         keep = max((b.start for b in match.blocks if b.start <= live), default=0) if live else 0
         if keep and not lc.truncate(keep):
@@ -303,11 +318,13 @@ class CacheStrategy:
                                          buffer=halves[0], pos0=n)
                 if lc.apply(blob) if k == 0 and not keep else lc.append(blob):
                     n += sum(mapped.payloads[i][2] for i in before)
-            try:
-                dropped += e.store.reject(mapped, bad)
-            except StoreError:
-                pass
-        del mapped  # unmaps the block files
+            if rejected is not None:
+                rejected.append((mapped, bad))
+            else:
+                try:
+                    dropped += e.store.reject(mapped, bad)
+                except StoreError:
+                    pass
         return n, dropped
 
     # -- storing -----------------------------------------------------------------------------

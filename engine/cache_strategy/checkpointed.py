@@ -7,7 +7,7 @@ chain's hash there. A request restores the deepest checkpoint at or before the l
 stored prefix with the blocks below it, then prefills the rest.
 
 The part that cannot be cut back is held in memory (``LiveContext.held``) at
-``len(prompt) - MIN_BATCH`` while prefilling, so a regenerate restores there and the reply's
+``len(prompt) - min_batch`` while prefilling, so a regenerate restores there and the reply's
 KV can be recomputed in one batch from a state before the reply (a recurrent state cannot
 be rewound); it is stored as a checkpoint there and after the recomputed reply. A restored
 sliding window is padded with zero cells from position 0, so every cell sits at the index
@@ -25,7 +25,7 @@ import numpy as np
 from engine import kv_codec
 from engine.cache_strategy.base import MIN_RESTORE_TOKENS, CacheStrategy
 from engine.chat_engine import GenerationStats
-from engine.live_context import MIN_BATCH, HeldState
+from engine.live_context import HeldState
 from storage.errors import StorageFullError
 from storage.prefix_store import CheckpointRef, PrefixMatch, StoreError
 
@@ -86,12 +86,13 @@ class Checkpointed(CacheStrategy):
         return self.can_rewind(n) and (n == self.live.n_tokens or self.live.truncate(n))
 
     def hold_at(self, prompt: list[int], start: int, use_cache: bool) -> int | None:
-        """``len(prompt) - MIN_BATCH``, where a regenerate restores, or ``len(prompt)``
-        when stopping there would need a one-token batch; None without the store."""
+        """``len(prompt) - min_batch``, where a regenerate restores, or ``len(prompt)``
+        when stopping there would need a batch under ``min_batch``; None without the store."""
         if self.engine.store is None or not use_cache or not self.live.storable:
             return None
-        at = max(len(prompt) - MIN_BATCH, 0)
-        return at if (at - start >= MIN_BATCH or at == start) else len(prompt)
+        m = self.live.min_batch
+        at = max(len(prompt) - m, 0)
+        return at if (at - start >= m or at == start) else len(prompt)
 
     def hold(self) -> None:
         live = self.live
@@ -150,7 +151,7 @@ class Checkpointed(CacheStrategy):
             cp = None  # not from this context
         try:
             # Recompute the decoded reply in one batch from the held checkpoint.
-            if n > live.exact_upto and cp is not None and n - cp.n >= MIN_BATCH:
+            if n > live.exact_upto and cp is not None and n - cp.n >= live.min_batch:
                 tokens = list(live.ids(n)[cp.n:])
                 if self.rewind(cp):
                     live.evaluate_all(tokens)

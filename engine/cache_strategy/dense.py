@@ -2,7 +2,7 @@
 
 The KV can be cut at any token, so the live context is cut back to the longest common
 prefix of a new prompt, and the store holds the blocks of every exact prefix. A prompt that
-is exactly the live context, ending in a batch of >= ``MIN_BATCH`` tokens (a prewarm of the
+is exactly the live context, ending in a batch of >= ``min_batch`` tokens (a prewarm of the
 message as sent), is not prefilled at all: its logits are the prompt's.
 """
 
@@ -16,7 +16,6 @@ import numpy as np
 from engine import kv_codec
 from engine.cache_strategy.base import CacheStrategy
 from engine.chat_engine import GenerationStats, ProgressFn
-from engine.live_context import MIN_BATCH
 from storage.errors import StorageFullError
 from storage.prefix_store import CheckpointRef, PrefixMatch, StoreError
 
@@ -46,7 +45,7 @@ class DenseBlocks(CacheStrategy):
                  on_progress: ProgressFn | None, record: bool = True) -> None:
         t = time.perf_counter()
         if use_cache and self.live.logits_ready(prompt):
-            # The live context is this very prompt, ending in a batch of >= MIN_BATCH tokens
+            # The live context is this very prompt, ending in a batch of >= min_batch tokens
             # (a prewarm of the message as sent): its logits are the prompt's, nothing is
             # prefilled, and the first token is sampled at once.
             stats.restore_source = "context"
@@ -84,17 +83,17 @@ class DenseBlocks(CacheStrategy):
         return written
 
     def recompute_decoded(self) -> None:
-        """Re-prefill the tokens decoded one at a time, in batches of >= 2 tokens, so the
+        """Re-prefill the tokens decoded one at a time, in batches of >= ``min_batch``, so the
         live KV is what a from-scratch prefill computes (``engine/core.py``'s docstring)."""
         live = self.live
         n = live.n_tokens
         if live.exact_upto >= n:
             return
-        keep = max(min(live.exact_upto, n - MIN_BATCH), 0)
+        keep = max(min(live.exact_upto, n - live.min_batch), 0)
         tokens = list(live.ids(n)[keep:])
         if not live.truncate(keep):
             live.clear()
             keep, tokens = 0, list(live.llama.input_ids[:n])
         live.llama.n_tokens = keep
         live.evaluate_all(tokens)
-        live.exact_upto = live.n_tokens if live.n_tokens >= MIN_BATCH else 0
+        live.exact_upto = live.n_tokens if live.n_tokens >= live.min_batch else 0

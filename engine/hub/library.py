@@ -249,16 +249,19 @@ KV_CONFIGS = [(k, v, fa) for k in ("f16", "q8_0") for v in ("f16", "q8_0") for f
 
 def model_fingerprints(path: Path, store) -> list[bytes]:
     """The prefix-store fingerprints the model file at ``path`` can have in ``store`` (a
-    ``PrefixStore``): one per KV configuration (:data:`KV_CONFIGS`), under this build's
-    llama.cpp and the store's block size. Reads the whole file once unless ``store``
+    ``PrefixStore``): one per KV configuration (:data:`KV_CONFIGS`) and repacking on or
+    off, under this build's llama.cpp and the store's block size. Reads the whole file once unless ``store``
     remembers its digest. Raises OSError when the file cannot be read."""
     from importlib.metadata import version
 
-    from engine.fingerprint import cached_file_digest, fingerprint
+    from engine.cpu import system_info
+    from engine.fingerprint import cached_file_digest, fingerprint, kernels
 
     digest = cached_file_digest(Path(path), store)
     llama = version("llama-cpp-python")
-    return [fingerprint(digest, llama, k, v, fa, store.block_size) for k, v, fa in KV_CONFIGS]
+    info = system_info()
+    return [fingerprint(digest, llama, k, v, fa, store.block_size, kernels(repack, info))
+            for k, v, fa in KV_CONFIGS for repack in (True, False)]
 
 
 def forget_blocks(data_dir: Path, model: LibraryModel) -> int:

@@ -119,6 +119,21 @@ class ModelController(QObject):
             path = None
         self.load(path)
 
+    def say_not_ready(self, held: str = "") -> None:
+        """Say in the banner why no reply can start (the model loads, the engine is down, no
+        model is loaded), with what to do. ``held``: what of the user's is kept meanwhile
+        ("your message was not sent and is still in the box"), said first; after a crash the
+        crash's own words and Restart follow again."""
+        if self.state == ModelState.LOADING:
+            self.banner.show_message("The model is still loading; send again in a moment.", "info")
+        elif self.state == ModelState.DEAD:  # no reply streams: restarting has nothing to save first
+            said, restart = self.death or ("The engine is not running. Restart it to go on.", self.restart)
+            first = f"{held[:1].upper()}{held[1:]}. " if held else ""
+            self.banner.show_message(f"{first}{said}", "error", [("Restart engine", restart)])
+        else:
+            self.banner.show_message("No model is loaded. Open a GGUF model file to chat.", "error",
+                                     [("Open model…", self.open_dialog), ("Load default model", lambda: self.load(None))])
+
     def restart(self) -> None:
         """A fresh engine process, reloading the last model that loaded (or the default)."""
         self.death = None
@@ -256,9 +271,10 @@ class ModelController(QObject):
         if exit_info.unresponsive:
             self._restart_unresponsive()
             return
+        loaded_off = str((self.facts or {}).get("repack", "")).startswith("off")  # e.g. a K-quant model
         report = describe_exit(exit_info.exitcode, self.log_file,
                                early=exit_info.during_load or exit_info.during_first_reply,
-                               repack=self.settings.repack)
+                               repack="off" if loaded_off else self.settings.repack)
         log.warning("engine died: %s", report.message)
         self.state = ModelState.DEAD
         self.facts = None

@@ -16,6 +16,7 @@ format is ``AutoText``, and tooltips have no other mode. A title such as
 from __future__ import annotations
 
 import html
+import re
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel
@@ -38,6 +39,18 @@ def isolate(name: str) -> str:
     isolate controls shown as "[U+202E]" (an unmatched PDI in it would end the isolate early).
     Marks (U+200E, U+200F, U+061C) stay: inside an isolate they affect only the name."""
     return "\u2068" + name.translate(_BIDI_TABLE) + "\u2069"
+
+
+_MARK_RUN = re.compile("([\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]{%d})"
+                       "[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]+" % 4)
+
+
+def displayable(text: str) -> str:
+    """``text`` (a message body: untrusted) as it may be drawn: its embedding, override and
+    isolate controls shown as "[U+202E]" (an override spelled "evil.exe" as "exe.live"),
+    and combining marks past the fourth on one letter left out (a letter with dozens of
+    them drew over the lines above). Copying a message copies it as stored, not this."""
+    return _MARK_RUN.sub(r"\1", text.translate(_BIDI_TABLE))
 
 
 def plain_label(label: QLabel) -> QLabel:

@@ -199,22 +199,13 @@ class ChatController(QObject):
     # -- changing the conversation ---------------------------------------------------------
 
     def can_generate(self, held: str = "") -> bool:
-        """Whether a reply can start now; when not, a banner says why (``held``: what of the
-        user's is kept meanwhile, e.g. "your message is still in the box")."""
+        """Whether a reply can start now; when not, the banner says why
+        (``ModelController.say_not_ready``; ``held``: what of the user's is kept meanwhile)."""
         if self.streaming:
             return False
-        model = self.model
-        if model.state == ModelState.READY:
+        if self.model.state == ModelState.READY:
             return True
-        if model.state == ModelState.LOADING:
-            self.banner.show_message("The model is still loading; send again in a moment.", "info")
-        elif model.state == ModelState.DEAD:  # no reply streams: restarting has nothing to save first
-            said, restart = model.death or ("The engine is not running. Restart it to go on.", model.restart)
-            first = f"{held[:1].upper()}{held[1:]}. " if held else ""  # then the crash's own words again
-            self.banner.show_message(f"{first}{said}", "error", [("Restart engine", restart)])
-        else:
-            self.banner.show_message("No model is loaded. Open a GGUF model file to chat.", "error",
-                                     [("Open model…", model.open_dialog), ("Load default model", lambda: model.load(None))])
+        self.model.say_not_ready(held)
         return False
 
     def send(self, text: str) -> None:

@@ -42,6 +42,7 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import TextLexer, get_lexer_by_name, guess_lexer
 from pygments.util import ClassNotFound
 
+from app.window.shell.plain import displayable
 from app.window.shell.theme import Colors
 
 _md = MarkdownIt("commonmark", {"html": False, "linkify": False, "breaks": True}).enable("table")
@@ -141,7 +142,7 @@ def to_html(text: str, colors: Colors, streaming: bool = False, first_code: int 
     guessed at (it is re-rendered many times a second). Code blocks link to ``copy:<n>``,
     numbered from ``first_code`` (``text`` is part of a message after that many blocks).
     """
-    tokens = _md.parse(text)
+    tokens = _md.parse(displayable(text))  # no direction control or pile of marks acts on the page
     formatter = _formatter(colors.pygments_style)
     counter = {"n": first_code}
 
