@@ -178,7 +178,7 @@ def for_chats(chats) -> AttachmentStore:
     with _STORES_LOCK:
         store = _STORES.get(chats)
         if store is None:
-            store = _STORES[chats] = AttachmentStore(chats.path)
+            store = _STORES[chats] = AttachmentStore(chats.path, read_only=chats.database.read_only)
         return store
 
 
@@ -189,10 +189,16 @@ class AttachmentStore:
     Raises (from any method): sqlite3.Error from SQLite (a full disk among them).
     """
 
-    def __init__(self, path: Path) -> None:
-        """Connect to ``path`` with the chat store's pragmas (WAL, foreign keys, secure_delete)."""
+    def __init__(self, path: Path, read_only: bool = False) -> None:
+        """Connect to ``path`` with the chat store's pragmas (WAL, foreign keys, secure_delete);
+        ``read_only`` as the chat store was opened on a full disk (immutable: reads only)."""
         self.path = Path(path)
         self._lock = threading.RLock()
+        if read_only:
+            self._conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro&immutable=1", uri=True,
+                                         isolation_level=None, check_same_thread=False)
+            self._conn.execute("PRAGMA temp_store = MEMORY")
+            return
         self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
         for pragma in ("journal_mode = WAL", "synchronous = NORMAL", "foreign_keys = ON", "secure_delete = ON"):
             self._conn.execute(f"PRAGMA {pragma}")

@@ -98,8 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         log.debug("database error", exc_info=True)
         from storage.errors import is_disk_full
 
-        if is_disk_full(exc):  # not damage: the last change did not fit on the disk
-            from storage.paths import disk_full_message
+        from storage.paths import disk_full_message, free_space
+
+        low = free_space(opening.data_dir(args))
+        if is_disk_full(exc) or (low is not None and low < 1024**2):  # not damage: a full disk
 
             print(f"branchwise: {disk_full_message(opening.data_dir(args), 'the last change was not saved')}",
                   file=sys.stderr)
@@ -122,7 +124,10 @@ def main(argv: list[str] | None = None) -> int:
             import faulthandler
 
             faulthandler.disable()
-            crash_log.close()
+            try:
+                crash_log.close()
+            except OSError:  # a full disk: the log's last line is lost, not the command's result
+                pass
 
 
 def _model_before_command(parser, args) -> None:

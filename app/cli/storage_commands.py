@@ -216,7 +216,7 @@ def branch_note(data: dict, all_branches: bool) -> str:
     shown = len(data["active_path"])
     hidden = total - shown
     if not hidden:
-        return f"*The only branch: {shown} messages.*"
+        return f"*The only branch: {shown} message{'s' * (shown != 1)}.*"
     ends = f"ending at message {data['active_path'][-1]}" if shown else "empty"
     return (f"*The active branch ({ends}): {shown} of {total} messages. {hidden} messages on other "
             "branches are not shown; export with --all-branches or --format json to see them.*")

@@ -261,15 +261,22 @@ def exit_with_parent() -> None:
 
 def enable_crash_log(data_dir: Path):
     """In the child: write Python's and the native stack of every thread to ``logs/cli.log``
-    when the process dies by a signal (``faulthandler``). Returns the open file (keep it)."""
+    when the process dies by a signal (``faulthandler``). Returns the open file (keep it),
+    or None when the log cannot be written (a full disk: the command goes on without it)."""
     import faulthandler
 
     logs = Path(data_dir) / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    fd = os.open(logs / LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    f = os.fdopen(fd, "a", encoding="utf-8")
-    f.write(f"--- branchwise {' '.join(sys.argv[1:2])} pid {os.getpid()} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-    f.flush()
+    try:
+        logs.mkdir(parents=True, exist_ok=True)
+        fd = os.open(logs / LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        f = os.fdopen(fd, "a", encoding="utf-8")
+    except OSError:
+        return None
+    try:
+        f.write(f"--- branchwise {' '.join(sys.argv[1:2])} pid {os.getpid()} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        f.flush()
+    except OSError:
+        pass  # the header is lost, not the log
     faulthandler.enable(file=f, all_threads=True)
     return f
 

@@ -38,12 +38,21 @@ class ChatDatabase:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.lock = threading.RLock()
-        self.conn = _open(self.path)
+        self.read_only = False
+        """Opened read-only because the disk is full (:func:`_open_read_only`): the chats
+        can be listed, shown and exported, and every change says the disk is full."""
+        try:
+            self.conn = _open(self.path)
+        except StorageFullError:
+            self.conn = _open_read_only(self.path)
+            self.read_only = True
         self.utils = sqlite_utils.Database(self.conn, recursive_triggers=False)
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
         """Hold the lock and one write transaction; commit on success, roll back on error."""
+        if self.read_only:
+            raise StorageFullError(disk_full_message(self.path.parent, "the last change was not saved"))
         with self.lock, disk_full_raises(self.path, "the last change was not saved"):
             self.conn.execute("BEGIN IMMEDIATE")
             try:
@@ -125,9 +134,38 @@ def _open_once(path: Path) -> sqlite3.Connection:
         raise
 
 
+def _open_read_only(path: Path) -> sqlite3.Connection:
+    """On a full disk, where even opening needs room (the WAL's shared-memory file):
+    ``chats.sqlite3`` opened read-only and immutable, so the chats can still be read and
+    exported. Only when the file is complete on its own: no WAL file with changes not yet
+    copied into it (a clean close leaves none), and its schema is this version's.
+
+    Raises:
+        StorageFullError: the disk is full and the file cannot be read this way.
+    """
+    full = StorageFullError(disk_full_message(path.parent, f"the chat database {path.name} could not be opened"))
+    wal = path.with_name(path.name + "-wal")
+    try:
+        if not path.is_file() or (wal.exists() and wal.stat().st_size > 0):
+            raise full
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True, isolation_level=None,
+                               check_same_thread=False)
+    except (OSError, sqlite3.Error) as exc:
+        raise full from exc
+    try:
+        from storage.chat_schema import MIGRATIONS, schema_version
+
+        if schema_version(conn) != len(MIGRATIONS):
+            raise full
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute("PRAGMA temp_store = MEMORY")  # a query's temporary tables need no disk
+        return conn
+    except BaseException:
+        conn.close()
+        raise
+
+
 @contextmanager
-
-
 def disk_full_raises(path: Path, not_saved: str) -> Iterator[None]:
     """Re-raise a full disk inside the block as StorageFullError naming the folder and
     its free space. SQLITE_FULL and ENOSPC are a full disk; so is SQLITE_IOERR ("disk

@@ -293,8 +293,13 @@ class ChatStore(Part):
         A reply another process (or store) is streaming right now holds its lock
         (``storage.chats.live_streams``) and stays "streaming".
 
-        Call once at startup, before any generation begins.
+        Call once at startup, before any generation begins. Writes only when some reply is
+        left streaming (nothing on a database opened read-only for a full disk).
         """
+        with self._lock:
+            if self.database.read_only or not self._conn.execute(
+                    "SELECT 1 FROM messages WHERE status = 'streaming' LIMIT 1").fetchone():
+                return 0
         with self._tx() as conn:
             ids = [row[0] for row in conn.execute("SELECT id FROM messages WHERE status = 'streaming'")]
             dead = [i for i in ids if not self.streams.is_live(i)]
