@@ -373,3 +373,22 @@ def test_a_turn_larger_than_the_cache_budget_says_so(tmp_path):
     assert saved["kv_cache"] is False
     assert saved["problems"][0].startswith("the KV cache was not saved: this conversation's ")
     assert "MiB of KV are more than the cache budget of 3.0 MiB (--cache-budget)" in saved["problems"][0]
+
+
+def test_edit_rephrases_the_first_message_beside_it(tmp_path):
+    first = chat_json(tmp_path, "Name a river.")
+    r = bw(tmp_path, "chat", "--json", "--temperature", "0", "--max-tokens", "8", "--edit",
+           first["user_message_id"], "Name a mountain.")
+    second = json.loads(r.stdout)
+    assert second["conversation_id"] == first["conversation_id"]
+    from storage.chats import ChatStore
+
+    with ChatStore(tmp_path / "chats.sqlite3") as chats:
+        roots = [m for m in chats.tree(first["conversation_id"]) if m.parent_id is None]
+        assert [m.content for m in roots] == ["Name a river.", "Name a mountain."]  # the original stays
+        path = chats.active_path(first["conversation_id"])
+        assert [m.id for m in path] == [second["user_message_id"], second["assistant_message_id"]]
+    r = bw(tmp_path, "chat", "--edit", first["assistant_message_id"], "x", check=False)
+    assert r.returncode == 1 and "--edit takes your own message" in r.stderr
+    r = bw(tmp_path, "chat", "--parent", first["user_message_id"], "x", check=False)
+    assert r.returncode == 1 and f"use --edit {first['user_message_id']}" in r.stderr

@@ -20,6 +20,9 @@ def add_parser(sub) -> None:
     chat = sub.add_parser("chat", parents=[common, engine], help="send a message and stream the reply")
     chat.add_argument("--conversation", type=arguments.row_id, help="continue this conversation (default: a new one)")
     chat.add_argument("--parent", type=arguments.row_id, help="reply under this message instead of the active leaf (a branch)")
+    chat.add_argument("--edit", type=arguments.row_id, metavar="ID",
+                      help="send the text as a new version of your message ID (the first one too), beside it: "
+                           "the original and its replies stay a ‹ › step away")
     chat.add_argument("--system", help="system prompt (for a new conversation, or to change it)")
     add_message_arguments(chat)
     from app.cli.attach_commands import add_attach_arguments
@@ -40,17 +43,29 @@ def run(args) -> int:
 
     docs = attach_commands.read_attachments(args)  # before anything loads or is stored
     chats = opening.open_chats(args)
-    if args.parent is not None or args.conversation is not None:  # without --model: the chat's own model
-        opening.chat_model(args, chats, chats.get_message(args.parent).conversation_id
-                           if args.parent is not None else args.conversation)
+    if args.edit is not None and args.parent is not None:
+        raise ValueError("Give --edit or --parent, not both: --edit puts the new text beside your message ID.")
+    anchor = args.edit if args.edit is not None else args.parent
+    if anchor is not None or args.conversation is not None:  # without --model: the chat's own model
+        opening.chat_model(args, chats, chats.get_message(anchor).conversation_id
+                           if anchor is not None else args.conversation)
     # Load the model first, so a bad model file leaves no trace in the conversations.
     engine = opening.open_engine(args)
-    if args.parent is not None:
+    if args.edit is not None:
+        edited = chats.get_message(args.edit)
+        if edited.role != "user":
+            raise ValueError(f"Message {edited.id} is a reply; --edit takes your own message (to have a reply "
+                             f"written again, use 'branchwise regenerate {edited.id}').")
+        if args.conversation is not None and edited.conversation_id != args.conversation:
+            raise NotFoundError(f"Message {args.edit} is not in conversation {args.conversation}.")
+        conversation = chats.get_conversation(edited.conversation_id)
+        parent_id = edited.parent_id  # None for the first message: a new first message beside it
+    elif args.parent is not None:
         parent = chats.get_message(args.parent)
         if parent.role != "assistant":
             raise ValueError(
                 f"Message {parent.id} is your own message; --parent takes an assistant reply to answer "
-                "under (to rephrase a message, pass --parent with the reply before it).")
+                f"under (to rephrase your message, use --edit {parent.id}).")
         if args.conversation is not None and parent.conversation_id != args.conversation:
             raise NotFoundError(f"Message {args.parent} is not in conversation {args.conversation}.")
         conversation = chats.get_conversation(parent.conversation_id)
@@ -89,7 +104,9 @@ def run(args) -> int:
         conversation = chats.get_conversation(conversation.id)
     from app.session import ConversationSession
 
-    user = ConversationSession(chats).send(conversation.id, args.text, parent_id)
+    session = ConversationSession(chats)
+    user = session.edit(args.edit, args.text) if args.edit is not None else session.send(conversation.id, args.text,
+                                                                                          parent_id)
     if docs:
         attach_commands.store_and_link(chats, user.id, attached)
         args.json_attachments = attached.info
