@@ -89,18 +89,27 @@ class _Reader:
         raise ValueError(f"unknown GGUF type {kind}")
 
 
+def _header(f) -> tuple[_Reader, int, int] | None:
+    """``(reader, tensor count, key count)`` after a GGUF file's magic and version, or None
+    when ``f`` is not a GGUF of version 2 or 3 or its counts are absurd."""
+    r = _Reader(f)
+    if r.take(4) != b"GGUF" or r.u32() not in (2, 3):
+        return None
+    n_tensors, n_keys = r.u64(), r.u64()
+    if n_keys > _MAX_KEYS or n_tensors > _MAX_TENSORS:
+        return None
+    return r, n_tensors, n_keys
+
+
 def read_metadata(path: str | Path) -> dict | None:
     """The scalar metadata of a GGUF file (and small numeric arrays), or None when the
     header cannot be read."""
     try:
         with open(path, "rb") as f:
-            r = _Reader(f)
-            if r.take(4) != b"GGUF" or r.u32() not in (2, 3):
+            head = _header(f)
+            if head is None:
                 return None
-            r.u64()
-            n_keys = r.u64()
-            if n_keys > _MAX_KEYS:
-                return None
+            r, _, n_keys = head
             meta = {}
             for _ in range(n_keys):
                 key = r.string()
@@ -119,12 +128,10 @@ def layer_weight_types(path: str | Path) -> frozenset[int] | None:
     header cannot be read."""
     try:
         with open(path, "rb") as f:
-            r = _Reader(f)
-            if r.take(4) != b"GGUF" or r.u32() not in (2, 3):
+            head = _header(f)
+            if head is None:
                 return None
-            n_tensors, n_keys = r.u64(), r.u64()
-            if n_keys > _MAX_KEYS or n_tensors > _MAX_TENSORS:
-                return None
+            r, n_tensors, n_keys = head
             for _ in range(n_keys):
                 r.string(keep=False)
                 r.value(r.u32())

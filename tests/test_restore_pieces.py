@@ -15,28 +15,13 @@ import engine.cache_strategy.base as strategy
 from engine.chat_engine import GenerationStats
 from engine.chat_template import ChatMessage
 from engine.core import Engine
-from engine.settings import EngineSettings, SamplingParams
+from engine.settings import SamplingParams
 from storage.parallel import in_halves, pipelined
-from storage.prefix_store import PrefixStore
+from test_engine import SETTINGS, engine, store  # noqa: F401 (fixtures)
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16)
-SETTINGS = EngineSettings(n_ctx=2048)
 STORY = ("A lighthouse keeper named Ada kept a logbook of every ship that passed. "
          "One winter night a ship without lights came close to the rocks. ") * 16
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = PrefixStore(tmp_path / "kvcache.sqlite3")
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def engine(model_path, store):
-    e = Engine(model_path, SETTINGS, store)
-    yield e
-    e.close()
 
 
 @pytest.fixture
