@@ -94,18 +94,24 @@ class ReplyMemory:
             return None
         return ids.tolist()
 
-    def resent(self, model_key: bytes, messages: list) -> list:
+    def resent(self, model_key: bytes, messages: list, spell) -> list:
         """``messages`` (``ChatMessage``) with every assistant reply this server generated
         given its generated ids; a reply of tool calls is found by its calls
         (``tool_protocol.calls_key``) and then stands as those ids alone, without the
-        calls (the template would render them a second time)."""
+        calls (the template would render them a second time), its content being
+        ``spell(ids)``, the text those ids decode to: the engine uses a reply's ids only
+        when they spell its content (``engine.generated_ids``), and the call's markup is
+        in the ids, not in the content the client sent."""
         out = []
         for m in messages:
             if m.role != "assistant":
                 out.append(m)
                 continue
-            ids = self.recall(model_key, calls_key(m.content, m.tool_calls) if m.tool_calls else m.content)
-            out.append(dataclasses.replace(m, token_ids=ids, tool_calls=None if ids else m.tool_calls))
+            if m.tool_calls:
+                ids = self.recall(model_key, calls_key(m.content, m.tool_calls))
+                out.append(dataclasses.replace(m, token_ids=ids, tool_calls=None, content=spell(ids)) if ids else m)
+                continue
+            out.append(dataclasses.replace(m, token_ids=self.recall(model_key, m.content)))
         return out
 
     def close(self) -> None:
