@@ -220,3 +220,14 @@ def test_a_wrong_hash_is_one_sentence_in_the_window_and_nothing_in_the_library(q
     assert row.startswith(f"{Q41} does not match the hub's SHA-256") and "deleted" in row and "\n" not in row
     assert not mw.use_download_button.isEnabled() and not w.models.downloads.status_bar.isVisible()
     assert not [p for p in (data_dir / "models").rglob("*") if p.is_file()]
+
+
+def test_a_missing_model_given_with_model_is_named_as_such_and_the_default_loads(qtbot, open_window, data_dir,
+                                                                                  tmp_path):
+    missing = tmp_path / "nowhere" / "Missing-7B.Q4_K_M.gguf"
+    w = open_window(data_dir, model_path=str(missing))
+    assert w.banner.text.startswith(f"The model given with --model, {missing}, is not there; loading the default")
+    assert "Model → Open model…" in w.banner.text
+    assert w.model.good_path and Path(w.model.good_path).name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    label = w.status.model_label.text().replace("\u2068", "").replace("\u2069", "")
+    assert label == "SmolLM2-135M-Instruct.Q4_1 · 135M parameters"

@@ -185,6 +185,24 @@ def test_the_tools_tab_explains_an_empty_list_in_plain_words(qtbot, tmp_path):
         dlg.reject()
 
 
+
+def test_speculative_decoding_is_a_choice_and_a_draft_model_needs_its_file(qtbot, tmp_path):
+    dlg = _settings_dialog(tmp_path, speculative="draft:/models/small.gguf")
+    try:
+        row = dlg.speculative
+        assert row.kind.currentText() == "Draft model" and row.path.text() == "/models/small.gguf"
+        assert row.path.isVisible() and row.browse.isVisible()
+        assert dlg.app_values()["speculative"] == "draft:/models/small.gguf" and dlg.problem() == ""
+        row.path.setText("")
+        assert "needs the draft model's file" in dlg.problem()
+        row.kind.setCurrentIndex(row.kind.findText("Prompt lookup"))
+        _settle()
+        assert not row.path.isVisible() and dlg.app_values()["speculative"] == "lookup" and dlg.problem() == ""
+        row.kind.setCurrentIndex(row.kind.findText("Off"))
+        assert dlg.app_values()["speculative"] == "none"
+    finally:
+        dlg.reject()
+
 # -- 3. the draft's figure under the composer ------------------------------------------------
 
 def test_the_draft_figure_says_after_sending_and_is_readable_in_both_themes(qtbot, open_window, data_dir):

@@ -114,8 +114,9 @@ class ModelController(QObject):
         self.client.start()
         path = self._explicit or self.settings.last_model
         if path and not Path(path).exists():
-            self.banner.show_message(
-                f"The last model, {path}, is no longer there; loading the default model.", "info")
+            which = "The model given with --model" if self._explicit else "The last model"
+            self.banner.show_message(f"{which}, {path}, is not there; loading the default model. "
+                                     "Model → Open model… chooses another.", "info")
             path = None
         self.load(path)
 
@@ -205,8 +206,9 @@ class ModelController(QObject):
             self.good_engine = self.settings.engine_fields()
             self.settings.remember_model(self.good_path)
             params = facts.get("parameters") or 0
-            size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.0f}M"
-            self.status.model_label.setText(f"{isolate(model_label(self.good_path, facts))} · {size}")
+            size = (f" · {params / 1e9:.1f}B parameters" if params >= 1e9
+                    else f" · {params / 1e6:.0f}M parameters" if params else "")
+            self.status.model_label.setText(f"{isolate(model_label(self.good_path, facts))}{size}")
             self.status.model_label.setToolTip(tooltip(facts_text(facts)))
         fell_back, self._falling_back = self._falling_back, False
         if facts.get("cache_policy", "full") != "full":

@@ -29,6 +29,7 @@ from app.window.settings.app_settings import ENGINE_FIELDS, AppSettings
 from app.window.settings.chat_settings_form import ChatSettingsForm, spin
 from app.window.settings.kv_switch import kv_switch_note
 from app.window.settings.mcp_settings import McpSettingsTab
+from app.window.settings.speculative_row import SpeculativeRow
 from app.window.workers.engine_client import EngineClient
 from engine.events import CacheAction, CacheEvent
 from engine.limits import CTX_TRAIN_FACTOR, MAX_CTX, LimitError, check_ctx_size, max_threads
@@ -189,12 +190,7 @@ class SettingsDialog(QDialog):
                                 "starts at once. Uses the CPU between turns; never while the window is "
                                 "hidden or minimized. Replies are the same either way.")
         form2.addRow("Zero-wait turns", self.prewarm)
-        self.speculative = QLineEdit(settings.speculative)
-        self.speculative.setPlaceholderText("none, lookup or draft:/path/to/small-model.gguf")
-        self.speculative.setToolTip("Speculative decoding: tokens are drafted and checked by the model in one "
-                                    "batch. lookup drafts from the chat itself (quotes, code edits); "
-                                    "draft:PATH uses a small model with the same vocabulary; none decodes "
-                                    "one token at a time.")
+        self.speculative = SpeculativeRow(settings.speculative)
         form2.addRow("Speculative decoding", self.speculative)
         note = QLabel("Changing the context size, threads, precision or speculative decoding reloads the model.")
         note.setWordWrap(True)
@@ -360,6 +356,8 @@ class SettingsDialog(QDialog):
                     f"{self._trained_context:,} tokens of context, and Branchwise takes at most "
                     f"{CTX_TRAIN_FACTOR} times that ({self._trained_context * CTX_TRAIN_FACTOR:,}). "
                     "Nothing was changed.")
+        if self.speculative.problem():
+            return f"These settings cannot be used: {self.speculative.problem()}. Nothing was changed."
         try:
             replace(self._settings, **{k: v for k, v in self.app_values().items()
                                        if k in ENGINE_FIELDS}).engine_settings()
@@ -379,7 +377,7 @@ class SettingsDialog(QDialog):
                 "type_k": type_k, "type_v": type_v, "budget_bytes": self.budget.value() * MB,
                 "api_host": self.api_host.text().strip() or "127.0.0.1", "api_port": self.api_port.value(),
                 "api_key": self.api_key.text().strip(), **self._engine_values(),
-                "prewarm": self.prewarm.isChecked(), "speculative": self.speculative.text().strip(),
+                "prewarm": self.prewarm.isChecked(), "speculative": self.speculative.value(),
                 **self.tools_tab.values()}
 
     def _engine_values(self) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QFontMetrics, QPainter
-from PySide6.QtWidgets import QLabel, QProgressBar, QSizePolicy, QStatusBar
+from PySide6.QtWidgets import QFrame, QLabel, QProgressBar, QSizePolicy, QStatusBar
 
 from app.session import reply_status_line
 from app.window.shell.plain import plain_label, tooltip
@@ -137,6 +137,10 @@ class StatusBar:
         bar.addPermanentWidget(self.progress)
         bar.addPermanentWidget(self.api_label)
         bar.addPermanentWidget(self.context_label)
+        self.model_rule = QFrame()  # a thin line between the context figure and the model's name
+        self.model_rule.setFrameShape(QFrame.Shape.VLine)
+        self.model_rule.setFrameShadow(QFrame.Shadow.Sunken)
+        bar.addPermanentWidget(self.model_rule)
         bar.addPermanentWidget(self.model_label)
 
     def flash(self, text: str, ms: int) -> None:
