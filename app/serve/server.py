@@ -364,8 +364,7 @@ class ApiServer:
                 job.emit("token", safe)
 
         try:  # a message of megabytes is refused without tokenizing all of it
-            messages = self.replies.resent(self._model_key, req.messages, self.engine.model.detokenize)
-            refuse_far_over(self.engine, messages)
+            refuse_far_over(self.engine, messages := self.replies.resent(self._model_key, req.messages, self.engine.model.detokenize))
             result = self.engine.generate(messages, req.sampling, use_cache=self.use_cache, on_token=on_token,
                                           on_progress=on_progress, cancel=job.cancel, snapshot=False, on_reasoning=job.reasoning,
                                           tools=tools.render_tools, grammar=tools.grammar)
