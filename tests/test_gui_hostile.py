@@ -130,7 +130,7 @@ def test_hostile_text_is_plain_in_every_widget(qtbot, window, data_dir, text):
     w.model._loaded(facts)
     label = w.status.model_label
     assert label.textFormat() == Qt.TextFormat.PlainText
-    assert label.text() == f"{isolate(text)} · 135M"  # the name isolated from the app's " · 135M"
+    assert label.text() == f"{isolate(text)} · 135M parameters"  # the name isolated from the app's words
     doc = rendered(label.toolTip())
     assert_plain_document(doc)
     assert shown_text(doc).startswith(elide(f"Name: {text}", TOOLTIP_CHARS)[:200])

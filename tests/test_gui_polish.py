@@ -267,7 +267,7 @@ def test_the_status_line_at_800_px_shows_whole_figures(qtbot, open_window, data_
     _resize(w, 800)
     status = w.status
     status.set_context(660, 8192)
-    status.model_label.setText("SmolLM2-135M-Instruct.Q4_1 · 135M")
+    status.model_label.setText("SmolLM2-135M-Instruct.Q4_1 · 135M parameters")
     status.set_api("running", "http://127.0.0.1:8080/v1")  # less room, as in the user's screenshot 25
     status.show_stats({"typed_tokens": 150, "prepared_tokens": 2161, "prefilled_tokens": 0,
                        "decode_tokens_per_s": 11.0, "generated_tokens": 37})
@@ -277,6 +277,8 @@ def test_the_status_line_at_800_px_shows_whole_figures(qtbot, open_window, data_
     assert shown != status.stats_label.text()  # cut at this width ...
     assert all(part in figures + ["…"] for part in shown.split(" · ")), shown  # ... by whole figures
     assert shown.endswith(" · 11 tok/s") and len(shown.split(" · ")) >= 3, shown
+    assert status.model_label.width() <= w.statusBar().width() // 4  # the model's label gives way:
+    assert status.model_label.shown_text() == "SmolLM2-135M-Instruct.Q4_1"  # its size first, the name whole
 
 
 # -- 6. and 8. the Models window -------------------------------------------------------------

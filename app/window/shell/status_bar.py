@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import QSize, Qt
-from PySide6.QtGui import QFontMetrics, QPainter
+from PySide6.QtCore import QEvent, QObject, QSize, Qt
+from PySide6.QtGui import QFontMetrics, QPainter, QPalette
 from PySide6.QtWidgets import QFrame, QLabel, QProgressBar, QSizePolicy, QStatusBar
 
 from app.session import reply_status_line
@@ -16,6 +16,7 @@ SEPARATOR = " · "
 PROGRESS_TEXTS = ("Prefilling 999,999/999,999 tokens", "Restoring 999,999/999,999 tokens", "Loading model… 100%")
 """The longest texts the progress bar shows: it is made wide enough for them."""
 MODEL_LABEL_MAX = 300  # pixels: a longer model name is elided in the middle (the whole name in its tooltip)
+MODEL_LABEL_SHARE = 4  # and at most a quarter of the bar, so a narrow window keeps the reply's figures
 
 
 def fitted_text(text: str, width: int, fm: QFontMetrics, middle: bool = False) -> str:
@@ -24,11 +25,14 @@ def fitted_text(text: str, width: int, fm: QFontMetrics, middle: bool = False) -
     tok/s") always stays, then as many of the others as fit, the first ones first, each run
     of dropped figures shown as one "…" ("prefilled while you typed: 3,600 tokens · … · 46
     tok/s"); a word is never cut: when even the last figure does not fit, its first whole
-    words and "…" are shown. ``middle`` True elides in the middle instead (a model name)."""
+    words and "…" are shown. ``middle`` True is for a name with figures after it (a model's:
+"SmolLM2-135M-Instruct.Q4_1 · 135M parameters"): the figures are left out, then the name
+is elided in the middle."""
     if fm.horizontalAdvance(text) <= width:
         return text
-    if middle:
-        return fm.elidedText(text, Qt.TextElideMode.ElideMiddle, width)
+    if middle:  # a name and its figures: the figures go first, then the name is elided in the middle
+        name = text.split(SEPARATOR)[0]
+        return name if fm.horizontalAdvance(name) <= width else fm.elidedText(name, Qt.TextElideMode.ElideMiddle, width)
     parts = text.split(SEPARATOR)
     if len(parts) > 1:  # keep whole figures, the first ones first, and always the last
         kept: list[int] = []
@@ -139,9 +143,11 @@ class StatusBar:
         bar.addPermanentWidget(self.context_label)
         self.model_rule = QFrame()  # a thin line between the context figure and the model's name
         self.model_rule.setFrameShape(QFrame.Shape.VLine)
-        self.model_rule.setFrameShadow(QFrame.Shadow.Sunken)
+        self.model_rule.setFrameShadow(QFrame.Shadow.Plain)
+        self.model_rule.setForegroundRole(QPalette.ColorRole.Mid)  # grey in both themes
         bar.addPermanentWidget(self.model_rule)
         bar.addPermanentWidget(self.model_label)
+        self._width_rule = _ModelLabelWidth(self.model_label, bar)
 
     def flash(self, text: str, ms: int) -> None:
         """Show ``text`` on the left of the bar for ``ms`` milliseconds (a confirmation)."""
@@ -203,3 +209,17 @@ class StatusBar:
             self.progress.show()
         elif done >= total:
             self.progress.hide()
+
+
+class _ModelLabelWidth(QObject):
+    """Keeps the model label within MODEL_LABEL_MAX pixels and 1/MODEL_LABEL_SHARE of the bar."""
+
+    def __init__(self, label: QLabel, bar: QStatusBar):
+        super().__init__(bar)
+        self.label = label
+        bar.installEventFilter(self)
+
+    def eventFilter(self, watched, event) -> bool:  # noqa: N802 - Qt override
+        if event.type() == QEvent.Type.Resize:
+            self.label.setMaximumWidth(min(MODEL_LABEL_MAX, max(1, watched.width() // MODEL_LABEL_SHARE)))
+        return False
