@@ -185,7 +185,6 @@ def test_the_tools_tab_explains_an_empty_list_in_plain_words(qtbot, tmp_path):
         dlg.reject()
 
 
-
 def test_speculative_decoding_is_a_choice_and_a_draft_model_needs_its_file(qtbot, tmp_path):
     dlg = _settings_dialog(tmp_path, speculative="draft:/models/small.gguf")
     try:
@@ -202,6 +201,7 @@ def test_speculative_decoding_is_a_choice_and_a_draft_model_needs_its_file(qtbot
         assert dlg.app_values()["speculative"] == "none"
     finally:
         dlg.reject()
+
 
 # -- 3. the draft's figure under the composer ------------------------------------------------
 

@@ -26,8 +26,8 @@ def fitted_text(text: str, width: int, fm: QFontMetrics, middle: bool = False) -
     of dropped figures shown as one "…" ("prefilled while you typed: 3,600 tokens · … · 46
     tok/s"); a word is never cut: when even the last figure does not fit, its first whole
     words and "…" are shown. ``middle`` True is for a name with figures after it (a model's:
-"SmolLM2-135M-Instruct.Q4_1 · 135M parameters"): the figures are left out, then the name
-is elided in the middle."""
+    "SmolLM2-135M-Instruct.Q4_1 · 135M parameters"): the figures are left out, then the name
+    is elided in the middle."""
     if fm.horizontalAdvance(text) <= width:
         return text
     if middle:  # a name and its figures: the figures go first, then the name is elided in the middle
