@@ -107,18 +107,19 @@ def read_metadata(path: str | Path) -> dict | None:
     try:
         with open(path, "rb") as f:
             head = _header(f)
-            if head is None:
-                return None
-            r, _, n_keys = head
-            meta = {}
-            for _ in range(n_keys):
-                key = r.string()
-                value = r.value(r.u32())
-                if value is not None:
-                    meta[key] = value
-            return meta
+            return None if head is None else dict(_pairs(head[0], head[2]))
     except (OSError, EOFError, ValueError, struct.error, OverflowError):
         return None
+
+
+def _pairs(r: _Reader, n_keys: int, keep: bool = True):
+    """The ``n_keys`` metadata (key, value) pairs at ``r`` whose value is kept (none when
+    not ``keep``: the reader is then only moved past them)."""
+    for _ in range(n_keys):
+        key = r.string(keep=keep)
+        value = r.value(r.u32())
+        if keep and value is not None:
+            yield key, value
 
 
 def layer_weight_types(path: str | Path) -> frozenset[int] | None:
@@ -132,9 +133,8 @@ def layer_weight_types(path: str | Path) -> frozenset[int] | None:
             if head is None:
                 return None
             r, n_tensors, n_keys = head
-            for _ in range(n_keys):
-                r.string(keep=False)
-                r.value(r.u32())
+            for _ in _pairs(r, n_keys, keep=False):
+                pass
             types = set()
             for _ in range(n_tensors):
                 name = r.string()
