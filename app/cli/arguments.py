@@ -167,7 +167,8 @@ def engine_options() -> Parser:
 
     defaults = EngineSettings()
     engine = Parser(add_help=False)
-    engine.add_argument("--model", help="a GGUF model file (default: the embedded SmolLM2-135M-Instruct)")
+    engine.add_argument("--model", help="a GGUF model file, or the name of a model downloaded with "
+                                        "'branchwise models' (default: the embedded SmolLM2-135M-Instruct)")
     engine.add_argument("--ctx-size", type=ctx_size, default=8192,
                         help="context window in tokens (default 8192; at most 4 times what the model was trained "
                              "for, and what this machine's memory holds)")

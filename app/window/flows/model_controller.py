@@ -114,9 +114,10 @@ class ModelController(QObject):
         self.client.start()
         path = self._explicit or self.settings.last_model
         if path and not Path(path).exists():
-            which = "The model given with --model" if self._explicit else "The last model"
-            self.banner.show_message(f"{which}, {path}, is not there; loading the default model. "
-                                     "Model → Open model… chooses another.", "info")
+            which = "given with --model" if self._explicit else "last used"
+            then = ("Replies come from the server set in Settings." if self.settings.remote_engine() is not None
+                    else "Loading the default model instead; Model → Open model… chooses another.")
+            self.banner.show_message(f"Model file not found: {path} ({which}). {then}", "info")
             path = None
         self.load(path)
 

@@ -169,13 +169,13 @@ class SettingsDialog(QDialog):
         form2.addRow("Server URL", self.engine_url)
         form2.addRow("Server API key", self.engine_key)
         form2.addRow("Server model", self.engine_model)
+        self.remote_note = QLabel("With a server, replies are generated there; chats, edits, branches and search "
+                                  "stay on this computer. Branchwise connects only to the URL typed here.")
+        self.remote_note.setWordWrap(True)
+        form2.addRow(self.remote_note)
         self.engine_kind.currentIndexChanged.connect(self._engine_kind_changed)
         self.engine_kind.setCurrentIndex(1 if settings.engine_url else 0)
         self._engine_kind_changed()
-        remote_note = QLabel("With a server, replies are generated there; chats, edits, branches and search "
-                             "stay on this computer. Branchwise connects only to the URL typed here.")
-        remote_note.setWordWrap(True)
-        form2.addRow(remote_note)
         form2.addRow("Context size (tokens)", self.n_ctx)
         form2.addRow(self.ctx_note)
         form2.addRow("CPU threads", self.threads)
@@ -321,6 +321,7 @@ class SettingsDialog(QDialog):
         for w in (self.engine_url, self.engine_key, self.engine_model):  # the server's rows: only for a server
             w.setEnabled(remote)
             self.app_form.setRowVisible(w, remote)
+        self.app_form.setRowVisible(self.remote_note, remote)
 
     def conversation_values(self) -> tuple[str, dict]:
         """(system prompt, sampling dict) as entered for this chat (or the new chat)."""

@@ -3,8 +3,9 @@ the last with the draft model's file (``engine.speculative_setting`` is the valu
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QLineEdit, QPushButton, QWidget
+from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QLineEdit, QPushButton, QSizePolicy, QWidget
 
+from app.window.shell.plain import tooltip
 from engine.speculative_setting import DRAFT, LOOKUP, NONE, kind_of
 
 LABELS = ((NONE, "Off"), (LOOKUP, "Prompt lookup"), (DRAFT, "Draft model"))
@@ -22,8 +23,10 @@ class SpeculativeRow(QWidget):
         self.kind.setToolTip("Speculative decoding: tokens are drafted and checked by the model in one batch. "
                              "Prompt lookup drafts from the chat itself (quotes, code edits); a draft model is "
                              "a small model with the same vocabulary. Off decodes one token at a time.")
+        self.kind.setSizePolicy(QSizePolicy.Policy.Fixed, QSizePolicy.Policy.Fixed)  # one width for every choice
         self.path = QLineEdit()
-        self.path.setPlaceholderText("a small GGUF model with the same vocabulary")
+        self.path.setPlaceholderText("the draft model's .gguf file")
+        self.path.textChanged.connect(lambda text: self.path.setToolTip(tooltip(text)))  # the whole path
         self.browse = QPushButton("Choose…")
         self.browse.clicked.connect(self._choose)
         lay = QHBoxLayout(self)
@@ -31,6 +34,7 @@ class SpeculativeRow(QWidget):
         lay.addWidget(self.kind)
         lay.addWidget(self.path, 1)
         lay.addWidget(self.browse)
+        lay.addStretch(0)  # takes the room the path leaves when it is hidden
         kind = kind_of(setting) if setting else NONE
         self.kind.setCurrentIndex(max(0, self.kind.findData(kind)))
         if kind == DRAFT:
@@ -42,6 +46,7 @@ class SpeculativeRow(QWidget):
         draft = self.kind.currentData() == DRAFT
         self.path.setVisible(draft)
         self.browse.setVisible(draft)
+        self.layout().setStretch(3, 0 if draft else 1)
 
     def _choose(self) -> None:
         name, _ = QFileDialog.getOpenFileName(self, "Draft model", self.path.text(), "GGUF models (*.gguf)")
