@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from storage.chats.connection import open_read_only
+
 MAX_STORED_ORIGINAL_BYTES: Final = 16 * 1024**2
 """Originals up to this size are kept beside their text (``engine.documents.limits``)."""
 
@@ -195,9 +197,7 @@ class AttachmentStore:
         self.path = Path(path)
         self._lock = threading.RLock()
         if read_only:
-            self._conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro&immutable=1", uri=True,
-                                         isolation_level=None, check_same_thread=False)
-            self._conn.execute("PRAGMA temp_store = MEMORY")
+            self._conn = open_read_only(self.path)
             return
         self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
         for pragma in ("journal_mode = WAL", "synchronous = NORMAL", "foreign_keys = ON", "secure_delete = ON"):

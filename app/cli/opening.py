@@ -103,8 +103,6 @@ def open_engine(args):
     with interrupts.stops_held() as held, args.progress.loading():
         engine = Engine(args.model or default_model_path(), settings, store, progress=args.progress.hashing,
                         crash_verdict=CrashVerdict.applies(data_dir(args)))
-    from app.cli import interrupts
-
     interrupts.report(repack=engine.model.repack.repack)  # for the supervisor, should llama.cpp crash later
     if held.signum:
         engine.close()

@@ -242,8 +242,8 @@ class CacheStrategy:
                 live.swa_valid_from = kv_codec.partial_start(e.kind, data)
         return n, dropped
 
-    def restore_blocks(self, match: PrefixMatch, live: int = 0,
-                       rejected: list[tuple[MappedBlocks, int]] | None = None) -> tuple[int, int]:
+    def restore_blocks(self, match: PrefixMatch, live: int,
+                       rejected: list[tuple[MappedBlocks, int]]) -> tuple[int, int]:
         """Restore the blocks of ``match`` into sequence 0, keeping the first ``live``
         tokens of the live context up to a block start (see :meth:`restore`). Returns
         ``(tokens the live context holds now, blocks dropped)``: after a failure, those
@@ -254,9 +254,9 @@ class CacheStrategy:
         the helper thread while ``llama_state_seq_set_data`` reads piece ``i`` on this one
         (``storage.parallel.pipelined``), and each piece joins sequence 0 after the cells
         before it (``LiveContext.append``). Every block's xxh3 is checked just before it is
-        copied; a block that fails is dropped with its descendants (given to ``rejected``
-        for the caller when it passes one, :meth:`restore`; else here), the blocks before it
-        are restored, and nothing after it: a damaged block never reaches llama.cpp."""
+        copied; a block that fails goes to ``rejected`` (``(mapped, index)``), for
+        :meth:`restore` to drop with its descendants once it let go of the lock; the blocks
+        before it are restored, and nothing after it: a damaged block never reaches llama.cpp."""
         e, lc = self.engine, self.live
         keep = max((b.start for b in match.blocks if b.start <= live), default=0) if live else 0
         if keep and not lc.truncate(keep):
@@ -321,13 +321,7 @@ class CacheStrategy:
                                          buffer=halves[0], pos0=n)
                 if lc.apply(blob) if k == 0 and not keep else lc.append(blob):
                     n += sum(mapped.payloads[i][2] for i in before)
-            if rejected is not None:
-                rejected.append((mapped, bad))
-            else:
-                try:
-                    dropped += e.store.reject(mapped, bad)
-                except StoreError:
-                    pass
+            rejected.append((mapped, bad))
         return n, dropped
 
     # -- storing -----------------------------------------------------------------------------

@@ -39,12 +39,12 @@ class ChatDatabase:
         self.path = Path(path)
         self.lock = threading.RLock()
         self.read_only = False
-        """Opened read-only because the disk is full (:func:`_open_read_only`): the chats
+        """Opened read-only because the disk is full (:func:`open_read_only`): the chats
         can be listed, shown and exported, and every change says the disk is full."""
         try:
             self.conn = _open(self.path)
         except StorageFullError:
-            self.conn = _open_read_only(self.path)
+            self.conn = open_read_only(self.path)
             self.read_only = True
         self.utils = sqlite_utils.Database(self.conn, recursive_triggers=False)
 
@@ -134,7 +134,7 @@ def _open_once(path: Path) -> sqlite3.Connection:
         raise
 
 
-def _open_read_only(path: Path) -> sqlite3.Connection:
+def open_read_only(path: Path) -> sqlite3.Connection:
     """On a full disk, where even opening needs room (the WAL's shared-memory file):
     ``chats.sqlite3`` opened read-only and immutable, so the chats can still be read and
     exported. Only when the file is complete on its own: no WAL file with changes not yet
