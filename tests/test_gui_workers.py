@@ -108,9 +108,9 @@ def test_the_chat_reader_keeps_newest_wins_per_key(qtbot, tmp_path):
     assert workers.shutdown(timeout_s=5) == []
 
 
-def test_the_chat_reader_hands_a_turns_jobs_over_when_the_loop_comes_back(qtbot, tmp_path):
-    """Issue #27.6: the worker never competes for the GIL with the turn that submitted a job,
-    and a job superseded within that turn never starts."""
+def _reader_with_jobs(tmp_path):
+    """A ChatReader on a new chats file, the lists a ``job(name)`` fills (names started on
+    the worker, results delivered), and that ``job``."""
     path = tmp_path / "chats.sqlite3"
     ChatStore(path).close()
     workers = Workers()
@@ -120,6 +120,13 @@ def test_the_chat_reader_hands_a_turns_jobs_over_when_the_loop_comes_back(qtbot,
     def job(name):
         return lambda _store: started.append(name) or name
 
+    return workers, reader, started, results, job
+
+
+def test_the_chat_reader_hands_a_turns_jobs_over_when_the_loop_comes_back(qtbot, tmp_path):
+    """Issue #27.6: the worker never competes for the GIL with the turn that submitted a job,
+    and a job superseded within that turn never starts."""
+    workers, reader, started, results, job = _reader_with_jobs(tmp_path)
     reader.submit("tree", job("older"), results.append)
     reader.submit("count", job("count"), results.append)
     reader.submit("tree", job("newest"), results.append)
@@ -137,15 +144,7 @@ def test_the_chat_reader_holds_its_jobs_while_asked_and_for_a_bounded_time(qtbot
     """Issue #27.6: while the window draws a chat's first screen the reader keeps the jobs
     (its Python would slow every call the UI thread makes into Python), then hands them over;
     a hold never lasts longer than ``HOLD_MAX_MS``."""
-    path = tmp_path / "chats.sqlite3"
-    ChatStore(path).close()
-    workers = Workers()
-    reader = ChatReader(path, workers)
-    started, results = [], []
-
-    def job(name):
-        return lambda _store: started.append(name) or name
-
+    workers, reader, started, results, job = _reader_with_jobs(tmp_path)
     reader.hold(True)
     reader.submit("tree", job("tree"), results.append)
     reader.submit("tree", job("newer tree"), results.append)
